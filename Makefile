@@ -1,0 +1,28 @@
+# Every target that runs code first brings .venv up to date from the pinned constraints.
+PY        ?= python3.11
+VENV      := .venv
+VPY       := $(VENV)/bin/python
+STAMP     := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade "pip>=24"
+	$(VPY) -m pip install -q -c constraints.txt -e ".[test]"
+	@touch $(STAMP)
+
+demo: venv
+	$(VPY) -m airflow_gpu.demo
+
+test: venv
+	$(VPY) -m pytest $(PYTEST_ARGS)
+
+bench: venv
+	$(VPY) -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

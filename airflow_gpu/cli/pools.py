@@ -1,0 +1,11 @@
+"""`airflow-gpu pools`: not built yet."""
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("pools", help="(not built yet)")
+    parser.set_defaults(func=_not_built)
+
+
+def _not_built(args) -> int:
+    print("airflow-gpu pools: not built yet")
+    return 2

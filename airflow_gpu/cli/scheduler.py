@@ -1,0 +1,11 @@
+"""`airflow-gpu scheduler`: not built yet."""
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("scheduler", help="(not built yet)")
+    parser.set_defaults(func=_not_built)
+
+
+def _not_built(args) -> int:
+    print("airflow-gpu scheduler: not built yet")
+    return 2

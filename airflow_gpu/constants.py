@@ -1,0 +1,82 @@
+"""Every label, annotation, resource name and env var shared across layers, in one place.
+
+One name for one thing: a "gang" is a PodGroup is a gang; a "tier" is a workload tier everywhere.
+"""
+
+DOMAIN = "airflow-gpu.io"
+
+# --- labels -------------------------------------------------------------------------------
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "airflow-gpu"
+LABEL_TEAM = f"{DOMAIN}/team"
+LABEL_TIER = f"{DOMAIN}/tier"
+LABEL_GANG = f"{DOMAIN}/gang"  # name of the PodGroup a pod belongs to
+LABEL_GANG_RANK = f"{DOMAIN}/rank"
+LABEL_DAG_ID = f"{DOMAIN}/dag-id"
+LABEL_TASK_ID = f"{DOMAIN}/task-id"
+LABEL_RUN_ID = f"{DOMAIN}/run-id"
+LABEL_TRY_NUMBER = f"{DOMAIN}/try-number"
+
+# Upstream pod-group labels (../shared/crds/README.md)
+LABEL_COSCHEDULING_POD_GROUP = "scheduling.x-k8s.io/pod-group"
+ANNOTATION_VOLCANO_GROUP_NAME = "scheduling.k8s.io/group-name"
+LABEL_KUEUE_POD_GROUP_NAME = "kueue.x-k8s.io/pod-group-name"
+ANNOTATION_KUEUE_POD_GROUP_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
+LABEL_KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+
+# --- annotations ----------------------------------------------------------------------------
+ANNOTATION_WAIT_REASON = f"{DOMAIN}/wait-reason"
+ANNOTATION_CHECKPOINTABLE = f"{DOMAIN}/checkpointable"
+ANNOTATION_LAST_CHECKPOINT_TIME = f"{DOMAIN}/last-checkpoint-time"
+ANNOTATION_LAST_CHECKPOINT_STEP = f"{DOMAIN}/last-checkpoint-step"
+ANNOTATION_GPU_PRODUCTS = f"{DOMAIN}/gpu-products"  # accepted products, preference order
+ANNOTATION_SIM_DURATION = f"{DOMAIN}/sim-duration-seconds"  # local cluster: simulated container run time
+ANNOTATION_MANAGED_POOL = f"{DOMAIN}/managed"
+
+# Marker in an Airflow pool description: only pools carrying it are changed or deleted.
+POOL_DESCRIPTION_MARKER = "[managed-by=airflow-gpu]"
+
+# --- node labels set by the NVIDIA GPU operator and cloud providers -------------------------
+NODE_GPU_PRODUCT = "nvidia.com/gpu.product"
+NODE_GPU_COUNT = "nvidia.com/gpu.count"
+NODE_GPU_MEMORY = "nvidia.com/gpu.memory"
+NODE_MIG_STRATEGY = "nvidia.com/mig.strategy"
+NODE_GPU_CLIQUE = "nvidia.com/gpu.clique"
+NODE_ZONE = "topology.kubernetes.io/zone"
+NODE_RACK = f"{DOMAIN}/rack"
+NODE_CAPACITY_TYPE_KARPENTER = "karpenter.sh/capacity-type"
+NODE_CAPACITY_TYPE_EKS = "eks.amazonaws.com/capacityType"
+NODE_GKE_SPOT = "cloud.google.com/gke-spot"
+CAPACITY_SPOT = "spot"
+CAPACITY_ON_DEMAND = "on-demand"
+TAINT_SPOT = f"{DOMAIN}/spot"
+TAINT_KARPENTER_DISRUPTED = "karpenter.sh/disrupted"
+
+# --- extended resources ---------------------------------------------------------------------
+RESOURCE_GPU = "nvidia.com/gpu"
+RESOURCE_MIG_PREFIX = "nvidia.com/mig-"  # + profile, e.g. nvidia.com/mig-1g.10gb
+
+# --- pod conditions -------------------------------------------------------------------------
+CONDITION_DISRUPTION_TARGET = "DisruptionTarget"
+REASON_PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"
+REASON_EVICTION_BY_EVICTION_API = "EvictionByEvictionAPI"
+REASON_DELETION_BY_TAINT_MANAGER = "DeletionByTaintManager"
+REASON_TERMINATION_BY_KUBELET = "TerminationByKubelet"
+REASON_DELETION_BY_POD_GC = "DeletionByPodGC"
+
+# --- scheduler ------------------------------------------------------------------------------
+DEFAULT_SCHEDULER_NAME = "airflow-gpu"
+
+# --- environment contract between operator and training code (see checkpoint/ENV.md) -------
+ENV_CHECKPOINT_URI = "AIRFLOW_GPU_CHECKPOINT_URI"
+ENV_RESUME_URI = "AIRFLOW_GPU_RESUME_URI"
+ENV_ATTEMPT = "AIRFLOW_GPU_ATTEMPT"
+ENV_INTERRUPTIONS = "AIRFLOW_GPU_INTERRUPTIONS"
+ENV_DEADLINE = "AIRFLOW_GPU_DEADLINE"
+
+# --- tiers ----------------------------------------------------------------------------------
+TIER_PRODUCTION_TRAINING = "production-training"
+TIER_BEST_EFFORT_TRAINING = "best-effort-training"
+TIER_INFERENCE = "inference"
+TIER_INTERACTIVE = "interactive"
+TIERS = (TIER_INTERACTIVE, TIER_PRODUCTION_TRAINING, TIER_INFERENCE, TIER_BEST_EFFORT_TRAINING)
