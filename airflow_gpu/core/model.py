@@ -1,0 +1,156 @@
+"""The vocabulary of every decision: what is asked for, what exists, what was placed where.
+
+Plain frozen dataclasses, shared by the scheduler, the simulator and the operator's dry run.
+Units: CPU in millicores, memory in MiB, GPU shares in milli-GPU (1000 = one whole GPU), times in
+seconds on whatever clock the caller runs (wall clock in the scheduler, simulated in sim/).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+GPU_MILLI = 1000  # one whole GPU
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"  # NoSchedule | PreferNoSchedule | NoExecute
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: str = ""  # empty key with operator Exists tolerates everything
+    operator: str = "Equal"  # Equal | Exists
+    value: str = ""
+    effect: str = ""  # empty tolerates every effect
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if not self.key:
+            return self.operator == "Exists"
+        if self.key != taint.key:
+            return False
+        return self.operator == "Exists" or self.value == taint.value
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node as the scheduler sees it: capacity, identity and topology. Free capacity lives in Snapshot."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpu_count: int = 0
+    gpu_product: str | None = None
+    gpu_memory_mib: int = 0
+    mig_slices: tuple[tuple[str, int], ...] = ()  # (profile, count) in the mixed strategy
+    labels: tuple[tuple[str, str], ...] = ()
+    taints: tuple[Taint, ...] = ()
+    capacity_type: str = "on-demand"  # on-demand | spot
+    zone: str = ""
+    rack: str = ""
+    clique: str = ""  # NVLink domain (nvidia.com/gpu.clique)
+
+    def label(self, key: str, default: str | None = None) -> str | None:
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return default
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """One pod's ask. Exactly one GPU form is used: whole `gpus`, a shared `gpu_milli` < 1000 of one
+    GPU, or one `mig_profile` slice; all zero means a CPU-only pod."""
+
+    name: str
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpus: int = 0
+    gpu_milli: int = 0
+    mig_profile: str | None = None
+    gpu_products: tuple[str, ...] = ()  # accepted products in preference order; empty = any
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+
+    def __post_init__(self) -> None:
+        forms = (self.gpus > 0) + (self.gpu_milli > 0) + (self.mig_profile is not None)
+        if forms > 1:
+            raise ValueError(f"pod {self.name}: use one of gpus, gpu_milli or mig_profile, not several")
+        if self.gpus < 0 or self.gpu_milli < 0 or self.cpu_milli < 0 or self.memory_mib < 0:
+            raise ValueError(f"pod {self.name}: requests must not be negative")
+        if self.gpu_milli >= GPU_MILLI:
+            raise ValueError(f"pod {self.name}: gpu_milli={self.gpu_milli} is a whole GPU or more; use gpus")
+
+    @property
+    def gpu_milli_total(self) -> int:
+        """GPU demand in milli-GPU (a MIG slice counts 0 here; its size is a config matter)."""
+        return self.gpus * GPU_MILLI + self.gpu_milli
+
+
+class TopologyLevel(str, Enum):
+    """How close a multi-node gang's members must be, tightest first."""
+
+    NODE = "node"
+    CLIQUE = "clique"
+    RACK = "rack"
+    ZONE = "zone"
+    ANY = "any"
+
+
+@dataclass(frozen=True)
+class TopologyRequirement:
+    level: TopologyLevel = TopologyLevel.CLIQUE
+    hard: bool = False  # hard: never place wider than `level`; soft: prefer, then widen
+
+
+@dataclass(frozen=True)
+class Gang:
+    """A unit of admission: all members are placed at once or none is (a PodGroup)."""
+
+    name: str
+    team: str
+    tier: str
+    priority: int
+    members: tuple[PodRequest, ...]
+    topology: TopologyRequirement = field(default_factory=TopologyRequirement)
+    preemptible: bool = True
+    checkpointable: bool = False
+    spot_eligible: bool = False
+    created_at: float = 0.0
+
+    @property
+    def gpu_milli_total(self) -> int:
+        return sum(m.gpu_milli_total for m in self.members)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one pod goes: the node, and for GPU pods which GPUs and how much of each."""
+
+    pod: str
+    node: str
+    gpu_shares: tuple[tuple[int, int], ...] = ()  # (gpu index on the node, milli taken)
+    mig_profile: str | None = None
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+
+@dataclass(frozen=True)
+class RunningGang:
+    """An admitted gang as preemption and quota accounting see it."""
+
+    gang: Gang
+    placements: tuple[Placement, ...]
+    started_at: float
+    last_checkpoint_at: float | None = None  # None: never checkpointed (all work since start is at risk)
+    borrowed: bool = False  # admitted on another team's idle quota: first to be reclaimed
+
+    def gpu_seconds_at_risk(self, now: float) -> float:
+        """GPU-seconds of work lost if the gang stopped now: since its last checkpoint, or since start."""
+        since = self.last_checkpoint_at if (self.gang.checkpointable and self.last_checkpoint_at) else self.started_at
+        return max(0.0, now - since) * self.gang.gpu_milli_total / GPU_MILLI
