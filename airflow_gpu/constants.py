@@ -32,6 +32,13 @@ ANNOTATION_LAST_CHECKPOINT_STEP = f"{DOMAIN}/last-checkpoint-step"
 ANNOTATION_GPU_PRODUCTS = f"{DOMAIN}/gpu-products"  # accepted products, preference order
 ANNOTATION_SIM_DURATION = f"{DOMAIN}/sim-duration-seconds"  # local cluster: simulated container run time
 ANNOTATION_MANAGED_POOL = f"{DOMAIN}/managed"
+# scheduler (issue 6): topology ask on a PodGroup/pod ("clique", "rack:hard"); a gang admitted on
+# borrowed quota; the placement plan written on a PodGroup before its members are bound (crash recovery
+# and the nomination of GPUs freed by preemption); members bound of minMember.
+ANNOTATION_TOPOLOGY = f"{DOMAIN}/topology"
+ANNOTATION_BORROWED = f"{DOMAIN}/borrowed"
+ANNOTATION_PLACEMENT = f"{DOMAIN}/placement"
+ANNOTATION_SCHEDULED = f"{DOMAIN}/scheduled"
 
 # Marker in an Airflow pool description: only pools carrying it are changed or deleted.
 POOL_DESCRIPTION_MARKER = "[managed-by=airflow-gpu]"
