@@ -76,6 +76,7 @@ class PodRequest:
     gpu_products: tuple[str, ...] = ()  # accepted products in preference order; empty = any
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
+    capacity_types: tuple[str, ...] = ()  # accepted node capacity types (on-demand | spot); empty = any
 
     def __post_init__(self) -> None:
         forms = (self.gpus > 0) + (self.gpu_milli > 0) + (self.mig_profile is not None)

@@ -1,0 +1,157 @@
+"""The Kubernetes scheduling framework's shape (filter -> score -> reserve), vectorised over nodes.
+
+A filter plugin looks at every node at once and returns a boolean mask plus the reason label for the
+nodes it rejects; a score plugin returns one score per feasible node; a Profile is filters plus
+weighted scores plus a fixed tie order. `place_pod` runs a profile for one pod and returns the
+Placement (node and GPU indices) without changing the snapshot: the caller reserves it with
+`Snapshot.assume`, so gang admission can try members on a copy and drop the copy on failure.
+
+Ties: scores are integers (as in kube-scheduler and the FGD artifact), and the best-scoring node with
+the lowest rank in `Profile.tie_rank` wins. With a seeded shuffled rank this is the artifact's
+"consistent first fit among equals", which its published numbers depend on.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from airflow_gpu.core.model import Placement, PodRequest
+from airflow_gpu.core.snapshot import Snapshot
+
+
+@dataclass(frozen=True)
+class FilterResult:
+    """ok[i]: node i passes. reason: the label for rejected nodes, or an array of labels (one per
+    node, read only where ok is False) when one plugin has several reasons."""
+
+    ok: np.ndarray
+    reason: str | np.ndarray
+
+
+@runtime_checkable
+class FilterPlugin(Protocol):
+    name: str
+
+    def filter(self, snap: Snapshot, pod: PodRequest) -> FilterResult: ...
+
+
+@runtime_checkable
+class ScorePlugin(Protocol):
+    name: str
+
+    def score(self, snap: Snapshot, pod: PodRequest, nodes: np.ndarray) -> np.ndarray:
+        """Scores (integers, higher is better) for node indices `nodes`, all of which passed filters."""
+        ...
+
+
+@runtime_checkable
+class GpuChooser(Protocol):
+    """A plugin that also decides which GPUs of the chosen node the pod takes (FGD does)."""
+
+    def choose_gpus(self, snap: Snapshot, pod: PodRequest, node: int) -> tuple[tuple[int, int], ...]: ...
+
+
+@dataclass(frozen=True)
+class FilterDiagnosis:
+    """Why nodes were rejected, counted per reason (each node counted once, under its first failing
+    filter, as kube-scheduler reports it)."""
+
+    total: int
+    feasible: int
+    reasons: tuple[tuple[str, int], ...] = ()
+
+    def message(self) -> str:
+        """'0/12 nodes are available: 8 insufficient nvidia.com/gpu, 4 untolerated taint ...'."""
+        head = f"{self.feasible}/{self.total} nodes are available"
+        if not self.reasons:
+            return head
+        return head + ": " + ", ".join(f"{count} {reason}" for reason, count in self.reasons)
+
+    def __str__(self) -> str:
+        return self.message()
+
+
+@dataclass
+class Profile:
+    """Filters, weighted scores and the tie order: one scheduling policy.
+
+    gpu_chooser: picks GPU indices on the chosen node (default: Snapshot.default_gpu_choice).
+    tie_rank: [N] rank of each node among equal scores (lower wins); None = node list order.
+    """
+
+    name: str
+    filters: tuple[FilterPlugin, ...]
+    scores: tuple[tuple[ScorePlugin, float], ...] = ()
+    gpu_chooser: GpuChooser | None = None
+    tie_rank: np.ndarray | None = None
+    select: object | None = field(default=None, repr=False)  # optional custom selector(snap, pod, nodes, total)
+
+    def with_tie_rank(self, rank: np.ndarray) -> Profile:
+        return Profile(self.name, self.filters, self.scores, self.gpu_chooser, np.asarray(rank), self.select)
+
+
+def run_filters(snap: Snapshot, pod: PodRequest, filters) -> tuple[np.ndarray, FilterDiagnosis]:
+    """Every filter over every node: the feasible mask, and the reason counts for the rest."""
+    n = len(snap)
+    ok = np.ones(n, dtype=bool)
+    counts: Counter[str] = Counter()
+    for plugin in filters:
+        result = plugin.filter(snap, pod)
+        newly = ok & ~result.ok  # attribute a node to its first failing filter only
+        if newly.any():
+            if isinstance(result.reason, str):
+                counts[result.reason] += int(newly.sum())
+            else:
+                counts.update(np.asarray(result.reason)[newly].tolist())
+            ok &= result.ok
+    reasons = tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    return ok, FilterDiagnosis(total=n, feasible=int(ok.sum()), reasons=reasons)
+
+
+def total_scores(snap: Snapshot, pod: PodRequest, profile: Profile, nodes: np.ndarray) -> np.ndarray:
+    """Weighted sum of the profile's score plugins over node indices `nodes`."""
+    total = np.zeros(len(nodes), dtype=np.float64)
+    for plugin, weight in profile.scores:
+        total += weight * np.asarray(plugin.score(snap, pod, nodes), dtype=np.float64)
+    return total
+
+
+def pick_best(nodes: np.ndarray, scores: np.ndarray, tie_rank: np.ndarray | None) -> int:
+    """The node with the highest score; among equals the lowest tie rank (or lowest index)."""
+    best = nodes[scores == scores.max()]
+    if tie_rank is None or len(best) == 1:
+        return int(best[0])
+    return int(best[np.argmin(tie_rank[best])])
+
+
+def place_pod(snap: Snapshot, pod: PodRequest, profile: Profile) -> tuple[Placement | None, FilterDiagnosis]:
+    """Where `pod` would go under `profile` (node and GPU indices), or None with the reasons.
+
+    Does not change `snap`; reserve the result with `snap.assume(placement)`.
+    """
+    ok, diagnosis = run_filters(snap, pod, profile.filters)
+    nodes = np.flatnonzero(ok)
+    if not len(nodes):
+        return None, diagnosis
+    if profile.select is not None:
+        node, shares = profile.select(snap, pod, nodes)
+        return snap.placement_for(pod, node, shares), diagnosis
+    if len(nodes) == 1 or not profile.scores:
+        if profile.tie_rank is not None and len(nodes) > 1:
+            node = int(nodes[np.argmin(profile.tie_rank[nodes])])
+        else:
+            node = int(nodes[0])
+    else:
+        node = pick_best(nodes, total_scores(snap, pod, profile, nodes), profile.tie_rank)
+    shares = profile.gpu_chooser.choose_gpus(snap, pod, node) if profile.gpu_chooser else None
+    return snap.placement_for(pod, node, shares), diagnosis
+
+
+def feasible_nodes(snap: Snapshot, pod: PodRequest, profile: Profile) -> tuple[np.ndarray, FilterDiagnosis]:
+    """Node indices passing every filter of `profile` (for callers that place several pods at once)."""
+    ok, diagnosis = run_filters(snap, pod, profile.filters)
+    return np.flatnonzero(ok), diagnosis

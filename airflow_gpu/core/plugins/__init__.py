@@ -1,0 +1,1 @@
+"""Placement plugins: filters (filters.py) and score policies (scores.py, fgd.py)."""

@@ -1,0 +1,124 @@
+"""Filter plugins: each returns a mask over all nodes and the reason label for the rejected ones.
+
+Static filters (selector, taints, products, capacity type) depend only on the node list and the
+pod's constraints, so their masks are computed once per distinct constraint and cached on the
+snapshot's shared ClusterShape.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from airflow_gpu.constants import RESOURCE_GPU, RESOURCE_MIG_PREFIX
+from airflow_gpu.core.framework import FilterResult
+from airflow_gpu.core.model import PodRequest
+from airflow_gpu.core.snapshot import Snapshot
+
+REASON_CPU = "insufficient cpu"
+REASON_MEMORY = "insufficient memory"
+REASON_GPU = f"insufficient {RESOURCE_GPU}"
+REASON_NODE_SELECTOR = "node(s) didn't match node selector"
+REASON_CAPACITY_TYPE = "node(s) of another capacity type"
+HARD_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+class ResourceFit:
+    """CPU, memory and the GPU form (whole GPUs, a gpu_milli share of one GPU, a MIG slice)."""
+
+    name = "ResourceFit"
+
+    def filter(self, snap: Snapshot, pod: PodRequest) -> FilterResult:
+        gpu_ok = snap.gpu_fit_mask(pod)
+        cpu_ok = snap.cpu_free >= pod.cpu_milli
+        mem_ok = snap.mem_free >= pod.memory_mib
+        ok = gpu_ok & cpu_ok & mem_ok
+        if ok.all():
+            return FilterResult(ok, "")
+        gpu_reason = f"insufficient {RESOURCE_MIG_PREFIX}{pod.mig_profile}" if pod.mig_profile else REASON_GPU
+        # GPU first: on a GPU cluster "no GPU" is the actionable part of the message
+        reason = np.where(~gpu_ok, gpu_reason, np.where(~cpu_ok, REASON_CPU, REASON_MEMORY))
+        return FilterResult(ok, reason)
+
+
+class GpuProduct:
+    """A GPU pod may only go to nodes whose product is one of pod.gpu_products (empty: any)."""
+
+    name = "GpuProduct"
+
+    def filter(self, snap: Snapshot, pod: PodRequest) -> FilterResult:
+        if not pod.gpu_products or not (pod.gpus or pod.gpu_milli or pod.mig_profile):
+            return FilterResult(_all(snap), "")
+        return FilterResult(
+            snap.shape.product_mask(pod.gpu_products),
+            f"node(s) with another GPU product (wants {'|'.join(pod.gpu_products)})",
+        )
+
+
+class NodeSelector:
+    """Every (key, value) of pod.node_selector must be a label of the node."""
+
+    name = "NodeSelector"
+
+    def filter(self, snap: Snapshot, pod: PodRequest) -> FilterResult:
+        if not pod.node_selector:
+            return FilterResult(_all(snap), "")
+        wanted = tuple(sorted(pod.node_selector))
+
+        def build():
+            return np.array(
+                [all(node.label(k) == v for k, v in wanted) for node in snap.nodes], dtype=bool
+            ).reshape(len(snap))
+
+        return FilterResult(snap.shape.cached_mask(("selector", wanted), build), REASON_NODE_SELECTOR)
+
+
+class TaintToleration:
+    """NoSchedule / NoExecute taints must be tolerated; the reason names the first untolerated key."""
+
+    name = "TaintToleration"
+
+    def filter(self, snap: Snapshot, pod: PodRequest) -> FilterResult:
+        key = ("taints", pod.tolerations)
+        cached = snap.shape._mask_cache.get(key)
+        if cached is None:
+            reasons = []
+            for node in snap.nodes:
+                bad = next(
+                    (
+                        t
+                        for t in node.taints
+                        if t.effect in HARD_TAINT_EFFECTS and not any(tol.tolerates(t) for tol in pod.tolerations)
+                    ),
+                    None,
+                )
+                reasons.append("" if bad is None else f"untolerated taint {bad.key}")
+            reason = np.array(reasons, dtype=object).reshape(len(snap))
+            cached = (reason == "", reason)
+            snap.shape._mask_cache[key] = cached
+        return FilterResult(*cached)
+
+
+class CapacityType:
+    """pod.capacity_types (e.g. ("spot",)) restricts nodes by Node.capacity_type; empty: any."""
+
+    name = "CapacityType"
+
+    def filter(self, snap: Snapshot, pod: PodRequest) -> FilterResult:
+        if not pod.capacity_types:
+            return FilterResult(_all(snap), "")
+        types = tuple(sorted(pod.capacity_types))
+
+        def build():
+            return np.array([n.capacity_type in types for n in snap.nodes], dtype=bool).reshape(len(snap))
+
+        return FilterResult(snap.shape.cached_mask(("capacity", types), build), REASON_CAPACITY_TYPE)
+
+
+def _all(snap: Snapshot) -> np.ndarray:
+    return np.ones(len(snap), dtype=bool)
+
+
+def default_filters() -> tuple:
+    """The filters every profile runs, in kube-scheduler's order (static ones first is only cosmetic:
+    a node is reported under the first filter that rejects it)."""
+    return (NodeSelector(), TaintToleration(), CapacityType(), GpuProduct(), ResourceFit())

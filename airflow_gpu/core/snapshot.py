@@ -1,0 +1,297 @@
+"""Snapshot: the cluster's nodes and their FREE capacity, as numpy arrays so that filters and scores
+run over all nodes at once (a per-node Python loop is too slow for 8,000 pods x 1,213 nodes).
+
+Static facts (names, capacities, labels, taints, topology) live in `ClusterShape`, shared by every
+copy; only the free-capacity arrays and the placement map are copied, so `copy()` is cheap and a gang
+or preemption planner can try "what if" on a copy and throw it away.
+
+Units as in model.py: CPU millicores, memory MiB, GPU milli (1000 = a whole GPU). Pure, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from airflow_gpu.core.model import GPU_MILLI, Node, Placement, PodRequest
+
+
+class OverCommitError(ValueError):
+    """assume() would take more than a node has free, or forget() releases something never assumed."""
+
+
+@dataclass(eq=False)
+class ClusterShape:
+    """What does not change while pods come and go. Built once per node list, shared by copies."""
+
+    nodes: tuple[Node, ...]
+    index: dict[str, int]
+    gpu_count: np.ndarray  # [N] int
+    gpu_exists: np.ndarray  # [N, Gmax] bool: padding columns are False
+    cpu_cap: np.ndarray  # [N] int64
+    mem_cap: np.ndarray  # [N] int64
+    products: tuple[str, ...]  # distinct GPU products; product_id indexes it (-1: no GPU product)
+    product_id: np.ndarray  # [N] int
+    mig_profiles: tuple[str, ...]  # distinct MIG profiles over all nodes
+    mig_cap: np.ndarray  # [N, P] int
+    _mask_cache: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_nodes(cls, nodes) -> ClusterShape:
+        nodes = tuple(nodes)
+        index: dict[str, int] = {}
+        for i, node in enumerate(nodes):
+            if node.name in index:
+                raise ValueError(f"node name {node.name!r} appears twice; node names must be unique")
+            if node.gpu_count < 0 or node.cpu_milli < 0 or node.memory_mib < 0:
+                raise ValueError(f"node {node.name}: capacities must not be negative")
+            index[node.name] = i
+        n = len(nodes)
+        gpu_count = np.array([nd.gpu_count for nd in nodes], dtype=np.int64).reshape(n)
+        gmax = max(1, int(gpu_count.max()) if n else 1)
+        gpu_exists = np.arange(gmax)[None, :] < gpu_count[:, None]
+        products = tuple(sorted({nd.gpu_product for nd in nodes if nd.gpu_product}))
+        pid = {p: k for k, p in enumerate(products)}
+        product_id = np.array([pid.get(nd.gpu_product, -1) for nd in nodes], dtype=np.int64).reshape(n)
+        profiles = tuple(sorted({p for nd in nodes for p, _ in nd.mig_slices}))
+        mig_cap = np.zeros((n, len(profiles)), dtype=np.int64)
+        for i, nd in enumerate(nodes):
+            for p, count in nd.mig_slices:
+                mig_cap[i, profiles.index(p)] += count
+        return cls(
+            nodes=nodes,
+            index=index,
+            gpu_count=gpu_count,
+            gpu_exists=gpu_exists,
+            cpu_cap=np.array([nd.cpu_milli for nd in nodes], dtype=np.int64).reshape(n),
+            mem_cap=np.array([nd.memory_mib for nd in nodes], dtype=np.int64).reshape(n),
+            products=products,
+            product_id=product_id,
+            mig_profiles=profiles,
+            mig_cap=mig_cap,
+        )
+
+    def cached_mask(self, key, build) -> np.ndarray:
+        """A static per-node mask (labels, taints, products) computed once per distinct key."""
+        mask = self._mask_cache.get(key)
+        if mask is None:
+            mask = build()
+            mask.setflags(write=False)
+            self._mask_cache[key] = mask
+        return mask
+
+    def product_mask(self, products: tuple[str, ...]) -> np.ndarray:
+        """Nodes whose GPU product is one of `products` (empty: every node)."""
+        if not products:
+            return self.cached_mask(("product", ()), lambda: np.ones(len(self.nodes), dtype=bool))
+        ids = [self.products.index(p) for p in products if p in self.products]
+        return self.cached_mask(("product", products), lambda: np.isin(self.product_id, ids))
+
+    @cached_property
+    def total_gpu_milli(self) -> int:
+        return int(self.gpu_count.sum()) * GPU_MILLI
+
+    def domain_ids(self, level: str) -> np.ndarray:
+        """[N] int id of each node's topology domain at `level` (clique | rack | zone); -1 = unknown."""
+
+        def build():
+            values = [getattr(nd, level) for nd in self.nodes]
+            names = {v: k for k, v in enumerate(sorted({v for v in values if v}))}
+            return np.array([names[v] if v else -1 for v in values], dtype=np.int64).reshape(len(values))
+
+        return self.cached_mask(("domain", level), build)
+
+
+class Snapshot:
+    """Nodes plus their free capacity and the placements holding the rest.
+
+    Arrays (read them, change them only through assume/forget):
+      gpu_free [N, Gmax] milli free per GPU (0 in padding columns), cpu_free [N], mem_free [N],
+      mig_free [N, P] free slices per profile (profiles in shape.mig_profiles).
+    """
+
+    __slots__ = ("shape", "gpu_free", "cpu_free", "mem_free", "mig_free", "placements")
+
+    def __init__(self, shape: ClusterShape, gpu_free, cpu_free, mem_free, mig_free, placements):
+        self.shape = shape
+        self.gpu_free: np.ndarray = gpu_free
+        self.cpu_free: np.ndarray = cpu_free
+        self.mem_free: np.ndarray = mem_free
+        self.mig_free: np.ndarray = mig_free
+        self.placements: dict[str, Placement] = placements
+
+    # --- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_nodes(cls, nodes, placements=()) -> Snapshot:
+        """An empty cluster of `nodes`, then every placement in `placements` assumed (validated)."""
+        shape = ClusterShape.from_nodes(nodes)
+        snap = cls(
+            shape,
+            np.where(shape.gpu_exists, GPU_MILLI, 0).astype(np.int64),
+            shape.cpu_cap.copy(),
+            shape.mem_cap.copy(),
+            shape.mig_cap.copy(),
+            {},
+        )
+        for placement in placements:
+            snap.assume(placement)
+        return snap
+
+    def copy(self) -> Snapshot:
+        """Independent free capacity and placements; the static shape is shared."""
+        return Snapshot(
+            self.shape,
+            self.gpu_free.copy(),
+            self.cpu_free.copy(),
+            self.mem_free.copy(),
+            self.mig_free.copy(),
+            dict(self.placements),
+        )
+
+    # --- views ----------------------------------------------------------------------------------
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        return self.shape.nodes
+
+    def __len__(self) -> int:
+        return len(self.shape.nodes)
+
+    def node_index(self, name: str) -> int:
+        try:
+            return self.shape.index[name]
+        except KeyError:
+            raise KeyError(f"node {name!r} is not in the snapshot") from None
+
+    def whole_free_gpus(self) -> np.ndarray:
+        """[N] number of GPUs entirely free on each node (what a whole-GPU pod can take)."""
+        return (self.gpu_free == GPU_MILLI).sum(axis=1)
+
+    def max_gpu_free(self) -> np.ndarray:
+        """[N] the largest free share on any one GPU of each node (what a shared pod can take)."""
+        return self.gpu_free.max(axis=1)
+
+    def allocated_gpu_milli(self) -> int:
+        return self.shape.total_gpu_milli - int(self.gpu_free.sum())
+
+    def gpu_allocation_ratio(self) -> float:
+        total = self.shape.total_gpu_milli
+        return self.allocated_gpu_milli() / total if total else 0.0
+
+    # --- feasibility (resources only; labels/taints/products are filter plugins) ---------------
+    def gpu_fit_mask(self, pod: PodRequest) -> np.ndarray:
+        """[N] bool: the node has the GPU form the pod asks for (whole GPUs, a share, a MIG slice)."""
+        if pod.mig_profile is not None:
+            if pod.mig_profile not in self.shape.mig_profiles:
+                return np.zeros(len(self), dtype=bool)
+            return self.mig_free[:, self.shape.mig_profiles.index(pod.mig_profile)] >= 1
+        if pod.gpus > 0:
+            return self.whole_free_gpus() >= pod.gpus
+        if pod.gpu_milli > 0:
+            return self.max_gpu_free() >= pod.gpu_milli
+        return np.ones(len(self), dtype=bool)
+
+    def fit_mask(self, pod: PodRequest) -> np.ndarray:
+        """[N] bool: CPU, memory and the GPU form all fit in the free capacity."""
+        return (self.cpu_free >= pod.cpu_milli) & (self.mem_free >= pod.memory_mib) & self.gpu_fit_mask(pod)
+
+    def default_gpu_choice(self, pod: PodRequest, node: int) -> tuple[tuple[int, int], ...]:
+        """GPU indices for `pod` on node `node` when no plugin chose: the lowest-index whole GPUs,
+        or for a share the GPU with the least free milli that still fits (best fit)."""
+        free = self.gpu_free[node]
+        if pod.gpus > 0:
+            idx = np.flatnonzero(free == GPU_MILLI)[: pod.gpus]
+            if len(idx) < pod.gpus:
+                raise OverCommitError(f"pod {pod.name}: node {self.nodes[node].name} lacks {pod.gpus} free GPUs")
+            return tuple((int(i), GPU_MILLI) for i in idx)
+        if pod.gpu_milli > 0:
+            ok = np.flatnonzero(free >= pod.gpu_milli)
+            if not len(ok):
+                raise OverCommitError(
+                    f"pod {pod.name}: no GPU on node {self.nodes[node].name} has {pod.gpu_milli} milli free"
+                )
+            best = ok[np.argmin(free[ok])]
+            return ((int(best), pod.gpu_milli),)
+        return ()
+
+    def placement_for(self, pod: PodRequest, node: int, gpu_shares=None) -> Placement:
+        """The Placement of `pod` on node index `node` (GPU shares default to default_gpu_choice)."""
+        if gpu_shares is None:
+            gpu_shares = self.default_gpu_choice(pod, node)
+        return Placement(
+            pod=pod.name,
+            node=self.nodes[node].name,
+            gpu_shares=tuple(gpu_shares),
+            mig_profile=pod.mig_profile,
+            cpu_milli=pod.cpu_milli,
+            memory_mib=pod.memory_mib,
+        )
+
+    # --- reserve / release ----------------------------------------------------------------------
+    def assume(self, placement: Placement) -> None:
+        """Reserve what `placement` takes; raises OverCommitError (and changes nothing) if any part
+        of it is not free."""
+        if placement.pod in self.placements:
+            raise OverCommitError(f"pod {placement.pod} is already placed on {self.placements[placement.pod].node}")
+        i, gpu_idx, milli, mig = self._parse(placement)
+        free = self.gpu_free[i]
+        need = np.zeros_like(free)
+        np.add.at(need, gpu_idx, milli)
+        problems = []
+        if (need > free).any():
+            bad = [int(g) for g in np.flatnonzero(need > free)]
+            problems.append(f"GPU {bad} asks {need[bad].tolist()} milli, free {free[bad].tolist()}")
+        if placement.cpu_milli > self.cpu_free[i]:
+            problems.append(f"cpu_milli {placement.cpu_milli} > free {int(self.cpu_free[i])}")
+        if placement.memory_mib > self.mem_free[i]:
+            problems.append(f"memory_mib {placement.memory_mib} > free {int(self.mem_free[i])}")
+        if mig is not None and self.mig_free[i, mig] < 1:
+            problems.append(f"no free MIG slice {placement.mig_profile}")
+        if problems:
+            raise OverCommitError(f"pod {placement.pod} on node {placement.node}: " + "; ".join(problems))
+        self.gpu_free[i] -= need
+        self.cpu_free[i] -= placement.cpu_milli
+        self.mem_free[i] -= placement.memory_mib
+        if mig is not None:
+            self.mig_free[i, mig] -= 1
+        self.placements[placement.pod] = placement
+
+    def forget(self, placement: Placement | str) -> Placement:
+        """Release a placement assumed before (by Placement or pod name); returns it."""
+        name = placement if isinstance(placement, str) else placement.pod
+        held = self.placements.get(name)
+        if held is None:
+            raise OverCommitError(f"pod {name} is not placed in this snapshot; nothing to release")
+        if not isinstance(placement, str) and placement != held:
+            raise OverCommitError(f"pod {name}: release of {placement} does not match the held {held}")
+        i, gpu_idx, milli, mig = self._parse(held)
+        np.add.at(self.gpu_free[i], gpu_idx, milli)
+        self.cpu_free[i] += held.cpu_milli
+        self.mem_free[i] += held.memory_mib
+        if mig is not None:
+            self.mig_free[i, mig] += 1
+        del self.placements[name]
+        return held
+
+    def _parse(self, placement: Placement):
+        i = self.node_index(placement.node)
+        count = int(self.shape.gpu_count[i])
+        gpu_idx = np.array([g for g, _ in placement.gpu_shares], dtype=np.int64)
+        milli = np.array([m for _, m in placement.gpu_shares], dtype=np.int64)
+        if len(gpu_idx) and ((gpu_idx < 0) | (gpu_idx >= count)).any():
+            raise OverCommitError(
+                f"pod {placement.pod}: GPU index out of range on node {placement.node} ({count} GPUs)"
+            )
+        if len(milli) and ((milli <= 0) | (milli > GPU_MILLI)).any():
+            raise OverCommitError(f"pod {placement.pod}: each GPU share must be 1..{GPU_MILLI} milli")
+        if placement.cpu_milli < 0 or placement.memory_mib < 0:
+            raise OverCommitError(f"pod {placement.pod}: cpu_milli and memory_mib must not be negative")
+        mig = None
+        if placement.mig_profile is not None:
+            if placement.mig_profile not in self.shape.mig_profiles:
+                raise OverCommitError(
+                    f"pod {placement.pod}: MIG profile {placement.mig_profile!r} exists on no node"
+                )
+            mig = self.shape.mig_profiles.index(placement.mig_profile)
+        return i, gpu_idx, milli, mig
