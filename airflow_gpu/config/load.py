@@ -1,0 +1,160 @@
+"""Read a quota configuration file: YAML -> structural validation (pydantic) -> cross-reference checks."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from airflow_gpu import constants
+from airflow_gpu.config.errors import ConfigError, ConfigIssue, issue_from_pydantic
+from airflow_gpu.config.model import SLOTS_PER_GPU, QuotaConfig, format_gpus
+
+
+def load_config(path: str | Path) -> QuotaConfig:
+    """Load and validate a quota configuration file. Raises ConfigError naming every bad field."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(source, [ConfigIssue("", f"cannot read the file: {exc.strerror or exc}")]) from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, [ConfigIssue("", f"not valid YAML: {_yaml_problem(exc)}")]) from None
+    return parse_config(data, source=source)
+
+
+def parse_config(data: object, source: str = "<config>") -> QuotaConfig:
+    """Validate already-parsed data (a dict as from YAML or JSON)."""
+    if not isinstance(data, dict):
+        raise ConfigError(
+            source,
+            [ConfigIssue("", f"the top level must be a mapping with keys products, tiers, teams, capacity "
+                             f"(got {type(data).__name__})")],
+        )
+    try:
+        config = QuotaConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, [issue_from_pydantic(e, QuotaConfig) for e in exc.errors()]) from None
+    issues = check_references(config)
+    if issues:
+        raise ConfigError(source, issues)
+    return config
+
+
+def check_references(cfg: QuotaConfig) -> list[ConfigIssue]:
+    """Checks that span fields: duplicates, unknown products/profiles/tiers, limits, capacity."""
+    issues: list[ConfigIssue] = []
+    add = lambda path, message: issues.append(ConfigIssue(path, message))  # noqa: E731
+
+    products = {}
+    for i, product in enumerate(cfg.products):
+        if product.name in products:
+            add(f"products[{i}].name", f"duplicate product {product.name!r} (also products[{products[product.name]}])")
+        products.setdefault(product.name, i)
+        seen: dict[str, int] = {}
+        for j, profile in enumerate(product.mig_profiles):
+            path = f"products[{i}].mig_profiles[{j}]"
+            if profile.name in seen:
+                add(f"{path}.name", f"duplicate MIG profile {profile.name!r} (also mig_profiles[{seen[profile.name]}])")
+            seen.setdefault(profile.name, j)
+            if profile.memory_gb > product.memory_gb:
+                add(f"{path}.memory_gb",
+                    f"{profile.memory_gb:g} GB exceeds the product's memory ({product.memory_gb:g} GB)")
+    product_list = ", ".join(products)
+
+    tiers: dict[str, int] = {}
+    for i, tier in enumerate(cfg.tiers):
+        if tier.name in tiers:
+            add(f"tiers[{i}].name", f"duplicate tier {tier.name!r} (also tiers[{tiers[tier.name]}])")
+        tiers.setdefault(tier.name, i)
+    missing = [t for t in constants.TIERS if t not in tiers]
+    if missing:
+        add("tiers", f"missing tier(s) {', '.join(missing)}; every tier must be defined: {', '.join(constants.TIERS)}")
+
+    def known_product(path: str, name: str) -> bool:
+        if name not in products:
+            add(path, f"unknown GPU product {name!r}; defined products: {product_list}")
+            return False
+        return True
+
+    names: dict[str, int] = {}
+    namespaces: dict[str, int] = {}
+    guaranteed: dict[str, list[tuple[str, int]]] = defaultdict(list)  # product -> [(team, slots)]
+    for i, team in enumerate(cfg.teams):
+        at = f"teams[{i}]"
+        if team.name in names:
+            add(f"{at}.name", f"duplicate team name {team.name!r} (also teams[{names[team.name]}])")
+        names.setdefault(team.name, i)
+        if team.namespace in namespaces:
+            add(f"{at}.namespace", f"namespace {team.namespace!r} is already used by teams[{namespaces[team.namespace]}]")
+        namespaces.setdefault(team.namespace, i)
+        issues_before = len(issues)
+        for field in ("quota", "borrowing_limit", "lending_limit"):
+            for name in getattr(team, field):
+                known_product(f"{at}.{field}.{name}", name)
+        for name, profiles in team.mig_quota.items():
+            if not known_product(f"{at}.mig_quota.{name}", name):
+                continue
+            product = cfg.products[products[name]]
+            offered = [p.name for p in product.mig_profiles]
+            for profile in profiles:
+                if profile not in offered:
+                    add(f"{at}.mig_quota.{name}.{profile}",
+                        f"product {name!r} has no MIG profile {profile!r}; its profiles: {', '.join(offered) or 'none'}")
+        for name, lend in team.lending_limit.items():
+            if lend > team.quota_gpus(name):
+                add(f"{at}.lending_limit.{name}",
+                    f"cannot lend {lend} GPUs: more than the team's quota ({team.quota_gpus(name)}); allowed 0..{team.quota_gpus(name)}")
+        for j, tier in enumerate(team.tiers or []):
+            if tier not in tiers:
+                add(f"{at}.tiers[{j}]", f"unknown tier {tier!r}; defined tiers: {', '.join(tiers)}")
+        if len(issues) > issues_before:
+            continue  # the capacity arithmetic below needs valid references
+        for name in team.products():
+            guaranteed[name].append((team.name, cfg.guaranteed_slots(team, name)))
+            if cfg.capacity is not None and name in cfg.capacity:
+                cap = cfg.capacity[name]
+                if cfg.guaranteed_slots(team, name) > cap * SLOTS_PER_GPU:
+                    add(f"{at}.quota.{name}",
+                        f"quota of {format_gpus(cfg.guaranteed_slots(team, name))} GPUs exceeds the declared capacity "
+                        f"capacity.{name} = {cap}; allowed 0..{cap}")
+                elif cfg.team_slots(team, name) > cap * SLOTS_PER_GPU:
+                    add(f"{at}.borrowing_limit.{name}",
+                        f"quota + borrowing = {format_gpus(cfg.team_slots(team, name))} GPUs exceeds the declared "
+                        f"capacity capacity.{name} = {cap}")
+
+    if cfg.capacity is not None:
+        for name, cap in cfg.capacity.items():
+            if not known_product(f"capacity.{name}", name):
+                continue
+            total = sum(slots for _, slots in guaranteed[name])
+            if total > cap * SLOTS_PER_GPU:
+                parts = ", ".join(f"{team} {format_gpus(slots)}" for team, slots in guaranteed[name] if slots)
+                add(f"capacity.{name}",
+                    f"the teams' guaranteed quotas sum to {format_gpus(total)} GPUs ({parts}), more than the declared "
+                    f"capacity of {cap}; lower the quotas or raise the capacity")
+    return issues
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of duplicate keys silently; a repeated quota key must be an error."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else problem

@@ -1,0 +1,220 @@
+"""Pydantic models of the quota configuration. Pure data: no I/O, no Airflow, no Kubernetes client.
+
+Units:
+- GPU counts in the file (quota, borrowing and lending limits, capacity) are whole GPUs.
+- MIG quota counts are instances of one profile (e.g. 14 x 1g.10gb).
+- Airflow pool slots are *slices*: one slot = 1/7 GPU (`SLOTS_PER_GPU`). A100 and H100 MIG split a GPU
+  into at most seven compute slices and every MIG profile is named by its compute slices ("3g.40gb" =
+  3 of 7), so a whole GPU is 7 slots and every profile an integer number of slots proportional to its
+  compute share. A profile may declare `slices` explicitly to charge by memory instead.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+
+from airflow_gpu import constants
+
+SLOTS_PER_GPU = 7
+"""Airflow pool slots per whole GPU: one slot is one MIG compute slice (1/7 GPU)."""
+
+
+def format_gpus(slots: int) -> str:
+    """Slots -> GPUs for people: 56 -> '8', 59 -> '8 3/7'."""
+    whole, rest = divmod(slots, SLOTS_PER_GPU)
+    return f"{whole}" if not rest else f"{whole} {rest}/{SLOTS_PER_GPU}"
+
+
+# Kubernetes user-defined PriorityClass values must not exceed one billion (higher is reserved).
+MAX_USER_PRIORITY = 1_000_000_000
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+MIG_PROFILE = r"^([1-7])g\.([1-9][0-9]*)gb$"
+
+GpuCount = Annotated[StrictInt, Field(ge=0)]
+"""A whole, non-negative number of GPUs (2.5, -1 and "8" are rejected)."""
+InstanceCount = Annotated[StrictInt, Field(ge=0)]
+Money = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors (a typo must not silently drop a quota); models are immutable.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Price(_Strict):
+    """Price of one GPU-hour, in the currency of the chargeback ledger."""
+
+    on_demand: Money
+    spot: Money
+
+
+class MigProfile(_Strict):
+    """A MIG profile offered on a product, e.g. `1g.10gb` (Kubernetes resource nvidia.com/mig-1g.10gb)."""
+
+    name: Annotated[str, Field(pattern=MIG_PROFILE)]
+    memory_gb: Annotated[float, Field(gt=0)] | None = None  # default: from the name
+    slices: Annotated[StrictInt, Field(ge=1, le=SLOTS_PER_GPU)] | None = None  # default: the "Ng" of the name
+
+    @model_validator(mode="after")
+    def _defaults_from_name(self) -> "MigProfile":
+        match = re.match(MIG_PROFILE, self.name)
+        assert match  # the field pattern guarantees it
+        if self.slices is None:
+            object.__setattr__(self, "slices", int(match.group(1)))
+        if self.memory_gb is None:
+            object.__setattr__(self, "memory_gb", float(match.group(2)))
+        return self
+
+    @property
+    def resource(self) -> str:
+        """Extended resource name under the NVIDIA device plugin's mixed MIG strategy."""
+        return f"{constants.RESOURCE_MIG_PREFIX}{self.name}"
+
+    @property
+    def gpu_fraction(self) -> float:
+        return self.slices / SLOTS_PER_GPU
+
+
+class GpuProduct(_Strict):
+    """A GPU model offered by the cluster (one Airflow pool per team and product)."""
+
+    name: Annotated[str, Field(pattern=DNS_LABEL, max_length=40)]
+    memory_gb: Annotated[float, Field(gt=0)]
+    relative_speed: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0  # A100 = 1.0
+    price_per_gpu_hour: Price
+    mig_profiles: list[MigProfile] = []
+    node_label: str | None = None  # value of nvidia.com/gpu.product on its nodes, e.g. NVIDIA-A100-SXM4-80GB
+
+    def mig_profile(self, name: str) -> MigProfile:
+        for profile in self.mig_profiles:
+            if profile.name == name:
+                return profile
+        allowed = ", ".join(p.name for p in self.mig_profiles) or "none"
+        raise KeyError(f"product {self.name!r} has no MIG profile {name!r} (profiles: {allowed})")
+
+
+class Tier(_Strict):
+    """A workload tier; rendered as a Kubernetes PriorityClass `airflow-gpu-<name>`."""
+
+    name: Literal[
+        constants.TIER_PRODUCTION_TRAINING,
+        constants.TIER_BEST_EFFORT_TRAINING,
+        constants.TIER_INFERENCE,
+        constants.TIER_INTERACTIVE,
+    ]
+    priority: Annotated[StrictInt, Field(ge=-MAX_USER_PRIORITY, le=MAX_USER_PRIORITY)]
+    preemptible: StrictBool  # may be chosen as a preemption victim
+    spot_eligible: StrictBool  # may run on spot capacity (checkpointable and retriable work only)
+    preemption_policy: Literal["PreemptLowerPriority", "Never"] = "PreemptLowerPriority"
+    description: str = ""
+
+    @property
+    def priority_class_name(self) -> str:
+        return f"airflow-gpu-{self.name}"
+
+
+class Team(_Strict):
+    """A team: its namespace and per-product GPU quota (guaranteed), borrowing and lending limits.
+
+    Kueue cohort semantics: `quota` is guaranteed; a team may use up to `quota + borrowing_limit` GPUs
+    of a product by borrowing idle quota (reclaimed by preemption); `lending_limit` caps how much of its
+    own idle quota others may borrow. Absent borrowing limit = 0 (no borrowing), absent lending limit =
+    the whole quota.
+    """
+
+    name: Annotated[str, Field(pattern=DNS_LABEL, max_length=50)]
+    namespace: Annotated[str, Field(pattern=DNS_LABEL, max_length=63)]
+    airflow_team: Annotated[str, Field(min_length=1, max_length=50)] | None = None  # multi_team name
+    quota: dict[str, GpuCount] = {}
+    mig_quota: dict[str, dict[str, InstanceCount]] = {}  # product -> MIG profile -> instances
+    borrowing_limit: dict[str, GpuCount] = {}
+    lending_limit: dict[str, GpuCount] = {}
+    tiers: list[str] | None = None  # tiers this team may submit; None = all
+    cohort: Annotated[str, Field(pattern=DNS_LABEL)] = "default"  # teams that lend to each other
+
+    @property
+    def airflow_team_name(self) -> str:
+        return self.airflow_team or self.name
+
+    def quota_gpus(self, product: str) -> int:
+        return self.quota.get(product, 0)
+
+    def borrowing_gpus(self, product: str) -> int:
+        return self.borrowing_limit.get(product, 0)
+
+    def lending_gpus(self, product: str) -> int:
+        return self.lending_limit.get(product, self.quota_gpus(product))
+
+    def ceiling_gpus(self, product: str) -> int:
+        """Most whole GPUs of `product` the team may hold at once: own quota plus what it may borrow."""
+        return self.quota_gpus(product) + self.borrowing_gpus(product)
+
+    def mig_instances(self, product: str, profile: str) -> int:
+        return self.mig_quota.get(product, {}).get(profile, 0)
+
+    def products(self) -> list[str]:
+        """Products the team has any quota entry for (file order, whole GPUs first, then MIG)."""
+        names = list(self.quota)
+        names += [p for p in self.borrowing_limit if p not in names]
+        names += [p for p in self.mig_quota if p not in names]
+        return names
+
+    def allows_tier(self, tier: str) -> bool:
+        return self.tiers is None or tier in self.tiers
+
+
+class QuotaConfig(_Strict):
+    """The whole file. Cross-references are checked by `airflow_gpu.config.load` before this is built."""
+
+    version: Literal[1] = 1
+    products: Annotated[list[GpuProduct], Field(min_length=1)]
+    tiers: list[Tier]
+    teams: list[Team] = []
+    capacity: dict[str, GpuCount] | None = None  # declared whole GPUs per product in the cluster
+
+    def product(self, name: str) -> GpuProduct:
+        for product in self.products:
+            if product.name == name:
+                return product
+        raise KeyError(f"unknown GPU product {name!r} (products: {', '.join(p.name for p in self.products)})")
+
+    def tier(self, name: str) -> Tier:
+        for tier in self.tiers:
+            if tier.name == name:
+                return tier
+        raise KeyError(f"unknown tier {name!r} (tiers: {', '.join(t.name for t in self.tiers)})")
+
+    def team(self, name: str) -> Team:
+        for team in self.teams:
+            if team.name == name:
+                return team
+        raise KeyError(f"unknown team {name!r} (teams: {', '.join(t.name for t in self.teams)})")
+
+    def node_label_aliases(self) -> dict[str, str]:
+        """nvidia.com/gpu.product node label value -> product name, for products that declare one."""
+        return {p.node_label: p.name for p in self.products if p.node_label}
+
+    def pool_slots(self, product: str, gpus: int = 0, mig_profile: str | None = None, count: int = 1) -> int:
+        """Airflow pool_slots for a task: `gpus` whole GPUs, or `count` instances of a MIG profile."""
+        if (gpus > 0) == (mig_profile is not None):
+            raise ValueError("give either gpus > 0 or a mig_profile")
+        if mig_profile is not None:
+            return count * self.product(product).mig_profile(mig_profile).slices
+        self.product(product)
+        return gpus * SLOTS_PER_GPU
+
+    def team_slots(self, team: str | Team, product: str) -> int:
+        """Slots of the team's Airflow pool for `product`: its GPU ceiling plus its MIG instance quota."""
+        t = team if isinstance(team, Team) else self.team(team)
+        prod = self.product(product)
+        mig = sum(n * prod.mig_profile(profile).slices for profile, n in t.mig_quota.get(product, {}).items())
+        return t.ceiling_gpus(product) * SLOTS_PER_GPU + mig
+
+    def guaranteed_slots(self, team: str | Team, product: str) -> int:
+        """Slots the team is guaranteed (quota without borrowing): what counts against capacity."""
+        t = team if isinstance(team, Team) else self.team(team)
+        return self.team_slots(t, product) - t.borrowing_gpus(product) * SLOTS_PER_GPU

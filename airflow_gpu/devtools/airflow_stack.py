@@ -1,0 +1,192 @@
+"""Real Airflow components as separate child processes, started and stopped by PID.
+
+`airflow standalone` orphans its children on SIGTERM, so each component is its own process group:
+api-server, scheduler, dag-processor, triggerer. All of them share one JWT secret and API secret key
+(the scheduler's task workers authenticate to the api-server's execution API with it), and
+`execution_api_server_url` points at the chosen port. The simple auth manager gets one admin user
+whose password is written before start, so a token is one `POST /auth/token` away.
+
+    with AirflowStack(home=tmp, dags_folder=dags) as stack:   # migrates the DB, starts, waits healthy
+        api = stack.api()                                       # authenticated REST v2 client
+        ...
+
+Command line (for demos): `python -m airflow_gpu.devtools.airflow_stack --home DIR --dags DIR`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from airflow_gpu.airflow_api import AirflowApi, fetch_token
+from airflow_gpu.devtools.processes import ManagedProcess, free_port, wait_for_http
+
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+# monitor/health key of each component that heartbeats (the api-server answers the request itself)
+_HEALTH_KEY = {"scheduler": "scheduler", "dag-processor": "dag_processor", "triggerer": "triggerer"}
+
+
+@dataclass
+class AirflowStack:
+    home: Path
+    dags_folder: Path
+    db_url: str | None = None  # default: SQLite in `home`
+    port: int = 0  # 0: a free port
+    components: tuple[str, ...] = COMPONENTS
+    extra_env: dict[str, str] = field(default_factory=dict)
+    username: str = "admin"
+    password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
+    processes: dict[str, ManagedProcess] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.home = Path(self.home)
+        self.dags_folder = Path(self.dags_folder)
+        self.port = self.port or free_port()
+        self.db_url = self.db_url or f"sqlite:///{self.home / 'airflow.db'}"
+        self._jwt_secret = secrets.token_urlsafe(32)
+        self._secret_key = secrets.token_urlsafe(32)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def passwords_file(self) -> Path:
+        return self.home / "simple_auth_manager_passwords.json"
+
+    def env(self) -> dict[str, str]:
+        """The environment every component (and `airflow` CLI calls against this stack) runs with."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__")}
+        env.update({
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{self.username}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.passwords_file),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.db_url,
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__API__BASE_URL": self.base_url,
+            "AIRFLOW__API__SECRET_KEY": self._secret_key,
+            "AIRFLOW__API_AUTH__JWT_SECRET": self._jwt_secret,
+            # new DAG files show up within seconds, not the default five minutes
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "5",
+            "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+        })
+        env.update(self.extra_env)
+        return env
+
+    def airflow(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run an `airflow` CLI command against this stack's home and database."""
+        result = subprocess.run([sys.executable, "-m", "airflow", *args], env=self.env(), capture_output=True,
+                                text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if check and result.returncode != 0:
+            raise RuntimeError(f"airflow {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+        return result
+
+    def migrate(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.dags_folder.mkdir(parents=True, exist_ok=True)
+        self.airflow("db", "migrate")
+
+    def start(self, timeout: float = 180.0, migrate: bool = True) -> "AirflowStack":
+        if migrate:
+            self.migrate()
+        self.passwords_file.write_text(json.dumps({self.username: self.password}) + "\n")
+        env = self.env()
+        try:
+            for component in self.components:
+                argv = [sys.executable, "-m", "airflow", component]
+                if component == "api-server":
+                    argv += ["--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+                self.processes[component] = ManagedProcess(
+                    component, argv, self.home / "logs" / f"{component}.log", env=env, cwd=str(self.home)).start()
+            self.wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_healthy(self, timeout: float = 180.0) -> None:
+        """Until the api-server answers and every started component heartbeats as healthy."""
+        deadline = time.monotonic() + timeout
+        if "api-server" in self.processes:
+            self._raise_if_dead()
+            wait_for_http(f"{self.base_url}/api/v2/monitor/health", timeout=timeout)
+        wanted = [_HEALTH_KEY[c] for c in self.processes if c in _HEALTH_KEY]
+        health: dict = {}
+        while time.monotonic() < deadline:
+            self._raise_if_dead()
+            if "api-server" not in self.processes:
+                return
+            health = httpx.get(f"{self.base_url}/api/v2/monitor/health", timeout=5).json()
+            if all((health.get(key) or {}).get("status") == "healthy" for key in wanted):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"Airflow components not healthy after {timeout:.0f}s: {health}\n{self._tails()}")
+
+    def stop(self) -> dict[str, int | None]:
+        """SIGTERM each component's process group (scheduler first, api-server last), by PID."""
+        order = [c for c in ("scheduler", "triggerer", "dag-processor", "api-server") if c in self.processes]
+        codes = {name: self.processes[name].stop(timeout=15) for name in order}
+        self.processes.clear()
+        return codes
+
+    def token(self) -> str:
+        return fetch_token(self.base_url, self.username, self.password)
+
+    def api(self) -> AirflowApi:
+        return AirflowApi(self.base_url, token=self.token())
+
+    def _raise_if_dead(self) -> None:
+        for name, process in self.processes.items():
+            if not process.alive():
+                raise RuntimeError(f"airflow {name} exited ({process.popen.returncode}):\n{process.log_tail()}")
+
+    def _tails(self) -> str:
+        return "\n".join(f"--- {name} ---\n{p.log_tail(15)}" for name, p in self.processes.items())
+
+    def __enter__(self) -> "AirflowStack":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run real Airflow components until interrupted.")
+    parser.add_argument("--home", required=True, type=Path)
+    parser.add_argument("--dags", required=True, type=Path)
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    stack = AirflowStack(home=args.home, dags_folder=args.dags, port=args.port).start()
+    print(f"Airflow at {stack.base_url} (user {stack.username}, password {stack.password}); Ctrl-C stops it",
+          flush=True)
+    try:
+        while all(p.alive() for p in stack.processes.values()):
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
