@@ -123,6 +123,7 @@ class Gang:
     checkpointable: bool = False
     spot_eligible: bool = False
     created_at: float = 0.0
+    expected_duration: float | None = None  # seconds, if known: lets smaller gangs backfill safely
 
     @property
     def gpu_milli_total(self) -> int:
@@ -150,6 +151,11 @@ class RunningGang:
     started_at: float
     last_checkpoint_at: float | None = None  # None: never checkpointed (all work since start is at risk)
     borrowed: bool = False  # admitted on another team's idle quota: first to be reclaimed
+
+    @property
+    def expected_end(self) -> float | None:
+        d = self.gang.expected_duration
+        return None if d is None else self.started_at + d
 
     def gpu_seconds_at_risk(self, now: float) -> float:
         """GPU-seconds of work lost if the gang stopped now: since its last checkpoint, or since start."""
