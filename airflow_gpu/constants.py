@@ -39,6 +39,7 @@ ANNOTATION_TOPOLOGY = f"{DOMAIN}/topology"
 ANNOTATION_BORROWED = f"{DOMAIN}/borrowed"
 ANNOTATION_PLACEMENT = f"{DOMAIN}/placement"
 ANNOTATION_SCHEDULED = f"{DOMAIN}/scheduled"
+ANNOTATION_EXPECTED_DURATION = f"{DOMAIN}/expected-duration-seconds"  # lets smaller gangs backfill safely
 
 # Marker in an Airflow pool description: only pools carrying it are changed or deleted.
 POOL_DESCRIPTION_MARKER = "[managed-by=airflow-gpu]"
