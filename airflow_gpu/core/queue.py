@@ -1,0 +1,157 @@
+"""The queue of pending gangs and one scheduling cycle over it (Kueue's queue / scheduler split).
+
+Order: priority (high first), then creation time, then name. A cycle admits gangs in that order on a
+working copy of the snapshot. The first gang that cannot be admitted for lack of capacity (or that
+can reclaim quota) is the head of line:
+
+1. if its priority allows, core.preemption plans victims for it; the plan's nodes are reserved for
+   it (nothing else may land there while the victims leave);
+2. otherwise its earliest start is estimated (EASY backfilling): running gangs are released in
+   order of expected end (Gang.expected_duration; unknown = never) on a copy until the head fits;
+   the nodes of that future placement are reserved until then.
+
+Every later gang may still be admitted this cycle (backfill), but only outside the reserved nodes,
+unless its own expected duration ends before the head's estimated start. So a backfilled gang
+never takes capacity the head is waiting for, and the head is never delayed by smaller work (as far
+as the duration estimates hold). Quota-blocked gangs do not become head: waiting on their own team's
+quota, they must not hold capacity other teams could use. One head, one plan per cycle: the caller
+acts on the plan and runs the next cycle.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from airflow_gpu.core.framework import Profile
+from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, admit, place_gang
+from airflow_gpu.core.model import Gang, Placement, RunningGang
+from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy, plan_preemption
+from airflow_gpu.core.quota import QuotaBook, QuotaUsage, demand_of_placements
+from airflow_gpu.core.snapshot import Snapshot
+
+
+def queue_order(pending: Iterable[Gang]) -> list[Gang]:
+    """Priority first, then first come first served; the name breaks exact ties deterministically."""
+    return sorted(pending, key=lambda g: (-g.priority, g.created_at, g.name))
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Nodes held for the head-of-line gang until `start` (its estimated earliest start; math.inf when
+    it waits on gangs of unknown duration; now when victims are being preempted for it)."""
+
+    gang: Gang
+    nodes: frozenset[str]
+    start: float
+    placements: tuple[Placement, ...]
+    by_preemption: bool = False
+
+    def mask(self, snap: Snapshot) -> np.ndarray:
+        m = np.zeros(len(snap), dtype=bool)
+        m[[snap.node_index(n) for n in self.nodes]] = True
+        return m
+
+    def lets_through(self, gang: Gang, now: float) -> bool:
+        """A gang known to finish before the head can start may use the reserved nodes."""
+        return gang.expected_duration is not None and now + gang.expected_duration <= self.start
+
+
+@dataclass
+class CycleResult:
+    admitted: list[GangDecision] = field(default_factory=list)
+    preemptions: list[PreemptionPlan] = field(default_factory=list)
+    waiting: dict[str, str] = field(default_factory=dict)  # gang name -> wait reason
+    reservation: Reservation | None = None
+
+
+def estimate_start(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], profile: Profile,
+                   now: float) -> Reservation | None:
+    """When and where `gang` could start if nothing else were admitted: release running gangs by
+    expected end until it fits (bisection over that order). None: it would not fit even then."""
+    ends = sorted(running, key=lambda r: (math.inf if r.expected_end is None else r.expected_end,
+                                          r.started_at, r.gang.name))
+
+    def fits(k: int) -> tuple[Placement, ...] | None:
+        s = snap.copy()
+        for r in ends[:k]:
+            for p in r.placements:
+                if p.pod in s.placements:
+                    s.forget(p.pod)
+        placed, _, _ = place_gang(s, gang, profile)
+        return placed
+
+    if not ends or fits(len(ends)) is None:
+        return None
+    lo, hi = 1, len(ends)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid) is not None:
+            hi = mid
+        else:
+            lo = mid + 1
+    placed = fits(lo) or fits(len(ends))
+    assert placed is not None
+    last = ends[lo - 1].expected_end
+    start = math.inf if last is None else max(now, last)
+    return Reservation(gang, frozenset(p.node for p in placed), start, placed)
+
+
+def _when(start: float, now: float) -> str:
+    return "when gangs of unknown duration end" if math.isinf(start) else f"in ~{max(0.0, start - now):.0f} s"
+
+
+def schedule_cycle(snap: Snapshot, pending: Iterable[Gang], running: Sequence[RunningGang], profile: Profile,
+                   now: float, quota: QuotaBook | None = None,
+                   policy: PreemptionPolicy = PreemptionPolicy()) -> CycleResult:
+    """Admit what can start now, plan at most one preemption, hold one reservation. Changes nothing
+    passed in: `snap` must hold every running gang's placements."""
+    work = snap.copy()
+    node_product = {n.name: n.gpu_product for n in snap.nodes}
+    usage = QuotaUsage.from_running(running, node_product, quota) if quota is not None else None
+    result = CycleResult()
+    started: list[RunningGang] = []  # admitted this cycle: they hold capacity until their own end
+    reserved: np.ndarray | None = None
+
+    for gang in queue_order(pending):
+        res = result.reservation
+        exclude = reserved if res is not None and not res.lets_through(gang, now) else None
+        decision = admit(work, gang, profile, quota, usage, exclude)
+        if decision.admitted:
+            for p in decision.placements:
+                work.assume(p)
+            if usage is not None:
+                usage.add(gang.team, demand_of_placements(decision.placements, node_product, quota))
+            started.append(RunningGang(gang, decision.placements, now, borrowed=decision.borrowed))
+            result.admitted.append(decision)
+            continue
+
+        reason = decision.reason
+        if res is not None:
+            if exclude is not None and admit(work, gang, profile, quota, usage).admitted:
+                reason = f"would delay {res.gang.name}, which holds {len(res.nodes)} node(s) " \
+                         f"and starts {_when(res.start, now)}"
+            result.waiting[gang.name] = reason
+            continue
+
+        may_reclaim = decision.quota is not None and (decision.quota.reclaimable or decision.quota.own_excess)
+        if decision.blocked_by == BLOCKED_CAPACITY or may_reclaim:
+            plan, _ = plan_preemption(work, gang, running, profile, now, quota, usage, policy)
+            if plan is not None:
+                result.preemptions.append(plan)
+                result.reservation = Reservation(gang, frozenset(p.node for p in plan.placements), now,
+                                                 plan.placements, by_preemption=True)
+                reserved = result.reservation.mask(work)
+                names = ", ".join(plan.victim_names)
+                reason = f"{reason}; preempting {len(plan.victims)} gang(s) of lower priority: {names}"
+            elif decision.blocked_by == BLOCKED_CAPACITY:
+                est = estimate_start(work, gang, list(running) + started, profile, now)
+                if est is not None:
+                    result.reservation = est
+                    reserved = est.mask(work)
+                    reason = f"{reason}; {len(est.nodes)} node(s) reserved, earliest start {_when(est.start, now)}"
+        result.waiting[gang.name] = reason
+    return result

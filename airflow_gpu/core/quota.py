@@ -1,0 +1,270 @@
+"""Guaranteed quotas per team and GPU product, and borrowing of idle quota (Kueue cohort semantics).
+
+Pure: plain dataclasses in, verdicts out. The YAML config (airflow_gpu.config) is converted by the
+caller with `QuotaBook.from_teams(cfg.teams)`; core never loads files.
+
+Units. A quota key is `(product, None)` for whole and shared GPUs, counted in milli-GPU (1000 = one
+GPU), or `(product, mig_profile)` for MIG slices, counted in instances. Products are the quota
+config's names (e.g. "a100-80gb"); `QuotaBook.aliases` maps a node's `gpu_product` label to them.
+
+Semantics, per key and per cohort (all teams share the cohort "default" unless told otherwise):
+- nominal N: the team's guaranteed quota; borrowing limit B: how far above N it may go (absent = 0);
+  lending limit L: how much of N others may borrow (absent = all of N). G = N - L is never lent.
+- A team's usage up to G is its own; usage above G draws on the cohort pool, whose size is the sum of
+  every member's L. So a team within N can still be short when others borrowed its lendable part:
+  it then reclaims by preempting borrowers (see core.preemption).
+- A gang fits when the team stays within N + B and the cohort pool is not over-drawn. It is
+  *guaranteed* if the team stays within N on every key, else *borrowed* (runs at best-effort priority
+  and is reclaimed first).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from airflow_gpu.core.model import GPU_MILLI, Gang, Placement, RunningGang
+
+QuotaKey = tuple[str, str | None]  # (product, MIG profile or None for whole/shared GPUs)
+Demand = dict[QuotaKey, int]
+DEFAULT_COHORT = "default"
+
+
+def key_name(key: QuotaKey) -> str:
+    product, profile = key
+    return product if profile is None else f"{product} {profile} MIG slices"
+
+
+def fmt_amount(key: QuotaKey, amount: int) -> str:
+    """Milli-GPU as GPUs ("8", "7.5"); MIG instances as a count."""
+    if key[1] is not None:
+        return str(amount)
+    gpus = amount / GPU_MILLI
+    return str(int(gpus)) if gpus == int(gpus) else f"{gpus:g}"
+
+
+@dataclass(frozen=True)
+class TeamQuota:
+    team: str
+    nominal: Mapping[QuotaKey, int] = field(default_factory=dict)
+    borrowing_limit: Mapping[QuotaKey, int] = field(default_factory=dict)  # absent key = 0
+    lending_limit: Mapping[QuotaKey, int] = field(default_factory=dict)  # absent key = all of nominal
+    cohort: str = DEFAULT_COHORT
+
+    def __post_init__(self) -> None:
+        for what, table in (("quota", self.nominal), ("borrowing_limit", self.borrowing_limit),
+                            ("lending_limit", self.lending_limit)):
+            for key, amount in table.items():
+                if amount < 0:
+                    raise ValueError(f"team {self.team}: {what}[{key_name(key)}] = {amount} must be >= 0")
+
+    @classmethod
+    def from_gpus(
+        cls,
+        team: str,
+        quota: Mapping[str, float] | None = None,
+        borrowing_limit: Mapping[str, float] | None = None,
+        lending_limit: Mapping[str, float] | None = None,
+        mig_quota: Mapping[str, Mapping[str, int]] | None = None,
+        cohort: str = DEFAULT_COHORT,
+    ) -> TeamQuota:
+        """Build from the config's units: whole GPUs per product, MIG instances per product and profile."""
+
+        def milli(table: Mapping[str, float] | None) -> dict[QuotaKey, int]:
+            return {(p, None): round(g * GPU_MILLI) for p, g in (table or {}).items()}
+
+        nominal = milli(quota)
+        for product, profiles in (mig_quota or {}).items():
+            for profile, count in profiles.items():
+                nominal[(product, profile)] = int(count)
+        return cls(team, nominal, milli(borrowing_limit), milli(lending_limit), cohort)
+
+    def n(self, key: QuotaKey) -> int:
+        return self.nominal.get(key, 0)
+
+    def b(self, key: QuotaKey) -> int:
+        return self.borrowing_limit.get(key, 0)
+
+    def kept(self, key: QuotaKey) -> int:
+        """Part of the nominal quota never lent to others (G = N - L)."""
+        n = self.n(key)
+        return n - min(n, self.lending_limit.get(key, n))
+
+
+@dataclass(frozen=True)
+class QuotaBook:
+    """Every team's quota. `borrowed_priority` is the priority a borrowed gang runs at for preemption."""
+
+    teams: Mapping[str, TeamQuota]
+    aliases: Mapping[str, str] = field(default_factory=dict)  # node gpu_product label -> quota product
+    borrowed_priority: int | None = None  # None: borrowed gangs keep their own priority
+
+    @classmethod
+    def from_teams(cls, teams: Iterable[object], aliases: Mapping[str, str] | None = None,
+                   borrowed_priority: int | None = None) -> QuotaBook:
+        """From objects shaped like airflow_gpu.config.Team (name, quota, borrowing_limit, lending_limit,
+        mig_quota), duck-typed so that core does not import the config layer."""
+        book = {}
+        for t in teams:
+            tq = TeamQuota.from_gpus(t.name, t.quota, t.borrowing_limit, t.lending_limit,  # type: ignore[attr-defined]
+                                     getattr(t, "mig_quota", None), getattr(t, "cohort", DEFAULT_COHORT))
+            book[tq.team] = tq
+        return cls(book, dict(aliases or {}), borrowed_priority)
+
+    def product(self, node_product: str | None) -> str | None:
+        if node_product is None:
+            return None
+        return self.aliases.get(node_product, node_product)
+
+    def team(self, name: str) -> TeamQuota | None:
+        return self.teams.get(name)
+
+    def cohort_members(self, cohort: str) -> list[TeamQuota]:
+        return [t for t in self.teams.values() if t.cohort == cohort]
+
+    def effective_priority(self, running: RunningGang) -> int:
+        if running.borrowed and self.borrowed_priority is not None:
+            return min(running.gang.priority, self.borrowed_priority)
+        return running.gang.priority
+
+
+def demand_of_placements(placements: Iterable[Placement], node_product: Mapping[str, str | None],
+                         book: QuotaBook | None = None) -> Demand:
+    """Quota demand of placed pods; `node_product` maps node name -> its gpu_product label."""
+    out: Demand = defaultdict(int)
+    for p in placements:
+        product = node_product.get(p.node)
+        if book is not None:
+            product = book.product(product)
+        if product is None:
+            continue
+        if p.mig_profile is not None:
+            out[(product, p.mig_profile)] += 1
+        else:
+            milli = sum(m for _, m in p.gpu_shares)
+            if milli:
+                out[(product, None)] += milli
+    return dict(out)
+
+
+def demand_on_product(gang: Gang, product: str) -> Demand:
+    """Quota demand of a gang if all of it ran on `product` (a quota product name)."""
+    out: Demand = defaultdict(int)
+    for m in gang.members:
+        if m.mig_profile is not None:
+            out[(product, m.mig_profile)] += 1
+        elif m.gpu_milli_total:
+            out[(product, None)] += m.gpu_milli_total
+    return dict(out)
+
+
+@dataclass
+class QuotaUsage:
+    """What each team uses now, per key. Mutable; copy() before trying things."""
+
+    used: dict[str, dict[QuotaKey, int]] = field(default_factory=dict)
+
+    def copy(self) -> QuotaUsage:
+        return QuotaUsage({t: dict(d) for t, d in self.used.items()})
+
+    def of(self, team: str, key: QuotaKey) -> int:
+        return self.used.get(team, {}).get(key, 0)
+
+    def add(self, team: str, demand: Mapping[QuotaKey, int]) -> None:
+        d = self.used.setdefault(team, {})
+        for k, v in demand.items():
+            d[k] = d.get(k, 0) + v
+
+    def remove(self, team: str, demand: Mapping[QuotaKey, int]) -> None:
+        d = self.used.setdefault(team, {})
+        for k, v in demand.items():
+            left = d.get(k, 0) - v
+            if left < 0:
+                raise ValueError(f"team {team}: releasing {fmt_amount(k, v)} {key_name(k)} more than it uses")
+            d[k] = left
+
+    @classmethod
+    def from_running(cls, running: Iterable[RunningGang], node_product: Mapping[str, str | None],
+                     book: QuotaBook | None = None) -> QuotaUsage:
+        usage = cls()
+        for rg in running:
+            usage.add(rg.gang.team, demand_of_placements(rg.placements, node_product, book))
+        return usage
+
+
+@dataclass(frozen=True)
+class QuotaVerdict:
+    fits: bool
+    borrowed: bool = False  # fits only by borrowing idle quota of the cohort
+    reason: str = ""  # why it does not fit, in words for a human
+    reclaimable: bool = False  # does not fit now, but would once borrowers in the cohort gave quota back
+    own_excess: bool = False  # over the team's own ceiling: only the team's own gangs can make room
+
+
+def pool_state(book: QuotaBook, usage: QuotaUsage, cohort: str, key: QuotaKey) -> tuple[int, int]:
+    """(size of the cohort's lendable pool, how much of it is drawn) for one key."""
+    size = drawn = 0
+    for t in book.cohort_members(cohort):
+        n = t.n(key)
+        size += n - t.kept(key)
+        drawn += max(0, usage.of(t.team, key) - t.kept(key))
+    return size, drawn
+
+
+def check(book: QuotaBook, usage: QuotaUsage, team: str, demand: Mapping[QuotaKey, int]) -> QuotaVerdict:
+    """May `team` take `demand` on top of `usage`? Every key must fit; the first refusal is the reason."""
+    demand = {k: v for k, v in demand.items() if v > 0}
+    if not demand:
+        return QuotaVerdict(True)
+    tq = book.team(team)
+    if tq is None:
+        known = ", ".join(sorted(book.teams)) or "none"
+        return QuotaVerdict(False, reason=f"team quota: team {team!r} has no quota (teams with quota: {known})",
+                            own_excess=True)
+    borrowed = False
+    for key, d in sorted(demand.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        n, b, g = tq.n(key), tq.b(key), tq.kept(key)
+        u = usage.of(team, key)
+        after = u + d
+        name = key_name(key)
+        if after > n + b:
+            limit = f"{fmt_amount(key, n)} {name}"
+            if b:
+                limit += f" (+{fmt_amount(key, b)} borrowable)"
+            return QuotaVerdict(False, reason=f"team quota: {team} uses {fmt_amount(key, u)} of {limit}; "
+                                              f"gang needs {fmt_amount(key, d)}", own_excess=True)
+        size, drawn = pool_state(book, usage, tq.cohort, key)
+        extra = max(0, after - g) - max(0, u - g)
+        if drawn + extra > size:
+            idle = max(0, size - drawn)
+            if after <= n:
+                # Within its guarantee: short only because others borrowed its lendable part.
+                return QuotaVerdict(False, reason=f"team quota: {team} uses {fmt_amount(key, u)} of "
+                                                  f"{fmt_amount(key, n)} {name} but other teams borrowed it; "
+                                                  f"reclaiming {fmt_amount(key, drawn + extra - size)}",
+                                    reclaimable=True)
+            return QuotaVerdict(False, reason=f"cohort quota: {team} would borrow "
+                                              f"{fmt_amount(key, after - n)} {name} beyond its "
+                                              f"{fmt_amount(key, n)}; {fmt_amount(key, idle)} idle in cohort "
+                                              f"{tq.cohort}")
+        if after > n:
+            borrowed = True
+    return QuotaVerdict(True, borrowed=borrowed)
+
+
+def within_limits(book: QuotaBook, usage: QuotaUsage) -> list[str]:
+    """Invariant check: every team within N + B and every cohort pool not over-drawn. Returns violations."""
+    bad = []
+    keys = {k for d in usage.used.values() for k in d} | {k for t in book.teams.values() for k in t.nominal}
+    for team, d in usage.used.items():
+        tq = book.team(team)
+        for key, u in d.items():
+            if u and (tq is None or u > tq.n(key) + tq.b(key)):
+                bad.append(f"{team} uses {fmt_amount(key, u)} {key_name(key)} over its ceiling")
+    for cohort in {t.cohort for t in book.teams.values()}:
+        for key in keys:
+            size, drawn = pool_state(book, usage, cohort, key)
+            if drawn > size:
+                bad.append(f"cohort {cohort} pool for {key_name(key)} over-drawn: {drawn} of {size}")
+    return bad
