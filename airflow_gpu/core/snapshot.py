@@ -10,12 +10,31 @@ Units as in model.py: CPU millicores, memory MiB, GPU milli (1000 = a whole GPU)
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
 from airflow_gpu.core.model import GPU_MILLI, Node, Placement, PodRequest
+
+
+# Every change to a node's free capacity gets a new number from one process-wide counter, so equal
+# version numbers mean equal node state even across snapshot copies: score caches key on it.
+_VERSIONS = itertools.count(1)
+
+
+# Kinds of GPU pods counted per node (Snapshot.kind_counts): a share of one GPU, or k whole GPUs.
+GPU_KINDS = ("share", "1-gpu", "2-gpu", "3-gpu", "4-gpu", "5-gpu", "6-gpu", "7-gpu", "8-gpu", "more-gpu")
+
+
+def gpu_kind(gpu_shares) -> int | None:
+    """Index in GPU_KINDS of a placement's GPU shares (None: no GPU)."""
+    if not gpu_shares:
+        return None
+    if len(gpu_shares) == 1 and gpu_shares[0][1] < GPU_MILLI:
+        return 0
+    return min(len(gpu_shares), len(GPU_KINDS) - 1)
 
 
 class OverCommitError(ValueError):
@@ -112,10 +131,22 @@ class Snapshot:
       mig_free [N, P] free slices per profile (profiles in shape.mig_profiles).
     """
 
-    __slots__ = ("shape", "gpu_free", "cpu_free", "mem_free", "mig_free", "placements")
+    __slots__ = ("shape", "gpu_free", "cpu_free", "mem_free", "mig_free", "placements", "version", "kind_counts")
 
-    def __init__(self, shape: ClusterShape, gpu_free, cpu_free, mem_free, mig_free, placements):
+    def __init__(
+        self, shape: ClusterShape, gpu_free, cpu_free, mem_free, mig_free, placements, version=None, kind_counts=None
+    ):
         self.shape = shape
+        # kind_counts[i, k]: GPU pods of kind GPU_KINDS[k] placed on node i (GPU-clustering policies)
+        self.kind_counts: np.ndarray = (
+            np.zeros((len(shape.nodes), len(GPU_KINDS)), dtype=np.int64) if kind_counts is None else kind_counts
+        )
+        # version[i] changes whenever node i's free capacity changes (see _VERSIONS)
+        self.version: np.ndarray = (
+            np.fromiter(itertools.islice(_VERSIONS, len(shape.nodes)), dtype=np.int64, count=len(shape.nodes))
+            if version is None
+            else version
+        )
         self.gpu_free: np.ndarray = gpu_free
         self.cpu_free: np.ndarray = cpu_free
         self.mem_free: np.ndarray = mem_free
@@ -148,6 +179,8 @@ class Snapshot:
             self.mem_free.copy(),
             self.mig_free.copy(),
             dict(self.placements),
+            self.version.copy(),
+            self.kind_counts.copy(),
         )
 
     # --- views ----------------------------------------------------------------------------------
@@ -255,6 +288,9 @@ class Snapshot:
         self.mem_free[i] -= placement.memory_mib
         if mig is not None:
             self.mig_free[i, mig] -= 1
+        if (kind := gpu_kind(placement.gpu_shares)) is not None:
+            self.kind_counts[i, kind] += 1
+        self.version[i] = next(_VERSIONS)
         self.placements[placement.pod] = placement
 
     def forget(self, placement: Placement | str) -> Placement:
@@ -271,6 +307,9 @@ class Snapshot:
         self.mem_free[i] += held.memory_mib
         if mig is not None:
             self.mig_free[i, mig] += 1
+        if (kind := gpu_kind(held.gpu_shares)) is not None:
+            self.kind_counts[i, kind] -= 1
+        self.version[i] = next(_VERSIONS)
         del self.placements[name]
         return held
 

@@ -1,0 +1,177 @@
+"""Fragmentation Gradient Descent (FGD, USENIX ATC'23): place a pod where it raises the expected GPU
+fragmentation of the node least, under the typical pod distribution learnt from the workload.
+
+A node's fragmentation for one typical pod t is all its free GPU milli when t cannot run there (GPU
+type, GPU count, CPU), else the free milli on GPUs too small for t. The node's fragmentation is the
+frequency-weighted sum over typical pods (CPU-only typical pods count all free GPU milli, as in the
+artifact). Score = int(sigmoid(-(after - before) / 1000) * 100), integer like the artifact, so ties
+are common and resolved by the profile's tie order.
+
+Speed: a pod's scores depend only on its shape and the node's state, so scores are cached per shape
+and recomputed only for nodes whose Snapshot.version changed since (one node per placement).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from airflow_gpu.core.model import GPU_MILLI, PodRequest
+from airflow_gpu.core.snapshot import ClusterShape, Snapshot
+
+MAX_NODE_SCORE = 100
+
+
+def pod_shape(pod: PodRequest) -> tuple[int, int, int, tuple[str, ...]]:
+    """(cpu_milli, milli per GPU, GPU count, accepted products): what placement scores depend on."""
+    if pod.gpus:
+        return (pod.cpu_milli, GPU_MILLI, pod.gpus, pod.gpu_products)
+    if pod.gpu_milli:
+        return (pod.cpu_milli, pod.gpu_milli, 1, pod.gpu_products)
+    return (pod.cpu_milli, 0, 0, pod.gpu_products)
+
+
+@dataclass(frozen=True)
+class TypicalPods:
+    """The workload's most common pod shapes covering `coverage` of pods, with their frequencies."""
+
+    cpu: np.ndarray  # [T]
+    milli: np.ndarray  # [T] per GPU (0: CPU-only)
+    count: np.ndarray  # [T] GPUs
+    products: tuple[tuple[str, ...], ...]  # [T] accepted products (empty: any)
+    freq: np.ndarray  # [T], sums to 1
+
+    @classmethod
+    def from_pods(cls, pods, coverage: float = 0.95) -> TypicalPods:
+        """The artifact's GetTypicalPods (CPU pods included, popularity threshold 95 %, step 1)."""
+        counts = Counter(pod_shape(p) for p in pods)
+        if not counts:
+            raise ValueError("typical pods: the workload is empty; FGD needs pods to learn from")
+        # most frequent first; equal counts: larger (cpu, milli, count, products) first, as Go's
+        # sort.Reverse over the artifact's Less orders them
+        ordered = sorted(counts.items(), key=lambda kv: (kv[1], kv[0][0], kv[0][1], kv[0][2], "|".join(kv[0][3])),
+                         reverse=True)
+        total = sum(counts.values())
+        chosen, cum = [], 0
+        for shape, n in ordered:
+            if cum >= coverage * total:
+                break
+            chosen.append((shape, n))
+            cum += n
+        return cls(
+            cpu=np.array([s[0] for s, _ in chosen], dtype=np.int64),
+            milli=np.array([s[1] for s, _ in chosen], dtype=np.int64),
+            count=np.array([s[2] for s, _ in chosen], dtype=np.int64),
+            products=tuple(s[3] for s, _ in chosen),
+            freq=np.array([n / cum for _, n in chosen], dtype=np.float64),
+        )
+
+    def __len__(self) -> int:
+        return len(self.freq)
+
+
+class FragModel:
+    """Vectorised node fragmentation for one cluster shape and one typical-pod distribution."""
+
+    def __init__(self, shape: ClusterShape, typical: TypicalPods):
+        self.shape = shape
+        self.typical = typical
+        n = len(shape.nodes)
+        # access[i, t]: typical pod t may run on node i (GPU product); CPU-only types never "fit" GPUs
+        access = np.ones((n, len(typical)), dtype=bool)
+        for t, products in enumerate(typical.products):
+            if products:
+                access[:, t] = shape.product_mask(products)
+        access[:, typical.milli == 0] = False
+        access &= (shape.gpu_count > 0)[:, None]
+        self.access = access
+        self.levels, self.level_of = np.unique(typical.milli, return_inverse=True)  # distinct milli sizes
+
+    def frag(self, free: np.ndarray, cpu: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        """Fragmentation (GPU milli) of K node states: free [K, G], cpu [K], node index [K]."""
+        t = self.typical
+        total = free.sum(axis=1)
+        ge = free[:, None, :] >= self.levels[None, :, None]  # [K, M, G]
+        cnt = ge.sum(axis=2)[:, self.level_of]  # [K, T] GPUs big enough for t
+        small = (total[:, None] - (free[:, None, :] * ge).sum(axis=2))[:, self.level_of]  # [K, T]
+        ok = self.access[nodes] & (cnt >= t.count[None, :]) & (cpu[:, None] >= t.cpu[None, :])
+        return np.where(ok, small, total[:, None]) @ t.freq
+
+
+def _score(delta: np.ndarray) -> np.ndarray:
+    """int(sigmoid(-delta/1000) * 100), delta = fragmentation after - before (GPU milli)."""
+    return np.floor(MAX_NODE_SCORE / (1.0 + np.exp(delta / 1000.0))).astype(np.int64)
+
+
+class FGDScore:
+    """Score plugin and GPU chooser: the artifact's FGDScore with its per-GPU choice for shares."""
+
+    name = "FGD"
+
+    def __init__(self, typical: TypicalPods):
+        self.typical = typical
+        self._model: FragModel | None = None
+        self._before: tuple[np.ndarray, np.ndarray] | None = None  # (frag [N], version [N])
+        self._cache: dict = {}  # shape -> (score [N], gpu [N], version [N])
+
+    def _bind(self, snap: Snapshot) -> FragModel:
+        if self._model is None or self._model.shape is not snap.shape:
+            self._model = FragModel(snap.shape, self.typical)
+            n = len(snap)
+            self._before = (np.zeros(n), np.full(n, -1, dtype=np.int64))
+            self._cache = {}
+        return self._model
+
+    def node_frag(self, snap: Snapshot) -> np.ndarray:
+        """[N] current fragmentation of every node (cached by node version)."""
+        model = self._bind(snap)
+        frag, ver = self._before
+        stale = np.flatnonzero(ver != snap.version)
+        if len(stale):
+            frag[stale] = model.frag(snap.gpu_free[stale], snap.cpu_free[stale], stale)
+            ver[stale] = snap.version[stale]
+        return frag
+
+    def _entry(self, snap: Snapshot, pod: PodRequest, nodes: np.ndarray):
+        model = self._bind(snap)
+        key = pod_shape(pod)
+        entry = self._cache.get(key)
+        if entry is None:
+            n = len(snap)
+            entry = (np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64))
+            self._cache[key] = entry
+        score, gpu, ver = entry
+        stale = nodes[ver[nodes] != snap.version[nodes]]
+        if len(stale):
+            before = self.node_frag(snap)[stale]
+            free = snap.gpu_free[stale]
+            cpu_after = snap.cpu_free[stale] - pod.cpu_milli
+            if pod.gpu_milli:  # a share: try every GPU it fits on, keep the best (first on ties)
+                k, g = free.shape
+                fits = free >= pod.gpu_milli
+                after = np.repeat(free[:, None, :], g, axis=1)  # [K, G(choice), G]
+                after[:, np.arange(g), np.arange(g)] -= pod.gpu_milli
+                frag_after = model.frag(after.reshape(k * g, g), np.repeat(cpu_after, g), np.repeat(stale, g))
+                s = np.where(fits, _score(frag_after.reshape(k, g) - before[:, None]), -1)
+                gpu[stale] = s.argmax(axis=1)
+                score[stale] = s.max(axis=1)
+            else:
+                after = free
+                if pod.gpus:  # whole GPUs: any fully free ones (fragmentation ignores which)
+                    whole = free == GPU_MILLI
+                    take = whole & (np.cumsum(whole, axis=1) <= pod.gpus)
+                    after = np.where(take, 0, free)
+                score[stale] = _score(model.frag(after, cpu_after, stale) - before)
+            ver[stale] = snap.version[stale]
+        return score, gpu
+
+    def score(self, snap: Snapshot, pod: PodRequest, nodes: np.ndarray) -> np.ndarray:
+        return self._entry(snap, pod, nodes)[0][nodes]
+
+    def choose_gpus(self, snap: Snapshot, pod: PodRequest, node: int) -> tuple[tuple[int, int], ...]:
+        if pod.gpu_milli:
+            _, gpu = self._entry(snap, pod, np.array([node]))
+            return ((int(gpu[node]), pod.gpu_milli),)
+        return snap.default_gpu_choice(pod, node)

@@ -1,0 +1,69 @@
+"""Named placement policies: a Profile per name, the same in the simulator and the scheduler.
+
+Baselines from the FGD artifact (random, dotprod, gpuclustering, gpupacking, bestfit), FGD itself,
+and the project's default (see plugins/lookahead.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from airflow_gpu.core.framework import Profile
+from airflow_gpu.core.plugins.fgd import FGDScore, TypicalPods
+from airflow_gpu.core.plugins.filters import default_filters
+from airflow_gpu.core.plugins.scores import (
+    BestFitGpu,
+    BestFitScore,
+    DotProductScore,
+    GpuClusteringScore,
+    GpuPackingScore,
+    RandomGpu,
+    RandomScore,
+)
+
+DEFAULT_POLICY = "fgd-lookahead"
+BASELINES = ("random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd")
+POLICIES = BASELINES + (DEFAULT_POLICY,)
+# the anchors' policy labels (../shared/anchors/fgd_gpu_allocation.csv)
+ANCHOR_LABELS = {
+    "random": "01-Random",
+    "dotprod": "02-DotProd",
+    "gpuclustering": "03-GpuClustering",
+    "gpupacking": "04-GpuPacking",
+    "bestfit": "05-BestFit",
+    "fgd": "06-FGD",
+}
+
+
+def make_profile(
+    name: str,
+    *,
+    typical: TypicalPods | None = None,
+    rng: np.random.Generator | None = None,
+    tie_rank: np.ndarray | None = None,
+) -> Profile:
+    """The Profile for policy `name`. FGD-based policies need `typical` (the workload's typical pods);
+    random needs `rng`. `tie_rank` orders nodes among equal scores (None: node list order)."""
+    name = name.lower()
+    filters = default_filters()
+    if name == "random":
+        rng = rng if rng is not None else np.random.default_rng(0)
+        return Profile(name, filters, ((RandomScore(rng), 1.0),), RandomGpu(rng), tie_rank)
+    if name == "dotprod":
+        return Profile(name, filters, ((DotProductScore(), 1.0),), BestFitGpu(), tie_rank)
+    if name == "gpuclustering":
+        return Profile(name, filters, ((GpuClusteringScore(), 1.0),), BestFitGpu(), tie_rank)
+    if name == "gpupacking":
+        return Profile(name, filters, ((GpuPackingScore(), 1.0),), BestFitGpu(), tie_rank)
+    if name == "bestfit":
+        return Profile(name, filters, ((BestFitScore(), 1.0),), BestFitGpu(), tie_rank)
+    if name in ("fgd", DEFAULT_POLICY):
+        if typical is None:
+            raise ValueError(f"policy {name} needs the workload's typical pods (TypicalPods.from_pods)")
+        if name == "fgd":
+            fgd = FGDScore(typical)
+            return Profile(name, filters, ((fgd, 1.0),), fgd, tie_rank)
+        from airflow_gpu.core.plugins.lookahead import make_default_profile
+
+        return make_default_profile(typical, filters, tie_rank)
+    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")

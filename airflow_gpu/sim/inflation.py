@@ -1,0 +1,160 @@
+"""Inflation mode: the FGD artifact's allocation experiment on the same core/ placement code.
+
+Method (the artifact's Simulate with shufflePod and workloadTuningConfig, seeds 42..51):
+1. typical pods are learnt from the whole trace (before tuning);
+2. the trace pods, sorted by name, are shuffled with the seed;
+3. tuning appends pods sampled with replacement from the trace until the summed GPU request would
+   pass ratio x cluster GPU capacity. Quirk kept on purpose: the stop test adds the candidate's
+   per-GPU milli while the running total adds milli x GPU count (so a multi-GPU pod can overshoot);
+4. nodes get a seeded random order that breaks score ties (consistent first fit among equals);
+5. pods are placed one by one, never removed; a pod that fits nowhere fails and is skipped.
+The curve records allocated GPU milli against arrived (attempted) GPU milli, both over capacity.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from airflow_gpu.core.framework import place_pod
+from airflow_gpu.core.model import GPU_MILLI, Node, Placement, PodRequest
+from airflow_gpu.core.plugins.fgd import TypicalPods
+from airflow_gpu.core.policies import make_profile
+from airflow_gpu.core.snapshot import Snapshot
+
+DEFAULT_RATIO = 1.3
+
+
+@dataclass
+class InflationResult:
+    policy: str
+    seed: int
+    ratio: float
+    total_gpu_milli: int
+    arrived: np.ndarray  # [P] cumulative arrived GPU milli after each pod
+    allocated: np.ndarray  # [P] allocated GPU milli after each pod
+    failed_pods: list[str]
+    placements: list[Placement]
+    seconds: float
+    pods: list[PodRequest] = field(repr=False, default_factory=list)
+
+    @property
+    def gpu_allocation_pct(self) -> float:
+        return 100.0 * float(self.allocated[-1]) / self.total_gpu_milli if len(self.allocated) else 0.0
+
+    @property
+    def unallocated_gpus(self) -> float:
+        return (self.total_gpu_milli - float(self.allocated[-1] if len(self.allocated) else 0)) / GPU_MILLI
+
+    def allocation_at(self, arrived_pct: float) -> float:
+        """Allocation (%) after the last pod whose arrival keeps demand <= arrived_pct of capacity."""
+        limit = arrived_pct / 100.0 * self.total_gpu_milli
+        k = int(np.searchsorted(self.arrived, limit, side="right")) - 1
+        return 100.0 * float(self.allocated[k]) / self.total_gpu_milli if k >= 0 else 0.0
+
+    def curve(self, step_pct: float = 0.5) -> list[list[float]]:
+        """[[arrived_pct, allocated_pct], ...]: one point per `step_pct` of arrived demand, plus the end."""
+        arrived = 100.0 * self.arrived / self.total_gpu_milli
+        allocated = 100.0 * self.allocated / self.total_gpu_milli
+        out, next_mark = [], 0.0
+        for a, b in zip(arrived.tolist(), allocated.tolist()):
+            if a >= next_mark:
+                out.append([round(a, 3), round(b, 3)])
+                next_mark = (int(a / step_pct) + 1) * step_pct
+        if len(arrived) and (not out or out[-1][0] != round(arrived[-1], 3)):
+            out.append([round(float(arrived[-1]), 3), round(float(allocated[-1]), 3)])
+        return out
+
+
+def inflate(pods: list[PodRequest], nodes: list[Node], ratio: float, rng: np.random.Generator) -> list[PodRequest]:
+    """The arrival sequence: shuffled trace pods, then tuning pods sampled until ratio x capacity."""
+    ordered = sorted(pods, key=lambda p: p.name)
+    order = rng.permutation(len(ordered))
+    seq = [ordered[i] for i in order]
+    capacity = sum(n.gpu_count for n in nodes) * GPU_MILLI
+    target = ratio * capacity
+    total = sum(p.gpu_milli_total for p in ordered)
+    if ratio <= 0 or total == target:
+        return seq
+    if total > target:  # the artifact's tuneDownPods: drop random pods until under the target
+        while total > target and seq:
+            victim = seq.pop(int(rng.integers(len(seq))))
+            total -= victim.gpu_milli_total
+        return seq
+    i = 0
+    while True:
+        src = ordered[int(rng.integers(len(ordered)))]
+        per_gpu = GPU_MILLI if src.gpus else src.gpu_milli  # the stop test's per-GPU milli (quirk)
+        if total + per_gpu > target:
+            break
+        total += src.gpu_milli_total
+        seq.append(_renamed(src, f"{src.name}-tuned-{i}"))
+        i += 1
+    return seq
+
+
+def _renamed(pod: PodRequest, name: str) -> PodRequest:
+    return PodRequest(
+        name=name,
+        cpu_milli=pod.cpu_milli,
+        memory_mib=pod.memory_mib,
+        gpus=pod.gpus,
+        gpu_milli=pod.gpu_milli,
+        mig_profile=pod.mig_profile,
+        gpu_products=pod.gpu_products,
+        node_selector=pod.node_selector,
+        tolerations=pod.tolerations,
+        capacity_types=pod.capacity_types,
+    )
+
+
+def run_inflation(
+    nodes: list[Node],
+    pods: list[PodRequest],
+    policy: str,
+    seed: int,
+    ratio: float = DEFAULT_RATIO,
+    progress=None,
+) -> InflationResult:
+    """One inflation run. `progress(done, total)` is called now and then (for a progress bar)."""
+    if not pods:
+        raise ValueError("inflation: the pod list is empty")
+    start = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    typical = TypicalPods.from_pods(pods)
+    seq = inflate(pods, nodes, ratio, rng)
+    snap = Snapshot.from_nodes(sorted(nodes, key=lambda n: n.name))
+    tie_rank = rng.permutation(len(snap))
+    profile = make_profile(policy, typical=typical, rng=rng, tie_rank=tie_rank)
+    arrived = np.zeros(len(seq), dtype=np.int64)
+    allocated = np.zeros(len(seq), dtype=np.int64)
+    failed: list[str] = []
+    placed: list[Placement] = []
+    got = come = 0
+    for k, pod in enumerate(seq):
+        come += pod.gpu_milli_total
+        placement, _ = place_pod(snap, pod, profile)
+        if placement is None:
+            failed.append(pod.name)
+        else:
+            snap.assume(placement)
+            placed.append(placement)
+            got += pod.gpu_milli_total
+        arrived[k] = come
+        allocated[k] = got
+        if progress is not None and (k % 200 == 0 or k == len(seq) - 1):
+            progress(k + 1, len(seq))
+    return InflationResult(
+        policy=policy,
+        seed=seed,
+        ratio=ratio,
+        total_gpu_milli=snap.shape.total_gpu_milli,
+        arrived=arrived,
+        allocated=allocated,
+        failed_pods=failed,
+        placements=placed,
+        seconds=time.perf_counter() - start,
+        pods=seq,
+    )
