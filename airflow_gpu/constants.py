@@ -31,6 +31,7 @@ ANNOTATION_LAST_CHECKPOINT_TIME = f"{DOMAIN}/last-checkpoint-time"
 ANNOTATION_LAST_CHECKPOINT_STEP = f"{DOMAIN}/last-checkpoint-step"
 ANNOTATION_GPU_PRODUCTS = f"{DOMAIN}/gpu-products"  # accepted products, preference order
 ANNOTATION_SIM_DURATION = f"{DOMAIN}/sim-duration-seconds"  # local cluster: simulated container run time
+ANNOTATION_SIM_EXIT_CODE = f"{DOMAIN}/sim-exit-code"  # local cluster: simulated container exit code
 ANNOTATION_MANAGED_POOL = f"{DOMAIN}/managed"
 # scheduler (issue 6): topology ask on a PodGroup/pod ("clique", "rack:hard"); a gang admitted on
 # borrowed quota; the placement plan written on a PodGroup before its members are bound (crash recovery
