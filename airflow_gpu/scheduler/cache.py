@@ -1,0 +1,223 @@
+"""Informer-style cache: list + watch of the objects the scheduler decides on, relisting on 410 Gone.
+
+Objects are kept as wire-format dicts (the JSON the API server sends, read with the official client
+and `_preload_content=False`): decoding 10,000 pods into client model classes costs seconds, a dict
+costs nothing, and convert.py reads dicts. Stored objects are replaced, never mutated, so a shallow
+copy of a store is a consistent view for one scheduling cycle.
+
+The cache has no state of its own that a restart could lose: everything is relisted from the API on
+start. The one overlay, `assume_bound`, covers the gap between a Binding the scheduler made and the
+watch event that shows it (as kube-scheduler's assumed pods do); it is dropped when the event arrives.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from airflow_gpu.scheduler.convert import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION, key_of
+
+log = logging.getLogger(__name__)
+
+KINDS = ("pods", "nodes", "podgroups", "priorityclasses", "resourcequotas")
+WATCH_TIMEOUT_SECONDS = 240  # the server ends a watch after this; we start a new one from the last version
+
+
+@dataclass
+class View:
+    """One consistent-enough read of the cache for a scheduling cycle."""
+
+    pods: dict[str, dict]
+    nodes: dict[str, dict]
+    podgroups: dict[str, dict]
+    priorityclasses: dict[str, dict]
+    resourcequotas: dict[str, dict]
+    assumed: dict[str, str] = field(default_factory=dict)  # pod key -> node, bound but not yet seen
+
+
+class Gone(Exception):
+    """The resource version we watch from is too old (HTTP 410): relist."""
+
+
+class ClusterCache:
+    def __init__(self, api_client: client.ApiClient, on_change: Callable[[str, str, dict], None] | None = None):
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.scheduling = client.SchedulingV1Api(api_client)
+        self.on_change = on_change
+        self._lock = threading.Lock()
+        self._stores: dict[str, dict[str, dict]] = {k: {} for k in KINDS}
+        self._assumed: dict[str, str] = {}
+        self._synced = {k: threading.Event() for k in KINDS}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._responses: dict[str, object] = {}
+        self.relists = {k: 0 for k in KINDS}  # observable: how often each kind was relisted (410 Gone etc.)
+
+    # --- the per-kind list functions of the official client ------------------------------
+    def _list(self, kind: str, **kw):
+        kw["_preload_content"] = False
+        if kind == "pods":
+            return self.core.list_pod_for_all_namespaces(**kw)
+        if kind == "nodes":
+            return self.core.list_node(**kw)
+        if kind == "resourcequotas":
+            return self.core.list_resource_quota_for_all_namespaces(**kw)
+        if kind == "priorityclasses":
+            return self.scheduling.list_priority_class(**kw)
+        if kind == "podgroups":
+            return self.custom.list_cluster_custom_object(PODGROUP_GROUP, PODGROUP_VERSION, PODGROUP_PLURAL, **kw)
+        raise ValueError(f"unknown kind {kind!r}; one of {KINDS}")
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def start(self) -> "ClusterCache":
+        for kind in KINDS:
+            t = threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def wait_synced(self, timeout: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout
+        return all(ev.wait(max(0.0, deadline - time.monotonic())) for ev in self._synced.values())
+
+    def stop(self) -> None:
+        self._stop.set()
+        for resp in list(self._responses.values()):
+            try:
+                resp.close()  # unblocks the reader thread
+            except Exception:  # noqa: BLE001 - closing a dead socket may raise anything
+                pass
+        for t in self._threads:
+            t.join(timeout=2)
+
+    # --- reads ----------------------------------------------------------------------------
+    def view(self) -> View:
+        with self._lock:
+            return View(**{k: dict(v) for k, v in self._stores.items()}, assumed=dict(self._assumed))
+
+    def get(self, kind: str, key: str) -> dict | None:
+        with self._lock:
+            return self._stores[kind].get(key)
+
+    def assume_bound(self, pod_key: str, node: str) -> None:
+        with self._lock:
+            self._assumed[pod_key] = node
+
+    def forget_assumed(self, pod_key: str) -> None:
+        with self._lock:
+            self._assumed.pop(pod_key, None)
+
+    # --- list + watch loop ----------------------------------------------------------------
+    def _run(self, kind: str) -> None:
+        backoff = 0.2
+        rv = None
+        while not self._stop.is_set():
+            try:
+                if rv is None:
+                    rv = self._relist(kind)
+                    self._synced[kind].set()
+                rv = self._watch(kind, rv)
+                backoff = 0.2
+            except Gone:
+                log.info("watch %s: resource version %s is gone (410); relisting", kind, rv)
+                rv = None
+            except ApiException as exc:
+                if exc.status == 410:
+                    rv = None
+                    continue
+                if exc.status == 404 and kind == "podgroups":
+                    # CRD not installed (yet): an empty store, and look again later
+                    log.warning("PodGroup CRD %s/%s is not served; gangs need it", PODGROUP_GROUP, PODGROUP_VERSION)
+                    self._synced[kind].set()
+                else:
+                    log.warning("list/watch %s failed: %s %s", kind, exc.status, exc.reason)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+            except Exception as exc:  # noqa: BLE001 - connection errors of every kind: retry, never die
+                if self._stop.is_set():
+                    return
+                log.warning("list/watch %s: %s: %s", kind, type(exc).__name__, exc)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def _relist(self, kind: str) -> str:
+        resp = self._list(kind, _request_timeout=60)
+        try:
+            body = json.loads(resp.data)
+        finally:
+            resp.release_conn()
+        fresh = {key_of(o): o for o in body.get("items") or []}
+        with self._lock:
+            old = self._stores[kind]
+            self._stores[kind] = fresh
+            self.relists[kind] += 1
+            if kind == "pods":
+                self._drop_stale_assumptions_locked()
+        if self.on_change and (old or fresh):
+            self.on_change(kind, "RELIST", {})
+        return (body.get("metadata") or {}).get("resourceVersion") or "0"
+
+    def _watch(self, kind: str, rv: str) -> str:
+        resp = self._list(
+            kind,
+            watch=True,
+            resource_version=rv,
+            allow_watch_bookmarks=True,
+            timeout_seconds=WATCH_TIMEOUT_SECONDS,
+            _request_timeout=(10, WATCH_TIMEOUT_SECONDS + 30),
+        )
+        self._responses[kind] = resp
+        try:
+            for line in iter_resp_lines(resp):
+                if self._stop.is_set():
+                    break
+                if not line:
+                    continue
+                event = json.loads(line)
+                etype, obj = event.get("type"), event.get("object") or {}
+                if etype == "ERROR":
+                    if obj.get("code") == 410:
+                        raise Gone()
+                    raise ApiException(status=obj.get("code") or 500, reason=obj.get("message"))
+                new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if new_rv:
+                    rv = new_rv
+                if etype == "BOOKMARK":
+                    continue
+                self._apply(kind, etype, obj)
+        finally:
+            self._responses.pop(kind, None)
+            resp.release_conn()
+        return rv
+
+    def _apply(self, kind: str, etype: str, obj: dict) -> None:
+        key = key_of(obj)
+        with self._lock:
+            store = self._stores[kind]
+            if etype == "DELETED":
+                store.pop(key, None)
+                if kind == "pods":
+                    self._assumed.pop(key, None)
+            else:
+                store[key] = obj
+                if kind == "pods" and (obj.get("spec") or {}).get("nodeName"):
+                    self._assumed.pop(key, None)
+        if self.on_change:
+            self.on_change(kind, etype, obj)
+
+    def _drop_stale_assumptions_locked(self) -> None:
+        pods = self._stores["pods"]
+        for key in list(self._assumed):
+            pod = pods.get(key)
+            if pod is None or (pod.get("spec") or {}).get("nodeName"):
+                del self._assumed[key]

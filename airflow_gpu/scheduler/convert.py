@@ -1,0 +1,441 @@
+"""Kubernetes objects -> the core vocabulary (Node, PodRequest, Gang, RunningGang).
+
+Accepts objects as the official client returns them (V1Pod, V1Node ...) or plain dicts in the wire
+format (camelCase, as the cache keeps them). Everything is converted to a wire-format dict first,
+so there is one code path. No I/O here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any, Iterable, Mapping
+
+from kubernetes.utils.quantity import parse_quantity
+
+from airflow_gpu import constants as C
+from airflow_gpu.core.model import (
+    Gang,
+    Node,
+    Placement,
+    PodRequest,
+    RunningGang,
+    Taint,
+    Toleration,
+    TopologyLevel,
+    TopologyRequirement,
+)
+
+PODGROUP_GROUP = "scheduling.x-k8s.io"
+PODGROUP_VERSION = "v1alpha1"
+PODGROUP_PLURAL = "podgroups"
+PODGROUP_KIND = "PodGroup"
+
+# Taints the node lifecycle controller would set; added here so a cordoned or not-ready node is
+# filtered by the same taint/toleration logic as every other taint.
+TAINT_UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
+TAINT_NOT_READY = "node.kubernetes.io/not-ready"
+
+DEFAULT_TIER = "default"
+
+
+class ConversionError(ValueError):
+    """An object the scheduler cannot understand; the message names the object and the field."""
+
+
+def as_dict(obj: Any) -> dict:
+    """A wire-format dict for a client model object or a dict (returned as is)."""
+    if isinstance(obj, dict):
+        return obj
+    from kubernetes.client import ApiClient  # only needed for client model objects
+
+    return ApiClient().sanitize_for_serialization(obj)
+
+
+def key_of(obj: Mapping) -> str:
+    """namespace/name, or name for cluster-scoped objects."""
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+
+def parse_time(value: Any) -> float | None:
+    """RFC 3339 string, datetime or epoch seconds -> epoch seconds."""
+    if value in (None, ""):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, datetime):
+        dt = value
+    else:
+        text = str(value).strip()
+        try:
+            return float(text)
+        except ValueError:
+            pass
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def format_time(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _quantity(value: Any, where: str) -> Decimal:
+    try:
+        return parse_quantity(value)
+    except (ValueError, TypeError) as exc:
+        raise ConversionError(f"{where}: {value!r} is not a Kubernetes quantity ({exc})") from None
+
+
+def _milli(value: Any, where: str) -> int:
+    return int(math.ceil(_quantity(value, where) * 1000))
+
+
+def _mib(value: Any, where: str) -> int:
+    return int(math.ceil(_quantity(value, where) / (1 << 20)))
+
+
+def _count(value: Any, where: str) -> int:
+    q = _quantity(value, where)
+    if q != q.to_integral_value() or q < 0:
+        raise ConversionError(f"{where}: {value!r} must be a whole non-negative number")
+    return int(q)
+
+
+# --- nodes ----------------------------------------------------------------------------------
+
+
+def capacity_type_of(labels: Mapping[str, str]) -> str:
+    """spot | on-demand from the labels Karpenter, EKS and GKE set."""
+    karpenter = labels.get(C.NODE_CAPACITY_TYPE_KARPENTER, "").lower()
+    if karpenter:
+        return C.CAPACITY_SPOT if karpenter == "spot" else C.CAPACITY_ON_DEMAND
+    eks = labels.get(C.NODE_CAPACITY_TYPE_EKS, "").upper()
+    if eks:
+        return C.CAPACITY_SPOT if eks == "SPOT" else C.CAPACITY_ON_DEMAND
+    if labels.get(C.NODE_GKE_SPOT, "").lower() == "true":
+        return C.CAPACITY_SPOT
+    return C.CAPACITY_ON_DEMAND
+
+
+def node_ready(node: Mapping) -> bool:
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return cond.get("status") == "True"
+    return True  # no conditions reported yet: treat like a fresh node
+
+
+def node_from_k8s(obj: Any) -> Node:
+    node = as_dict(obj)
+    meta = node.get("metadata") or {}
+    name = meta.get("name") or ""
+    where = f"node {name}"
+    labels: dict[str, str] = dict(meta.get("labels") or {})
+    status = node.get("status") or {}
+    alloc = status.get("allocatable") or status.get("capacity") or {}
+    mig: list[tuple[str, int]] = []
+    for res, qty in sorted(alloc.items()):
+        if res.startswith(C.RESOURCE_MIG_PREFIX):
+            n = _count(qty, f"{where} allocatable[{res}]")
+            if n:
+                mig.append((res[len(C.RESOURCE_MIG_PREFIX):], n))
+    taints = [
+        Taint(key=t.get("key", ""), value=t.get("value") or "", effect=t.get("effect") or "NoSchedule")
+        for t in (node.get("spec") or {}).get("taints") or []
+    ]
+    if (node.get("spec") or {}).get("unschedulable"):
+        taints.append(Taint(key=TAINT_UNSCHEDULABLE, effect="NoSchedule"))
+    if not node_ready(node):
+        taints.append(Taint(key=TAINT_NOT_READY, effect="NoSchedule"))
+    gpu_memory = labels.get(C.NODE_GPU_MEMORY, "0")
+    return Node(
+        name=name,
+        cpu_milli=_milli(alloc.get("cpu", 0), f"{where} allocatable[cpu]"),
+        memory_mib=_mib(alloc.get("memory", 0), f"{where} allocatable[memory]") if "memory" in alloc else 0,
+        gpu_count=_count(alloc.get(C.RESOURCE_GPU, 0), f"{where} allocatable[{C.RESOURCE_GPU}]"),
+        gpu_product=labels.get(C.NODE_GPU_PRODUCT),
+        gpu_memory_mib=int(gpu_memory) if gpu_memory.isdigit() else 0,
+        mig_slices=tuple(mig),
+        labels=tuple(sorted(labels.items())),
+        taints=tuple(taints),
+        capacity_type=capacity_type_of(labels),
+        zone=labels.get(C.NODE_ZONE, ""),
+        rack=labels.get(C.NODE_RACK, ""),
+        clique=labels.get(C.NODE_GPU_CLIQUE, ""),
+    )
+
+
+# --- pods -----------------------------------------------------------------------------------
+
+
+def pod_is_terminal(pod: Mapping) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def pod_is_terminating(pod: Mapping) -> bool:
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def pod_node(pod: Mapping) -> str | None:
+    return (pod.get("spec") or {}).get("nodeName") or None
+
+
+def pod_holds_resources(pod: Mapping) -> bool:
+    """Bound and not finished: its requests count against the node (a terminating pod still runs)."""
+    return pod_node(pod) is not None and not pod_is_terminal(pod)
+
+
+def pod_is_pending_for(pod: Mapping, scheduler_name: str) -> bool:
+    spec = pod.get("spec") or {}
+    return (
+        spec.get("schedulerName") == scheduler_name
+        and not spec.get("nodeName")
+        and not pod_is_terminal(pod)
+        and not pod_is_terminating(pod)
+    )
+
+
+def _container_requests(container: Mapping) -> dict[str, Any]:
+    res = container.get("resources") or {}
+    merged = dict(res.get("limits") or {})  # requests default to limits (extended resources: must equal)
+    merged.update(res.get("requests") or {})
+    return merged
+
+
+def _effective_requests(spec: Mapping, where: str) -> dict[str, Decimal]:
+    """What the pod occupies, as kube-scheduler counts it: max(sum of containers, each init container)
+    plus pod overhead."""
+    total: dict[str, Decimal] = {}
+    for i, c in enumerate(spec.get("containers") or []):
+        for res, qty in _container_requests(c).items():
+            total[res] = total.get(res, Decimal(0)) + _quantity(qty, f"{where} containers[{i}].resources[{res}]")
+    for i, c in enumerate(spec.get("initContainers") or []):
+        for res, qty in _container_requests(c).items():
+            q = _quantity(qty, f"{where} initContainers[{i}].resources[{res}]")
+            if q > total.get(res, Decimal(0)):
+                total[res] = q
+    for res, qty in (spec.get("overhead") or {}).items():
+        total[res] = total.get(res, Decimal(0)) + _quantity(qty, f"{where} overhead[{res}]")
+    return total
+
+
+def tolerations_of(spec: Mapping) -> tuple[Toleration, ...]:
+    return tuple(
+        Toleration(
+            key=t.get("key") or "",
+            operator=t.get("operator") or "Equal",
+            value=t.get("value") or "",
+            effect=t.get("effect") or "",
+        )
+        for t in spec.get("tolerations") or []
+    )
+
+
+def gpu_products_of(annotations: Mapping[str, str]) -> tuple[str, ...]:
+    raw = annotations.get(C.ANNOTATION_GPU_PRODUCTS, "")
+    return tuple(p.strip() for p in raw.split(",") if p.strip())
+
+
+def pod_request_from_k8s(obj: Any, product_labels: Mapping[str, str] | None = None) -> PodRequest:
+    """product_labels: quota product name -> node label value (nvidia.com/gpu.product), so the accepted
+    products annotation may name either."""
+    pod = as_dict(obj)
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    name = key_of(pod)
+    where = f"pod {name}"
+    req = _effective_requests(spec, where)
+    mig = [(r[len(C.RESOURCE_MIG_PREFIX):], q) for r, q in req.items() if r.startswith(C.RESOURCE_MIG_PREFIX) and q > 0]
+    if len(mig) > 1 or (mig and mig[0][1] != 1):
+        raise ConversionError(f"{where}: requests {dict(mig)} MIG slices; one pod may ask for exactly one slice")
+    gpus = req.get(C.RESOURCE_GPU, Decimal(0))
+    if gpus != gpus.to_integral_value() or gpus < 0:
+        raise ConversionError(f"{where}: {C.RESOURCE_GPU}={gpus} must be a whole number of GPUs")
+    selector = dict(spec.get("nodeSelector") or {})
+    try:
+        return PodRequest(
+            name=name,
+            cpu_milli=int(math.ceil(req.get("cpu", Decimal(0)) * 1000)),
+            memory_mib=int(math.ceil(req.get("memory", Decimal(0)) / (1 << 20))),
+            gpus=int(gpus),
+            mig_profile=mig[0][0] if mig else None,
+            gpu_products=tuple((product_labels or {}).get(p, p) for p in gpu_products_of(meta.get("annotations") or {})),
+            node_selector=tuple(sorted(selector.items())),
+            tolerations=tolerations_of(spec),
+        )
+    except ValueError as exc:
+        raise ConversionError(f"{where}: {exc}") from None
+
+
+# --- gangs ----------------------------------------------------------------------------------
+
+
+def gang_key_of_pod(pod: Mapping) -> str | None:
+    """namespace/podgroup for a pod in a gang (coscheduling label first, then ours), else None."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    group = labels.get(C.LABEL_COSCHEDULING_POD_GROUP) or labels.get(C.LABEL_GANG)
+    return f"{meta.get('namespace')}/{group}" if group else None
+
+
+def unit_key_of_pod(pod: Mapping) -> str:
+    """The admission unit a pod belongs to: its PodGroup, or the pod alone."""
+    return gang_key_of_pod(pod) or f"{key_of(pod)}"
+
+
+def min_member(podgroup: Mapping | None) -> int:
+    if not podgroup:
+        return 1
+    value = (podgroup.get("spec") or {}).get("minMember", 1)
+    if not isinstance(value, int) or value < 1:
+        raise ConversionError(f"PodGroup {key_of(podgroup)}: spec.minMember={value!r} must be an integer >= 1")
+    return value
+
+
+@dataclass(frozen=True)
+class TierPolicy:
+    priority: int = 0
+    preemptible: bool = True
+    spot_eligible: bool = False
+
+
+@dataclass
+class ConversionContext:
+    """What a Kubernetes object does not say by itself: which team owns a namespace, what a tier allows."""
+
+    team_by_namespace: dict[str, str] = field(default_factory=dict)
+    tiers: dict[str, TierPolicy] = field(default_factory=dict)
+    product_labels: dict[str, str] = field(default_factory=dict)  # quota product -> node gpu.product label
+
+    @classmethod
+    def from_config(cls, cfg) -> "ConversionContext":
+        """From an airflow_gpu.config.QuotaConfig (None: no teams, no tiers)."""
+        if cfg is None:
+            return cls()
+        return cls(
+            team_by_namespace={t.namespace: t.name for t in cfg.teams},
+            tiers={t.name: TierPolicy(t.priority, t.preemptible, t.spot_eligible) for t in cfg.tiers},
+            product_labels={p.name: p.node_label for p in cfg.products if p.node_label},
+        )
+
+
+def _first(values: Iterable[str | None]) -> str | None:
+    for v in values:
+        if v:
+            return v
+    return None
+
+
+def parse_topology(value: str | None, where: str) -> TopologyRequirement:
+    """'clique' | 'rack:hard' | 'zone:soft' ... -> TopologyRequirement."""
+    if not value:
+        return TopologyRequirement()
+    level, _, mode = value.partition(":")
+    try:
+        lvl = TopologyLevel(level.strip().lower())
+    except ValueError:
+        allowed = ", ".join(t.value for t in TopologyLevel)
+        raise ConversionError(f"{where}: annotation {C.ANNOTATION_TOPOLOGY}={value!r}: level must be one of {allowed}") from None
+    if mode.strip().lower() not in ("", "hard", "soft"):
+        raise ConversionError(f"{where}: annotation {C.ANNOTATION_TOPOLOGY}={value!r}: mode must be hard or soft")
+    return TopologyRequirement(level=lvl, hard=mode.strip().lower() == "hard")
+
+
+def tier_of_priority_class(name: str) -> str:
+    """PriorityClass name -> tier: `airflow-gpu-<tier>` (as pools render-k8s names them) or the tier itself."""
+    prefix = "airflow-gpu-"
+    return name[len(prefix):] if name.startswith(prefix) else name
+
+
+def gang_from_k8s(
+    key: str,
+    podgroup: Mapping | None,
+    pods: list[Mapping],
+    ctx: ConversionContext,
+    members: list[PodRequest] | None = None,
+) -> Gang:
+    """A Gang for PodGroup `key` (or a lone pod) and its pods. Labels/annotations on the PodGroup win
+    over those on the pods; priority is the highest spec.priority among the pods."""
+    if not pods:
+        raise ConversionError(f"gang {key}: no pods")
+    pg_meta = (podgroup or {}).get("metadata") or {}
+    metas = [pg_meta] + [p.get("metadata") or {} for p in pods]
+    label = lambda k: _first((m.get("labels") or {}).get(k) for m in metas)  # noqa: E731
+    annotation = lambda k: _first((m.get("annotations") or {}).get(k) for m in metas)  # noqa: E731
+    namespace = pods[0]["metadata"].get("namespace", "")
+    team = label(C.LABEL_TEAM) or ctx.team_by_namespace.get(namespace) or namespace
+    pcs = [(p.get("spec") or {}).get("priorityClassName") for p in pods]
+    classes = [tier_of_priority_class(pc) for pc in pcs if pc]
+    tier = label(C.LABEL_TIER) or _first(t for t in classes if t in ctx.tiers) or _first(classes) or DEFAULT_TIER
+    policy = ctx.tiers.get(tier)
+    priorities = [(p.get("spec") or {}).get("priority") for p in pods]
+    known = [int(p) for p in priorities if p is not None]
+    priority = max(known) if known else (policy.priority if policy else 0)
+    checkpointable = (annotation(C.ANNOTATION_CHECKPOINTABLE) or "").lower() == "true"
+    duration_text = annotation(C.ANNOTATION_EXPECTED_DURATION)
+    try:
+        duration = float(duration_text) if duration_text else None
+    except ValueError:
+        raise ConversionError(
+            f"gang {key}: annotation {C.ANNOTATION_EXPECTED_DURATION}={duration_text!r} must be seconds, e.g. 3600"
+        ) from None
+    created = [parse_time(m.get("creationTimestamp")) for m in metas]
+    created_at = parse_time(pg_meta.get("creationTimestamp")) or min((c for c in created if c), default=0.0)
+    return Gang(
+        name=key,
+        team=team,
+        tier=tier,
+        priority=priority,
+        members=tuple(members if members is not None else (pod_request_from_k8s(p, ctx.product_labels) for p in pods)),
+        topology=parse_topology(annotation(C.ANNOTATION_TOPOLOGY), f"gang {key}"),
+        preemptible=policy.preemptible if policy else True,
+        checkpointable=checkpointable,
+        spot_eligible=bool(policy and policy.spot_eligible and checkpointable),
+        created_at=created_at or 0.0,
+        expected_duration=duration,
+    )
+
+
+def running_gang_from_k8s(
+    key: str,
+    podgroup: Mapping | None,
+    pods: list[Mapping],
+    ctx: ConversionContext,
+    placements: tuple[Placement, ...],
+    *,
+    ours: bool = True,
+) -> RunningGang:
+    """A RunningGang for bound pods. Pods another scheduler placed are never preemption victims here."""
+    gang = gang_from_k8s(key, podgroup, pods, ctx)
+    if not ours:
+        gang = Gang(**{**gang.__dict__, "preemptible": False})
+    starts = []
+    for p in pods:
+        status = p.get("status") or {}
+        t = parse_time(status.get("startTime"))
+        if t is None:
+            for cond in status.get("conditions") or []:
+                if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
+                    t = parse_time(cond.get("lastTransitionTime"))
+        starts.append(t if t is not None else gang.created_at)
+    checkpoints = [
+        parse_time(((p.get("metadata") or {}).get("annotations") or {}).get(C.ANNOTATION_LAST_CHECKPOINT_TIME))
+        for p in [podgroup or {}, *pods]
+    ]
+    ck = max((c for c in checkpoints if c is not None), default=None)
+    borrowed = any(
+        ((m.get("metadata") or {}).get("annotations") or {}).get(C.ANNOTATION_BORROWED) == "true"
+        for m in [podgroup or {}, *pods]
+    )
+    return RunningGang(
+        gang=gang,
+        placements=placements,
+        started_at=min(starts) if starts else gang.created_at,
+        last_checkpoint_at=ck,
+        borrowed=borrowed,
+    )

@@ -1,0 +1,425 @@
+"""The scheduling cycle: cache View -> World -> core.queue.schedule_cycle -> Bindings, Evictions,
+PodGroup status, wait reasons and Events.
+
+All-or-nothing on a cluster where a Binding is per pod. Before the first member of a gang is bound,
+the gang's placement plan is written on its PodGroup (annotation airflow-gpu.io/placement). While
+a plan exists its GPUs are held in every cycle's snapshot, so nothing else can take them. If the
+scheduler dies between Bindings, the restarted one finds the plan with some members bound and
+COMPLETES it (binds the rest where the plan says) - roll-forward, because a bound pod cannot be
+unbound, only deleted, and deleting work that is already starting loses more than finishing the bind.
+Only when completion is impossible (a planned node disappeared, or its capacity was taken by
+something outside this scheduler) is the gang ROLLED BACK: its bound members are evicted, the plan
+dropped, and the gang waits whole again.
+
+Preemption uses the same plan in state "nominated": written before the first Eviction, it holds the
+GPUs the victims free for the gang that asked; when they are free the gang binds. Victims get the
+DisruptionTarget condition (PreemptionByScheduler) and an Eviction with their own grace period, so
+the kubelet sends SIGTERM and the training loop checkpoints.
+
+Only the leader writes (LeaseElector.is_leader() is checked before every write batch and Binding).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from airflow_gpu import constants as C
+from airflow_gpu.core.framework import Profile
+from airflow_gpu.core.gang import GangDecision
+from airflow_gpu.core.model import Placement, RunningGang
+from airflow_gpu.core.policies import make_profile
+from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy
+from airflow_gpu.core.queue import schedule_cycle
+from airflow_gpu.core.quota import QuotaBook
+from airflow_gpu.scheduler.actions import Api, default_identity, grace_seconds_of
+from airflow_gpu.scheduler.cache import ClusterCache, View
+from airflow_gpu.scheduler.convert import ConversionContext, gang_from_k8s, key_of, pod_is_terminating
+from airflow_gpu.scheduler.metrics import SchedulerMetrics
+from airflow_gpu.scheduler.state import PLAN_BINDING, PLAN_NOMINATED, Plan, Unit, World, build_world, gpu_stats
+
+log = logging.getLogger(__name__)
+
+REASON_WAITING = "FailedScheduling"
+
+
+@dataclass
+class Settings:
+    scheduler_name: str = C.DEFAULT_SCHEDULER_NAME
+    policy: str = "bestfit"
+    interval: float = 2.0  # a cycle at least this often; watch events wake it sooner
+    debounce: float = 0.02  # gather events arriving together into one cycle
+    nomination_slack: float = 30.0  # a nomination lapses this long after its victims' grace periods
+    bind_workers: int = 16
+
+
+def preemption_policy_from_config(cfg) -> PreemptionPolicy:
+    if cfg is None:
+        return PreemptionPolicy()
+    return PreemptionPolicy(
+        non_preemptible_tiers=frozenset(t.name for t in cfg.tiers if not t.preemptible) | {C.TIER_INTERACTIVE},
+        never_preempting_tiers=frozenset(t.name for t in cfg.tiers if t.preemption_policy == "Never"),
+    )
+
+
+def quota_book_from_config(cfg) -> QuotaBook | None:
+    if cfg is None:
+        return None
+    aliases = {p.node_label: p.name for p in cfg.products if p.node_label}
+    return QuotaBook.from_teams(cfg.teams, aliases=aliases)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        quota_config=None,
+        settings: Settings | None = None,
+        elector=None,
+        metrics: SchedulerMetrics | None = None,
+        identity: str | None = None,
+    ):
+        self.settings = settings or Settings()
+        self.identity = identity or default_identity()
+        self.elector = elector
+        self.metrics = metrics or SchedulerMetrics()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.cache = ClusterCache(api_client, on_change=lambda *_: self._wake.set())
+        self.api = Api(api_client, component=f"{self.settings.scheduler_name}-scheduler", identity=self.identity)
+        self.ctx = ConversionContext.from_config(quota_config)
+        self.book = quota_book_from_config(quota_config)
+        self.policy = preemption_policy_from_config(quota_config)
+        self.profile: Profile = make_profile(self.settings.policy)
+        self._pool = ThreadPoolExecutor(max_workers=self.settings.bind_workers, thread_name_prefix="bind")
+        self._gang_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gang")
+        self._written: dict[str, tuple] = {}  # owner key -> last annotations/status written (dedup only)
+        self.cycles = 0
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def is_leader(self) -> bool:
+        return self.elector is None or self.elector.is_leader()
+
+    def run(self) -> None:
+        self.cache.start()
+        if not self.cache.wait_synced(timeout=60):
+            log.warning("cache not synced after 60 s; scheduling with what is there")
+        log.info("scheduler %s (%s) running", self.settings.scheduler_name, self.identity)
+        while not self._stop.is_set():
+            self._wake.wait(self.settings.interval)
+            if self._stop.is_set():
+                break
+            time.sleep(self.settings.debounce)
+            self._wake.clear()
+            try:
+                self.cycle()
+            except Exception:  # noqa: BLE001 - one bad cycle must not stop the scheduler
+                log.exception("scheduling cycle failed")
+                self._stop.wait(0.5)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self.cache.stop()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._gang_pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- one cycle ------------------------------------------------------------------------
+    def cycle(self) -> World:
+        started = time.perf_counter()
+        now = time.time()
+        view = self.cache.view()
+        world = build_world(view, self.settings.scheduler_name, self.ctx, now)
+        leader = self.is_leader()
+        self.metrics.is_leader.set(1 if leader else 0)
+        self._observe(world)
+        if not leader:
+            return world
+        self._handle_plans(world, view, now)
+        running = [rg for rg in world.running if not self._terminating(world, rg)]
+        pending = [g for _, g in world.pending]
+        units = {g.name: u for u, g in world.pending}
+        result = schedule_cycle(world.snapshot, pending, running, self.profile, now, self.book, self.policy)
+        futures = [self._gang_pool.submit(self._admit, units[d.gang.name], d, now) for d in result.admitted]
+        for plan in result.preemptions:
+            self._preempt(world, units[plan.gang.name], plan, now)
+        for f in futures:
+            f.result()
+        for name, reason in result.waiting.items():
+            if not any(p.gang.name == name for p in result.preemptions):
+                self._wait(units[name], reason)
+        for unit, reason in world.incomplete:
+            self._wait(unit, reason)
+        for unit, error in world.invalid:
+            self._wait(unit, error)
+        self._sync_status(world, view)
+        self.cycles += 1
+        self.metrics.cycle_seconds.observe(time.perf_counter() - started)
+        return world
+
+    @staticmethod
+    def _terminating(world: World, rg: RunningGang) -> bool:
+        unit = world.running_units.get(rg.gang.name)
+        return unit is not None and any(pod_is_terminating(p) for p in unit.pods)
+
+    # --- admission: plan, bind every member, finish ----------------------------------------
+    def _admit(self, unit: Unit, decision: GangDecision, now: float) -> None:
+        by_pod = {key_of(p): p for p in unit.pods}
+        placements = [p for p in decision.placements if p.pod in by_pod]
+        if len(placements) > 1 or unit.podgroup is not None and len(placements) != len(decision.placements):
+            plan = Plan(PLAN_BINDING, {p.pod: p for p in placements}, now, borrowed=decision.borrowed)
+            if not self._write_plan(unit, plan):
+                return
+        self._bind_all(unit, placements, by_pod, decision.gang.created_at, decision.gang, decision.domain,
+                       borrowed=decision.borrowed)
+
+    def _write_plan(self, unit: Unit, plan: Plan | None) -> bool:
+        if not self.is_leader():
+            return False
+        value = plan.to_json() if plan else None
+        try:
+            self._patch_owner_annotations(unit, {C.ANNOTATION_PLACEMENT: value})
+            return True
+        except ApiException as exc:
+            self.metrics.api_errors.labels("plan").inc()
+            log.warning("gang %s: plan not written (%s); not binding", unit.key, exc.status)
+            return False
+
+    def _bind_all(self, unit: Unit, placements: list[Placement], by_pod: dict[str, dict], created_at: float,
+                  gang, domain: str = "", borrowed: bool = False, recovered: bool = False) -> bool:
+        t0 = time.perf_counter()
+
+        def bind(p: Placement) -> tuple[Placement, str]:
+            if not self.is_leader():
+                return p, "not leader"
+            pod = by_pod[p.pod]
+            try:
+                outcome = self.api.bind(p.pod, p.node, (pod.get("metadata") or {}).get("uid"))
+                self.cache.assume_bound(p.pod, p.node)
+                return p, outcome
+            except ApiException as exc:
+                self.metrics.api_errors.labels("bind").inc()
+                return p, f"{exc.status} {exc.reason}"
+
+        results = list(self._pool.map(bind, placements)) if len(placements) > 1 else [bind(p) for p in placements]
+        failed = [(p, r) for p, r in results if r not in ("bound", "already")]
+        self.metrics.bindings.inc(sum(1 for _, r in results if r == "bound"))
+        if failed:
+            # The plan stays: the next cycle completes it, or rolls it back if it cannot be completed.
+            log.warning("gang %s: %d of %d bindings failed: %s", unit.key, len(failed), len(results), failed[:3])
+            return False
+        self.metrics.binding_latency.observe(time.perf_counter() - t0)
+        team, tier = gang.team, gang.tier
+        product = self._product_of(placements)
+        self.metrics.queue_wait.labels(team, tier, product).observe(max(0.0, time.time() - created_at))
+        self.metrics.gangs_admitted.labels(team, tier).inc()
+        if recovered:
+            self.metrics.recoveries.labels("completed").inc()
+        owner = unit.owner
+        if owner is None:
+            return True
+        annotations = {C.ANNOTATION_PLACEMENT: None, C.ANNOTATION_WAIT_REASON: None}
+        if unit.podgroup is not None:
+            annotations[C.ANNOTATION_SCHEDULED] = f"{len(unit.bound({})) + len(placements)}/{unit.min_member}"
+            if borrowed:
+                annotations[C.ANNOTATION_BORROWED] = "true"
+        needs_patch = unit.podgroup is not None or unit.annotation(C.ANNOTATION_PLACEMENT) or unit.annotation(
+            C.ANNOTATION_WAIT_REASON)
+        if needs_patch:
+            try:
+                self._patch_owner_annotations(unit, annotations)
+            except ApiException as exc:
+                log.info("gang %s: annotations not updated after binding (%s)", unit.key, exc.status)
+        if unit.podgroup is not None:
+            nodes: dict[str, int] = {}
+            for p in placements:
+                nodes[p.node] = nodes.get(p.node, 0) + 1
+            where = ", ".join(f"{n} x{c}" for n, c in sorted(nodes.items()))
+            verb = "completed binding" if recovered else "bound"
+            self.api.event(unit.podgroup, "Scheduled", f"{verb} {len(placements)} pods: {where}"
+                                                       + (f" ({domain})" if domain else ""))
+        return True
+
+    def _product_of(self, placements: list[Placement]) -> str:
+        labels = {self.cache.get("nodes", p.node) for p in placements} - {None}
+        for node in labels:
+            product = ((node.get("metadata") or {}).get("labels") or {}).get(C.NODE_GPU_PRODUCT)
+            if product:
+                return product
+        return "none"
+
+    # --- plans found on PodGroups: complete, wait for victims, or roll back ----------------
+    def _handle_plans(self, world: World, view: View, now: float) -> None:
+        for key, plan in world.plans.items():
+            unit = world.units[key]
+            pending = unit.pending(self.settings.scheduler_name, view.assumed)
+            by_pod = {key_of(p): p for p in unit.pods}
+            bound_before = len(unit.bound(view.assumed))
+            if not pending:
+                self._write_plan(unit, None)  # every member is bound: the plan is done
+                continue
+            todo = [plan.placements[key_of(p)] for p in pending if key_of(p) in plan.placements]
+            if world.plan_ready.get(key) and todo:
+                g = gang_from_k8s(unit.key, unit.podgroup, [by_pod[p.pod] for p in todo], self.ctx)
+                self._bind_all(unit, todo, by_pod, g.created_at, g, borrowed=plan.borrowed,
+                               recovered=plan.state == PLAN_BINDING and bound_before > 0)
+                continue
+            alive = [v for v in plan.victims if v in view.pods]
+            waited = now - plan.at
+            grace = max((grace_seconds_of(view.pods[v]) or 30 for v in alive), default=0)
+            if plan.state == PLAN_NOMINATED and alive and waited < grace + self.settings.nomination_slack:
+                for v in alive:
+                    if not pod_is_terminating(view.pods[v]):  # a restart between plan and Eviction
+                        self._evict(v, view.pods[v], f"preempted for gang {unit.key}")
+                self._wait(unit, f"preempting: waiting for {len(alive)} pod(s) of lower priority to stop "
+                                 f"(checkpoint grace period up to {grace} s)")
+                continue
+            if bound_before:
+                self._roll_back(unit, view, plan)
+            else:
+                self._write_plan(unit, None)  # lapsed: the gang queues again from scratch
+                if unit.owner is not None:
+                    self.api.event(unit.owner, "PlanDropped", "the placement held for this gang is no longer "
+                                                              "possible; it queues again", "Warning")
+
+    def _roll_back(self, unit: Unit, view: View, plan: Plan) -> None:
+        bound = unit.bound(view.assumed)
+        log.warning("gang %s: plan cannot be completed; evicting its %d bound member(s)", unit.key, len(bound))
+        for pod in bound:
+            self._evict(key_of(pod), pod, f"gang {unit.key} could not be completed; rolled back")
+        self._write_plan(unit, None)
+        self.metrics.recoveries.labels("rolled_back").inc()
+        if unit.owner is not None:
+            self.api.event(unit.owner, "RolledBack", f"evicted {len(bound)} bound member(s): the rest of the gang "
+                                                     f"could not be placed where its plan said", "Warning")
+
+    # --- preemption -----------------------------------------------------------------------
+    def _preempt(self, world: World, unit: Unit, plan: PreemptionPlan, now: float) -> None:
+        victim_pods: list[tuple[str, dict]] = []
+        for rg in plan.victims:
+            vunit = world.running_units.get(rg.gang.name)
+            if vunit is not None:
+                victim_pods += [(key_of(p), p) for p in vunit.bound({})]
+        by_pod = {key_of(p): p for p in unit.pods}
+        placements = {p.pod: p for p in plan.placements if p.pod in by_pod}
+        nomination = Plan(PLAN_NOMINATED, placements, now, victims=tuple(k for k, _ in victim_pods),
+                          borrowed=plan.borrowed)
+        if unit.owner is None or not self._write_plan(unit, nomination):
+            return
+        names = ", ".join(plan.victim_names)
+        message = (f"preempting {len(plan.victims)} gang(s) of lower priority ({names}); about "
+                   f"{plan.lost_gpu_seconds:.0f} GPU-seconds since their last checkpoints are lost")
+        self.api.event(unit.owner, "Preempting", message)
+        self._wait(unit, f"preempting: waiting for {len(victim_pods)} pod(s) of lower priority to stop")
+        for rg in plan.victims:
+            reason = "reclaim" if rg.gang.team != plan.gang.team else "priority"
+            self.metrics.preemptions.labels(rg.gang.team, rg.gang.tier, reason).inc()
+            vunit = world.running_units.get(rg.gang.name)
+            if vunit is not None and vunit.owner is not None:
+                why = "its team's quota is reclaimed" if reason == "reclaim" else f"priority {plan.gang.priority}"
+                self.api.event(vunit.owner, "Preempted", f"preempted by gang {plan.gang.name} ({why}); "
+                                                         f"each pod gets its grace period to checkpoint", "Warning")
+        for key, pod in victim_pods:
+            self._evict(key, pod, f"preempted by gang {plan.gang.name} (priority {plan.gang.priority})")
+
+    def _evict(self, key: str, pod: dict, message: str) -> None:
+        if not self.is_leader():
+            return
+        try:
+            self.api.mark_disruption(key, message)
+        except ApiException as exc:
+            log.info("pod %s: DisruptionTarget not set (%s)", key, exc.status)
+        try:
+            outcome = self.api.evict(key, grace_seconds_of(pod))
+            if outcome == "evicted":
+                self.metrics.evicted_pods.inc()
+            elif outcome == "blocked":
+                log.info("pod %s: eviction blocked by a PodDisruptionBudget; retrying next cycle", key)
+        except ApiException as exc:
+            self.metrics.api_errors.labels("evict").inc()
+            log.warning("pod %s: eviction failed: %s %s", key, exc.status, exc.reason)
+
+    # --- wait reasons, PodGroup status ----------------------------------------------------
+    def _wait(self, unit: Unit, reason: str) -> None:
+        owner = unit.owner
+        if owner is None or not self.is_leader():
+            return
+        if unit.annotation(C.ANNOTATION_WAIT_REASON) == reason or self._written.get(("reason", unit.key)) == reason:
+            return
+        try:
+            self._patch_owner_annotations(unit, {C.ANNOTATION_WAIT_REASON: reason})
+        except ApiException as exc:
+            log.info("gang %s: wait reason not written (%s)", unit.key, exc.status)
+            return
+        self._written[("reason", unit.key)] = reason
+        self.api.event(owner, REASON_WAITING, reason, "Warning")
+
+    def _patch_owner_annotations(self, unit: Unit, annotations: dict) -> None:
+        if unit.podgroup is not None:
+            self.api.patch_podgroup_annotations(unit.key, annotations)
+        else:
+            self.api.patch_pod_annotations(key_of(unit.owner), annotations)
+        if C.ANNOTATION_WAIT_REASON in annotations:
+            self._written[("reason", unit.key)] = annotations[C.ANNOTATION_WAIT_REASON]
+
+    def _sync_status(self, world: World, view: View) -> None:
+        """PodGroup status as the coscheduling controller keeps it: phase and member counts."""
+        for key, unit in world.units.items():
+            pg = unit.podgroup
+            if pg is None:
+                continue
+            phases = [(p.get("status") or {}).get("phase") for p in unit.pods]
+            running, succeeded, failed = phases.count("Running"), phases.count("Succeeded"), phases.count("Failed")
+            bound = len(unit.bound(view.assumed))
+            need = unit.min_member
+            if key in world.plans:
+                phase = "Scheduling"
+            elif succeeded >= need:
+                phase = "Finished"
+            elif failed and running + succeeded < need and bound < need:
+                phase = "Failed"
+            elif running >= need:
+                phase = "Running"
+            elif bound + succeeded >= need:
+                phase = "Scheduled"
+            else:
+                phase = "Pending"
+            want = {"phase": phase, "running": running, "succeeded": succeeded, "failed": failed}
+            have = pg.get("status") or {}
+            if all(have.get(k) == v for k, v in want.items()) or self._written.get(("status", key)) == want:
+                continue
+            if not self.is_leader():
+                return
+            try:
+                self.api.patch_podgroup_status(key, want)
+                self._written[("status", key)] = want
+            except ApiException as exc:
+                log.info("PodGroup %s: status not updated (%s)", key, exc.status)
+
+    # --- metrics --------------------------------------------------------------------------
+    def _observe(self, world: World) -> None:
+        m = self.metrics
+        m.pending_gangs.clear()
+        m.pending_gpus.clear()
+        counts: dict[tuple, int] = {}
+        gpus: dict[tuple, int] = {}
+        for unit, gang in world.pending:
+            reason = "quota" if (unit.annotation(C.ANNOTATION_WAIT_REASON) or "").startswith(("team quota", "cohort quota")) \
+                else "capacity"
+            counts[(gang.team, gang.tier, reason)] = counts.get((gang.team, gang.tier, reason), 0) + 1
+            gpus[(gang.team, gang.tier)] = gpus.get((gang.team, gang.tier), 0) + sum(m_.gpus for m_ in gang.members)
+        for labels, n in counts.items():
+            m.pending_gangs.labels(*labels).set(n)
+        for labels, n in gpus.items():
+            m.pending_gpus.labels(*labels).set(n)
+        per, frag = gpu_stats(world)
+        for product, (used, total) in per.items():
+            m.allocation_ratio.labels(product).set(used / total if total else 0.0)
+            m.free_gpus.labels(product).set(total - used)
+        m.fragmentation.set(frag)
