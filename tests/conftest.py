@@ -21,4 +21,5 @@ os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_airflow_home /
 pytest_plugins = [
     "fixtures.common",
     "fixtures.airflow_env",
+    "fixtures.s3",
 ]

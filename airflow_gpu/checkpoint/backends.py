@@ -1,0 +1,221 @@
+"""Object-store backends: the few primitives the checkpoint protocol needs, for file:// and s3://.
+
+Every backend offers put (optionally create-only: the conditional write that commits a manifest),
+ranged get, sorted listing, delete, and multipart upload of large objects in parallel parts.
+The S3 backend lives in s3.py and is imported only for s3:// URIs (boto3 is not needed for file://).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import unquote, urlparse
+
+from airflow_gpu.checkpoint.errors import CheckpointError, ConfigError
+
+
+class ObjectMissing(CheckpointError, KeyError):
+    """The key does not exist."""
+
+
+class AlreadyExists(CheckpointError):
+    """A create-only put found the key already present (S3: 412 Precondition Failed)."""
+
+
+@dataclass(frozen=True)
+class ListedObject:
+    key: str  # relative to the store prefix
+    size: int
+    modified: float  # unix seconds, the store's clock
+
+
+class Backend(Protocol):
+    uri: str  # the store URI, for messages
+    endpoint: str  # where the bytes go (S3 endpoint URL or directory), for messages
+
+    def put(self, key: str, data: bytes, *, create_only: bool = False) -> None: ...
+    def get(self, key: str, start: int | None = None, length: int | None = None) -> bytes: ...
+    def list(self, prefix: str, *, max_keys: int | None = None) -> list[ListedObject]: ...
+    def list_dirs(self, prefix: str) -> list[str]: ...
+    def delete(self, keys: list[str]) -> None: ...
+    def multipart_begin(self, key: str) -> Any: ...
+    def multipart_put(self, handle: Any, index: int, offset: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:  # pwrite may write less than asked
+            written = os.pwrite(handle["fd"], view, offset)
+            view, offset = view[written:], offset + written
+
+    def multipart_complete(self, handle: Any) -> None: ...
+    def multipart_abort(self, handle: Any) -> None: ...
+
+
+def open_backend(uri: str, **options: Any) -> Backend:
+    """file:///abs/path or s3://bucket/prefix. S3 options: see S3Backend."""
+    if not isinstance(uri, str) or "://" not in uri:
+        raise ConfigError(f"checkpoint URI {uri!r} must look like s3://bucket/prefix or file:///absolute/path")
+    scheme = uri.split("://", 1)[0].lower()
+    if scheme == "file":
+        if options:
+            raise ConfigError(f"options {sorted(options)} apply to s3:// URIs only, not to {uri}")
+        return FileBackend(uri)
+    if scheme == "s3":
+        from airflow_gpu.checkpoint.s3 import S3Backend
+
+        return S3Backend(uri, **options)
+    raise ConfigError(f"checkpoint URI {uri!r}: scheme {scheme!r} is not supported; use s3:// or file://")
+
+
+class FileBackend:
+    """A directory as an object store. Atomic create-only puts use link(2), which fails if the
+    name exists; other writes go to a temp file first and are renamed into place."""
+
+    def __init__(self, uri: str, fsync: bool = True) -> None:
+        parsed = urlparse(uri)
+        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+            raise ConfigError(f"file URI {uri!r} must be absolute: file:///path/to/checkpoints")
+        self.root = Path(unquote(parsed.path))
+        self.uri = "file://" + str(self.root)
+        self.endpoint = str(self.root)
+        self.fsync = fsync
+        self._tmp = self.root / ".tmp"
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def _tmp_file(self) -> tuple[Path, int]:
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        path = self._tmp / f"{os.getpid()}-{secrets.token_hex(8)}"
+        return path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+
+    def _finish(self, fd: int) -> None:
+        if self.fsync:
+            os.fsync(fd)
+        os.close(fd)
+
+    def put(self, key: str, data: bytes, *, create_only: bool = False) -> None:
+        final = self._path(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp, fd = self._tmp_file()
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            self._finish(fd)
+            fd = -1
+            if create_only:
+                try:
+                    os.link(tmp, final)
+                except FileExistsError:
+                    raise AlreadyExists(f"{self.uri}/{key} already exists") from None
+                self._sync_dir(final.parent)
+            else:
+                os.replace(tmp, final)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            tmp.unlink(missing_ok=True)
+
+    def _sync_dir(self, path: Path) -> None:
+        if self.fsync:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def get(self, key: str, start: int | None = None, length: int | None = None) -> bytes:
+        try:
+            with open(self._path(key), "rb") as f:
+                if start:
+                    f.seek(start)
+                return f.read() if length is None else f.read(length)
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectMissing(f"{self.uri}/{key} does not exist") from None
+
+    def list(self, prefix: str, *, max_keys: int | None = None) -> list[ListedObject]:
+        base, _, name_prefix = prefix.rpartition("/")
+        top = self.root / base if base else self.root
+        found: list[ListedObject] = []
+        try:
+            entries = sorted(os.scandir(top), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        for entry in entries:
+            if not entry.name.startswith(name_prefix) or (not base and entry.name == ".tmp"):
+                continue
+            key = f"{base}/{entry.name}" if base else entry.name
+            if entry.is_dir(follow_symlinks=False):
+                found.extend(self.list(key + "/", max_keys=None if max_keys is None else max_keys - len(found)))
+            else:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # deleted while listing
+                    continue
+                found.append(ListedObject(key, st.st_size, st.st_mtime))
+            if max_keys is not None and len(found) >= max_keys:
+                return found[:max_keys]
+        return found
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        try:
+            return sorted(e.name for e in os.scandir(self.root / prefix) if e.is_dir(follow_symlinks=False))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def delete(self, keys: list[str]) -> None:
+        parents = set()
+        for key in keys:
+            path = self._path(key)
+            if key.endswith("/"):  # a "directory" key: only its emptiness matters
+                parents.add(path)
+                continue
+            path.unlink(missing_ok=True)
+            parents.add(path.parent)
+        for parent in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+            while parent != self.root and self.root in parent.parents:
+                try:
+                    parent.rmdir()  # only empty directories go
+                except OSError:
+                    break
+                parent = parent.parent
+
+    def multipart_begin(self, key: str) -> Any:
+        tmp, fd = self._tmp_file()
+        return {"key": key, "tmp": tmp, "fd": fd}
+
+    def multipart_put(self, handle: Any, index: int, offset: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.pwrite(handle["fd"], view, offset) :]
+            offset += 0 if not view else len(data) - len(view) - (offset - offset)
+        # pwrite on regular files writes everything in one call; the loop guards short writes only
+
+    def multipart_complete(self, handle: Any) -> None:
+        final = self._path(handle["key"])
+        final.parent.mkdir(parents=True, exist_ok=True)
+        self._finish(handle["fd"])
+        handle["fd"] = -1
+        os.replace(handle["tmp"], final)
+
+    def multipart_abort(self, handle: Any) -> None:
+        if handle["fd"] >= 0:
+            os.close(handle["fd"])
+            handle["fd"] = -1
+        Path(handle["tmp"]).unlink(missing_ok=True)
+
+    def clean_temp(self, older_than: float) -> int:
+        """Remove temp files of writers killed mid-write (older than `older_than` seconds)."""
+        removed = 0
+        cutoff = time.time() - older_than
+        for entry in os.scandir(self._tmp) if self._tmp.is_dir() else ():
+            try:
+                if entry.stat().st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    removed += 1
+            except FileNotFoundError:
+                pass
+        return removed

@@ -1,0 +1,149 @@
+"""Parallel part transfers with per-part sha256: upload sources, download and verify objects.
+
+Parts of every object of a save go through one thread pool, so a checkpoint of one 1 GB file and
+one of a thousand small files both keep `workers` requests in flight. hashlib and the socket/file
+calls release the GIL, so the threads really run in parallel."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from airflow_gpu.checkpoint.backends import Backend, ObjectMissing
+from airflow_gpu.checkpoint.errors import CorruptCheckpointError
+from airflow_gpu.checkpoint.layout import ObjectEntry
+
+
+@dataclass
+class Source:
+    """Bytes to upload as one object: `read(offset, length)` returns that slice."""
+
+    name: str
+    size: int
+    read: Callable[[int, int], bytes]
+    close: Callable[[], None] = lambda: None
+
+    @classmethod
+    def from_bytes(cls, name: str, data: bytes | bytearray | memoryview) -> "Source":
+        view = memoryview(data).cast("B")
+        return cls(name, len(view), lambda offset, length: bytes(view[offset : offset + length]))
+
+    @classmethod
+    def from_file(cls, name: str, path: Path) -> "Source":
+        fd = os.open(path, os.O_RDONLY)
+        size = os.fstat(fd).st_size
+
+        def read(offset: int, length: int) -> bytes:
+            chunks, todo = [], length
+            while todo:
+                chunk = os.pread(fd, todo, offset)
+                if not chunk:
+                    raise CorruptCheckpointError(f"{path} shrank while being checkpointed (at byte {offset})")
+                chunks.append(chunk)
+                offset, todo = offset + len(chunk), todo - len(chunk)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+        return cls(name, size, read, lambda: os.close(fd))
+
+
+def _digest(data: bytes | bytearray | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _run_all(futures: list[Future]) -> None:
+    """Wait for all; on the first failure cancel what has not started and raise it."""
+    done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+    for fut in done:
+        if fut.exception() is not None:
+            for p in pending:
+                p.cancel()
+            wait(pending)
+            raise fut.exception()  # type: ignore[misc]
+
+
+def upload(
+    backend: Backend, pool: ThreadPoolExecutor, sources: list[Source], key_of: Callable[[str], str], part_size: int
+) -> list[ObjectEntry]:
+    """Upload every source (multipart above part_size); return entries with per-part digests."""
+    digests: dict[str, list[str]] = {}
+    handles: dict[str, Any] = {}
+    futures: list[Future] = []
+
+    def put_single(src: Source) -> None:
+        data = src.read(0, src.size)
+        digests[src.name][0] = _digest(data)
+        backend.put(key_of(src.name), data)
+
+    def put_part(src: Source, index: int) -> None:
+        offset = index * part_size
+        data = src.read(offset, min(part_size, src.size - offset))
+        digests[src.name][index] = _digest(data)
+        backend.multipart_put(handles[src.name], index, offset, data)
+
+    try:
+        for src in sources:
+            parts = max(1, -(-src.size // part_size))
+            digests[src.name] = [""] * parts
+            if parts == 1:
+                futures.append(pool.submit(put_single, src))
+            else:
+                handles[src.name] = backend.multipart_begin(key_of(src.name))
+                futures += [pool.submit(put_part, src, i) for i in range(parts)]
+        _run_all(futures)
+        _run_all([pool.submit(backend.multipart_complete, h) for h in handles.values()])
+        handles.clear()
+    finally:
+        for handle in handles.values():
+            backend.multipart_abort(handle)
+    return [
+        ObjectEntry(name=s.name, key=key_of(s.name), size=s.size, part_size=part_size, parts=tuple(digests[s.name]))
+        for s in sources
+    ]
+
+
+def download(
+    backend: Backend, pool: ThreadPoolExecutor, entries: list[ObjectEntry], sink: Callable[[ObjectEntry], Any], where: str
+) -> None:
+    """Fetch every part of every entry in parallel, verify its sha256, hand it to the writer that
+    sink(entry) returns: a callable (offset, data) -> None."""
+    writers = {e.name: sink(e) for e in entries}
+
+    def fetch(entry: ObjectEntry, index: int) -> None:
+        offset = index * entry.part_size
+        length = min(entry.part_size, entry.size - offset)
+        try:
+            if entry.size <= entry.part_size:
+                data = backend.get(entry.key)  # one request, whole object
+            else:
+                data = backend.get(entry.key, offset, length)
+        except ObjectMissing:
+            raise CorruptCheckpointError(f"checkpoint {where}: data object {entry.name!r} ({entry.key}) is missing") from None
+        if len(data) != length:
+            raise CorruptCheckpointError(
+                f"checkpoint {where}: data object {entry.name!r} part {index + 1} has {len(data)} bytes, expected {length}"
+            )
+        if _digest(data) != entry.parts[index]:
+            raise CorruptCheckpointError(
+                f"checkpoint {where}: data object {entry.name!r} part {index + 1} fails its sha256 checksum"
+            )
+        writers[entry.name](offset, data)
+
+    _run_all([pool.submit(fetch, e, i) for e in entries for i in range(e.expected_parts())])
+
+
+def file_writer(path: Path, size: int) -> tuple[Callable[[int, bytes], None], Callable[[], None]]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.ftruncate(fd, size)
+
+    def write(offset: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view, offset = view[written:], offset + written
+
+    return write, lambda: os.close(fd)
