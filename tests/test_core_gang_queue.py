@@ -1,0 +1,141 @@
+"""The queue and the scheduling cycle (core.queue): order, head-of-line reservation, backfill, preemption."""
+
+from __future__ import annotations
+
+import math
+
+from fixtures.core_gang import cluster, gang, profile, start
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from airflow_gpu.constants import TIER_INTERACTIVE
+from airflow_gpu.core.gang import admit
+from airflow_gpu.core.model import RunningGang
+from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements, within_limits
+from airflow_gpu.core.queue import queue_order, schedule_cycle
+from airflow_gpu.core.snapshot import Snapshot
+
+
+def test_queue_order_is_priority_then_creation_time():
+    gangs = [gang("late-high", 1, 1, priority=5, created_at=9.0), gang("early-low", 1, 1, priority=1, created_at=1.0),
+             gang("early-high", 1, 1, priority=5, created_at=2.0)]
+    assert [g.name for g in queue_order(gangs)] == ["early-high", "late-high", "early-low"]
+
+
+def two_busy_nodes():
+    snap = Snapshot.from_nodes(cluster(2))
+    running = [start(snap, gang("r-short", 1, 8, priority=9, expected_duration=100.0), profile(), at=0.0),
+               start(snap, gang("r-long", 1, 4, priority=9, expected_duration=1000.0), profile(), at=0.0)]
+    return snap, running
+
+
+def test_backfill_only_when_it_does_not_delay_the_head():
+    snap, running = two_busy_nodes()  # n0 full until 100, n1 half full until 1000
+    head = gang("head", 2, 8, priority=5, created_at=0.0)  # needs both nodes: earliest start 1000
+    quick = gang("quick", 1, 2, priority=1, created_at=1.0, expected_duration=500.0)
+    slow = gang("slow", 1, 2, priority=1, created_at=2.0, expected_duration=5000.0)
+    unknown = gang("unknown", 1, 2, priority=1, created_at=3.0)
+    res = schedule_cycle(snap, [unknown, slow, quick, head], running, profile(), now=0.0)
+    assert [d.gang.name for d in res.admitted] == ["quick"]  # done by 500, before the head's start
+    assert res.reservation.gang.name == "head" and res.reservation.start == 1000.0
+    assert res.reservation.nodes == {"n0000", "n0001"}
+    assert "2 node(s) reserved, earliest start in ~1000 s" in res.waiting["head"]
+    assert res.waiting["slow"].startswith("would delay head")
+    assert res.waiting["unknown"].startswith("would delay head")
+    assert res.preemptions == []  # running gangs have higher priority: nothing to preempt
+
+
+def test_smaller_gangs_backfill_outside_the_reserved_nodes():
+    snap, running = two_busy_nodes()
+    head = gang("head", 1, 8, priority=0, created_at=0.0)  # n0 frees at 100: reserve n0 only
+    small = gang("small", 1, 4, priority=0, created_at=1.0)  # unknown duration, fits on n1
+    res = schedule_cycle(snap, [head, small], running, profile(), now=0.0)
+    assert res.reservation.nodes == {"n0000"} and res.reservation.start == 100.0
+    assert [(d.gang.name, d.placements[0].node) for d in res.admitted] == [("small", "n0001")]
+
+
+def test_head_with_higher_priority_gets_a_preemption_plan_and_its_nodes_are_held():
+    snap = Snapshot.from_nodes(cluster(2))
+    running = [start(snap, gang("be-a", 1, 8, priority=0, checkpointable=True), profile(), checkpoint=90.0),
+               start(snap, gang("be-b", 1, 8, priority=0), profile())]
+    prod = gang("prod", 1, 8, priority=100, created_at=5.0)
+    notebook = gang("nb", 1, 2, priority=200, tier=TIER_INTERACTIVE, created_at=9.0)
+    res = schedule_cycle(snap, [prod], running, profile(), now=100.0)
+    assert [p.victim_names for p in res.preemptions] == [("be-a",)]  # checkpointable, 10 s at risk
+    assert res.reservation.by_preemption and "preempting 1 gang(s) of lower priority: be-a" in res.waiting["prod"]
+    # the interactive notebook comes first in the queue and takes the preemption for itself
+    res = schedule_cycle(snap, [prod, notebook], running, profile(), now=100.0)
+    assert res.reservation.gang.name == "nb" and len(res.preemptions) == 1
+    assert res.waiting["prod"]  # waits this cycle: one plan per cycle
+
+
+def test_quota_blocked_gang_does_not_hold_capacity_for_others():
+    snap = Snapshot.from_nodes(cluster(2))
+    qb = QuotaBook({"a": TeamQuota.from_gpus("a", {"H100": 8}), "b": TeamQuota.from_gpus("b", {"H100": 8})})
+    running = [start(snap, gang("a1", 1, 8, team="a"), profile())]
+    res = schedule_cycle(snap, [gang("a2", 1, 4, team="a", priority=0), gang("b1", 1, 8, team="b")], running,
+                         profile(), now=0.0, quota=qb)
+    assert [d.gang.name for d in res.admitted] == ["b1"] and res.reservation is None
+    assert res.waiting["a2"].startswith("team quota: a uses 8 of 8 H100")
+    # with a higher priority, a2 may take its own team's quota back from a1 (and only from a1)
+    res = schedule_cycle(snap, [gang("a2", 1, 4, team="a", priority=9)], running, profile(), now=0.0, quota=qb)
+    assert [p.victim_names for p in res.preemptions] == [("a1",)]
+
+
+# --- property: a cycle never over-commits, never exceeds quota, never gives reserved nodes away -------
+
+@st.composite
+def queues(draw):
+    snap = Snapshot.from_nodes(cluster(draw(st.integers(1, 4)), gpus=8, clique=2))
+    running = []
+    for i in range(draw(st.integers(0, 5))):
+        g = gang(f"r{i}", draw(st.integers(1, 2)), draw(st.sampled_from([2, 4, 8])), priority=draw(st.integers(0, 2)),
+                 team=draw(st.sampled_from("ab")), expected_duration=draw(st.sampled_from([None, 50.0, 500.0])))
+        d = admit(snap, g, profile())
+        if d.admitted:
+            for p in d.placements:
+                snap.assume(p)
+            running.append(RunningGang(g, d.placements, started_at=0.0))
+    pending = [gang(f"p{i}", draw(st.integers(1, 3)), draw(st.sampled_from([1, 2, 4, 8])),
+                    priority=draw(st.integers(0, 4)), team=draw(st.sampled_from("ab")),
+                    created_at=float(draw(st.integers(0, 9))),
+                    expected_duration=draw(st.sampled_from([None, 20.0, 300.0])))
+               for i in range(draw(st.integers(1, 6)))]
+    quota = None
+    if draw(st.booleans()):
+        quota = QuotaBook({t: TeamQuota.from_gpus(t, {"H100": draw(st.integers(8, 24))},
+                                                  {"H100": draw(st.integers(0, 8))}) for t in "ab"})
+    return snap, running, pending, quota
+
+
+@settings(max_examples=80, deadline=None)
+@given(queues())
+def test_a_cycle_is_consistent(scene):
+    snap, running, pending, quota = scene
+    node_product = {n.name: n.gpu_product for n in snap.nodes}
+    res = schedule_cycle(snap, pending, running, profile(), now=10.0, quota=quota)
+    work = snap.copy()
+    usage = QuotaUsage.from_running(running, node_product, quota) if quota else None
+    ok_before = quota is None or within_limits(quota, usage) == []
+    for d in res.admitted:
+        assert sorted(p.pod for p in d.placements) == sorted(m.name for m in d.gang.members)
+        for p in d.placements:
+            work.assume(p)  # all admitted gangs together fit
+        if usage is not None:
+            usage.add(d.gang.team, demand_of_placements(d.placements, node_product, quota))
+    if quota is not None and ok_before:
+        assert within_limits(quota, usage) == []
+    names = {g.name for g in pending}
+    assert {d.gang.name for d in res.admitted} | set(res.waiting) == names
+    assert not {d.gang.name for d in res.admitted} & set(res.waiting)
+    assert len(res.preemptions) <= 1
+    r = res.reservation
+    if r is not None:
+        order = [g.name for g in queue_order(pending)]
+        later = order[order.index(r.gang.name) + 1:]
+        for d in res.admitted:
+            if d.gang.name in later and not r.lets_through(d.gang, 10.0):
+                assert not {p.node for p in d.placements} & r.nodes
+        assert r.start >= 10.0 or math.isinf(r.start)
+    for plan in res.preemptions:
+        assert all(v.gang.priority < plan.gang.priority for v in plan.victims)
