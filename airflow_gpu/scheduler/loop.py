@@ -75,6 +75,28 @@ def quota_book_from_config(cfg) -> QuotaBook | None:
     return QuotaBook.from_teams(cfg.teams, aliases=aliases)
 
 
+def desired_podgroup_status(unit: Unit, has_plan: bool, assumed: dict[str, str]) -> dict:
+    """PodGroup .status fields as the coscheduling controller keeps them (only fields its CRD schema
+    has: a real API server prunes others): phase and member counts."""
+    phases = [(p.get("status") or {}).get("phase") for p in unit.pods]
+    running, succeeded, failed = phases.count("Running"), phases.count("Succeeded"), phases.count("Failed")
+    bound = len(unit.bound(assumed))
+    need = unit.min_member
+    if has_plan:
+        phase = "Scheduling"
+    elif succeeded >= need:
+        phase = "Finished"
+    elif failed and running + succeeded < need and bound < need:
+        phase = "Failed"
+    elif running >= need:
+        phase = "Running"
+    elif bound + succeeded >= need:
+        phase = "Scheduled"
+    else:
+        phase = "Pending"
+    return {"phase": phase, "running": running, "succeeded": succeeded, "failed": failed}
+
+
 class Scheduler:
     def __init__(
         self,
@@ -122,13 +144,14 @@ class Scheduler:
             except Exception:  # noqa: BLE001 - one bad cycle must not stop the scheduler
                 log.exception("scheduling cycle failed")
                 self._stop.wait(0.5)
+        self._gang_pool.shutdown(wait=True)
+        self._pool.shutdown(wait=True)
+        self.cache.stop()
 
     def stop(self) -> None:
+        """Ask run() to return after the cycle in progress (a gang's Bindings are never cut in half)."""
         self._stop.set()
         self._wake.set()
-        self.cache.stop()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._gang_pool.shutdown(wait=False, cancel_futures=True)
 
     # --- one cycle ------------------------------------------------------------------------
     def cycle(self) -> World:
@@ -374,23 +397,10 @@ class Scheduler:
             pg = unit.podgroup
             if pg is None:
                 continue
-            phases = [(p.get("status") or {}).get("phase") for p in unit.pods]
-            running, succeeded, failed = phases.count("Running"), phases.count("Succeeded"), phases.count("Failed")
-            bound = len(unit.bound(view.assumed))
-            need = unit.min_member
-            if key in world.plans:
-                phase = "Scheduling"
-            elif succeeded >= need:
-                phase = "Finished"
-            elif failed and running + succeeded < need and bound < need:
-                phase = "Failed"
-            elif running >= need:
-                phase = "Running"
-            elif bound + succeeded >= need:
-                phase = "Scheduled"
-            else:
-                phase = "Pending"
-            want = {"phase": phase, "running": running, "succeeded": succeeded, "failed": failed}
+            try:
+                want = desired_podgroup_status(unit, key in world.plans, view.assumed)
+            except ValueError:
+                continue  # an invalid minMember: reported as the wait reason
             have = pg.get("status") or {}
             if all(have.get(k) == v for k, v in want.items()) or self._written.get(("status", key)) == want:
                 continue

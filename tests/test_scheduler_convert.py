@@ -1,0 +1,131 @@
+"""Kubernetes objects -> core model, and the cycle's World built from a cache view (no cluster needed)."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from airflow_gpu import constants as C
+from airflow_gpu.config import load_config
+from airflow_gpu.core.model import Placement, TopologyLevel
+from airflow_gpu.scheduler.cache import View
+from airflow_gpu.scheduler.convert import (
+    ConversionContext,
+    ConversionError,
+    gang_from_k8s,
+    node_from_k8s,
+    pod_request_from_k8s,
+)
+from airflow_gpu.scheduler.state import PLAN_NOMINATED, Plan, build_world
+
+
+def node(name, gpus=8, labels=None, taints=None, mig=None, unschedulable=False):
+    alloc = {"cpu": "64", "memory": "512Gi", C.RESOURCE_GPU: str(gpus)}
+    alloc.update({f"{C.RESOURCE_MIG_PREFIX}{p}": str(n) for p, n in (mig or {}).items()})
+    return {
+        "metadata": {"name": name, "labels": {C.NODE_GPU_PRODUCT: "NVIDIA-A100-SXM4-80GB", **(labels or {})}},
+        "spec": {"taints": taints or [], "unschedulable": unschedulable},
+        "status": {"allocatable": alloc, "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def pod(name, gpus=1, ns="team-nlp", group=None, node_name=None, phase="Pending", **extra):
+    labels = {C.LABEL_COSCHEDULING_POD_GROUP: group} if group else {}
+    return {
+        "metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": extra.get("annotations", {}),
+                     "creationTimestamp": "2026-12-01T10:00:00Z"},
+        "spec": {"schedulerName": "airflow-gpu", "priority": extra.get("priority", 0),
+                 "priorityClassName": extra.get("pc"), **({"nodeName": node_name} if node_name else {}),
+                 "containers": [{"name": "c", "resources": {"limits": {C.RESOURCE_GPU: str(gpus)},
+                                                            "requests": {"cpu": "500m", "memory": "1Gi"}}}]},
+        "status": {"phase": phase},
+    }
+
+
+def podgroup(name, min_member, ns="team-nlp", annotations=None):
+    return {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": ns, "annotations": annotations or {},
+                         "creationTimestamp": "2026-12-01T09:00:00Z"},
+            "spec": {"minMember": min_member}}
+
+
+def test_node_capacity_labels_mig_spot_and_cordon():
+    n = node_from_k8s(node("a", gpus=4, mig={"1g.10gb": 14}, unschedulable=True, labels={
+        C.NODE_CAPACITY_TYPE_KARPENTER: "spot", C.NODE_GPU_CLIQUE: "c1", C.NODE_ZONE: "z1", C.NODE_GPU_MEMORY: "81920"},
+        taints=[{"key": C.TAINT_SPOT, "value": "true", "effect": "NoSchedule"}]))
+    assert (n.gpu_count, n.cpu_milli, n.memory_mib, n.gpu_memory_mib) == (4, 64000, 512 * 1024, 81920)
+    assert n.mig_slices == (("1g.10gb", 14),)
+    assert (n.capacity_type, n.clique, n.zone) == ("spot", "c1", "z1")
+    assert {t.key for t in n.taints} == {C.TAINT_SPOT, "node.kubernetes.io/unschedulable"}
+
+
+def test_client_model_objects_convert_like_dicts():
+    v1 = client.V1Node(metadata=client.V1ObjectMeta(name="m", labels={C.NODE_GPU_PRODUCT: "H100"}),
+                       status=client.V1NodeStatus(allocatable={"cpu": "8", "memory": "64Gi", C.RESOURCE_GPU: "8"}))
+    n = node_from_k8s(v1)
+    assert (n.name, n.gpu_count, n.gpu_product) == ("m", 8, "H100")
+
+
+def test_pod_requests_take_init_container_max_and_limits_default():
+    p = pod("p", gpus=2)
+    p["spec"]["initContainers"] = [{"name": "i", "resources": {"requests": {"cpu": "4"}}}]
+    req = pod_request_from_k8s(p)
+    assert (req.name, req.gpus, req.cpu_milli, req.memory_mib) == ("team-nlp/p", 2, 4000, 1024)
+
+
+def test_mig_request_and_bad_quantities_name_the_field():
+    p = pod("m", gpus=0)
+    p["spec"]["containers"][0]["resources"] = {"limits": {f"{C.RESOURCE_MIG_PREFIX}1g.10gb": "1"}}
+    assert pod_request_from_k8s(p).mig_profile == "1g.10gb"
+    bad = pod("b")
+    bad["spec"]["containers"][0]["resources"]["limits"][C.RESOURCE_GPU] = "1.5"
+    with pytest.raises(ConversionError, match="nvidia.com/gpu=1.5 must be a whole number"):
+        pod_request_from_k8s(bad)
+    bad["spec"]["containers"][0]["resources"]["limits"][C.RESOURCE_GPU] = "lots"
+    with pytest.raises(ConversionError, match=r"containers\[0\].resources\[nvidia.com/gpu\]"):
+        pod_request_from_k8s(bad)
+
+
+def test_gang_team_tier_priority_and_products_from_config(repo_root):
+    ctx = ConversionContext.from_config(load_config(repo_root / "examples" / "seed-quotas.yaml"))
+    pg = podgroup("train", 2, annotations={C.ANNOTATION_CHECKPOINTABLE: "true", C.ANNOTATION_TOPOLOGY: "rack:hard"})
+    pods = [pod(f"w{i}", gpus=8, group="train", priority=1000, pc="airflow-gpu-best-effort-training",
+                annotations={C.ANNOTATION_GPU_PRODUCTS: "a100-80gb"}) for i in range(2)]
+    g = gang_from_k8s("team-nlp/train", pg, pods, ctx)
+    assert (g.team, g.tier, g.priority, g.checkpointable, g.preemptible, g.spot_eligible) == (
+        "nlp", "best-effort-training", 1000, True, True, True)
+    assert g.topology.level is TopologyLevel.RACK and g.topology.hard
+    assert g.members[0].gpu_products == ("NVIDIA-A100-SXM4-80GB",)  # quota product -> node label
+    pg["metadata"]["annotations"][C.ANNOTATION_TOPOLOGY] = "galaxy"
+    with pytest.raises(ConversionError, match="level must be one of"):
+        gang_from_k8s("team-nlp/train", pg, pods, ctx)
+
+
+def _view(pods, podgroups=(), nodes=("a", "b")):
+    from airflow_gpu.scheduler.convert import key_of
+
+    return View(pods={key_of(p): p for p in pods}, nodes={n: node(n) for n in nodes},
+                podgroups={key_of(g): g for g in podgroups}, priorityclasses={}, resourcequotas={})
+
+
+def test_world_waits_for_every_member_and_orders_by_priority():
+    pods = [pod("g0", 8, group="big"), pod("lone", 1, priority=5), pod("old", 1)]
+    w = build_world(_view(pods, [podgroup("big", 2)]), "airflow-gpu", ConversionContext())
+    assert [g.name for _, g in w.pending] == ["team-nlp/lone", "team-nlp/old"]
+    assert [(u.key, r) for u, r in w.incomplete] == [
+        ("team-nlp/big", "gang has 1 of 2 pods; waiting for the rest to be created")]
+
+
+def test_running_pods_and_nominated_plans_hold_gpus():
+    running = [pod(f"r{i}", 1, node_name="a", phase="Running") for i in range(6)]
+    members = [pod(f"g{i}", 8, group="big") for i in range(2)]
+    plan = Plan(PLAN_NOMINATED, {f"team-nlp/g{i}": Placement(f"team-nlp/g{i}", n, tuple((k, 1000) for k in range(8)),
+                                                             cpu_milli=500, memory_mib=1024)
+                                 for i, n in enumerate("ab")}, 0.0, victims=("team-nlp/r0",))
+    pg = podgroup("big", 2, annotations={C.ANNOTATION_PLACEMENT: plan.to_json()})
+    w = build_world(_view(running + members, [pg]), "airflow-gpu", ConversionContext())
+    assert len(w.running) == 6 and not w.pending
+    assert w.plan_ready["team-nlp/big"] is False  # node a is still busy with the victims
+    # every GPU is taken: b by the plan, a by the running pods plus the plan's hold on what was free
+    assert int(w.snapshot.whole_free_gpus().sum()) == 0
+    assert Plan.from_json(plan.to_json(), {}).victims == ("team-nlp/r0",)
