@@ -140,7 +140,7 @@ def check_references(cfg: QuotaConfig) -> list[ConfigIssue]:
     return issues
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml parser when present
     """PyYAML keeps the last of duplicate keys silently; a repeated quota key must be an error."""
 
     def construct_mapping(self, node, deep=False):

@@ -1,0 +1,148 @@
+"""Quota configuration: the seed example loads; every bad input is rejected naming file, field and fix."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from airflow_gpu import constants
+from airflow_gpu.config import SLOTS_PER_GPU, ConfigError, load_config, parse_config
+
+SEED = Path(__file__).resolve().parent.parent / "examples" / "seed-quotas.yaml"
+
+
+@pytest.fixture
+def seed_data() -> dict:
+    return yaml.safe_load(SEED.read_text())
+
+
+def test_seed_config_is_the_seed_scenario():
+    cfg = load_config(SEED)
+    assert [p.name for p in cfg.products] == ["a100-80gb"]
+    a100 = cfg.product("a100-80gb")
+    assert a100.memory_gb == 80
+    assert [p.name for p in a100.mig_profiles] == ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+    # teams capped at eight GPUs: every team's pool holds at most 8 GPUs' worth of slots
+    assert cfg.teams and all(cfg.team_slots(t, "a100-80gb") == 8 * SLOTS_PER_GPU for t in cfg.teams)
+    assert {t.name for t in cfg.tiers} == set(constants.TIERS)
+    prod, best = cfg.tier(constants.TIER_PRODUCTION_TRAINING), cfg.tier(constants.TIER_BEST_EFFORT_TRAINING)
+    assert prod.priority > best.priority and best.preemptible and not prod.preemptible
+    assert prod.preemption_policy == "PreemptLowerPriority"
+    assert best.spot_eligible and not prod.spot_eligible
+
+
+def test_slot_helpers_use_one_unit():
+    cfg = load_config(SEED)
+    assert cfg.pool_slots("a100-80gb", gpus=1) == SLOTS_PER_GPU == 7
+    assert cfg.pool_slots("a100-80gb", gpus=8) == 56
+    # a MIG slice consumes quota in proportion to its compute share, in integer slots
+    sizes = {p.name: cfg.pool_slots("a100-80gb", mig_profile=p.name) for p in cfg.product("a100-80gb").mig_profiles}
+    assert sizes == {"1g.10gb": 1, "1g.20gb": 1, "2g.20gb": 2, "3g.40gb": 3, "4g.40gb": 4, "7g.80gb": 7}
+    assert cfg.pool_slots("a100-80gb", mig_profile="1g.10gb", count=3) == 3
+    serving = cfg.team("serving")
+    assert cfg.team_slots(serving, "a100-80gb") == 4 * 7 + 22 * 1 + 2 * 3
+    assert cfg.product("a100-80gb").mig_profile("3g.40gb").resource == "nvidia.com/mig-3g.40gb"
+    assert cfg.node_label_aliases() == {"NVIDIA-A100-SXM4-80GB": "a100-80gb"}
+    with pytest.raises(ValueError):
+        cfg.pool_slots("a100-80gb", gpus=1, mig_profile="1g.10gb")
+    with pytest.raises(KeyError, match="profiles: 1g.10gb"):
+        cfg.pool_slots("a100-80gb", mig_profile="9g.99gb")
+
+
+def test_team_limits_default_like_kueue(seed_data):
+    seed_data["teams"][0]["borrowing_limit"] = {"a100-80gb": 4}
+    seed_data["teams"][0]["lending_limit"] = {"a100-80gb": 2}
+    cfg = parse_config(seed_data)
+    nlp, vision = cfg.team("nlp"), cfg.team("vision")
+    assert (nlp.borrowing_gpus("a100-80gb"), nlp.lending_gpus("a100-80gb"), nlp.ceiling_gpus("a100-80gb")) == (4, 2, 12)
+    assert (vision.borrowing_gpus("a100-80gb"), vision.lending_gpus("a100-80gb")) == (0, 8)
+    # the pool is the ceiling; only the guarantee counts against capacity
+    assert cfg.team_slots(nlp, "a100-80gb") == 12 * 7 and cfg.guaranteed_slots(nlp, "a100-80gb") == 8 * 7
+
+
+def _set(path: str | tuple, value):
+    """A mutation of the seed data at a dotted path (teams.2.quota.a100-80gb) or a tuple of keys."""
+    keys = path if isinstance(path, tuple) else tuple(int(k) if k.isdigit() else k for k in path.split("."))
+
+    def mutate(data):
+        node = data
+        for key in keys[:-1]:
+            node = node[key] if isinstance(key, int) else node.setdefault(key, {})
+        node[keys[-1]] = value
+    return mutate
+
+
+BAD_CASES = {
+    "fractional GPUs": (_set("teams.2.quota.a100-80gb", 2.5), "teams[2].quota.a100-80gb", "whole number"),
+    "negative GPUs": (_set("teams.2.quota.a100-80gb", -1), "teams[2].quota.a100-80gb", ">= 0"),
+    "quoted number": (_set("teams.1.quota.a100-80gb", "8"), "teams[1].quota.a100-80gb", "whole number"),
+    "negative MIG count": (_set(('teams', 4, 'mig_quota', 'a100-80gb', '1g.10gb'), -3), "teams[4].mig_quota.a100-80gb.1g.10gb", ">= 0"),
+    "unknown team key": (_set("teams.2.quotas", {"a100-80gb": 8}), "teams[2].quotas", "allowed keys: name, namespace"),
+    "unknown top-level key": (_set("clusters", 3), "clusters", "allowed keys: version, products, tiers, teams, capacity"),
+    "unknown tier key": (_set("tiers.1.preempts", ["best-effort-training"]), "tiers[1].preempts", "allowed keys: name, priority"),
+    "duplicate team": (_set("teams.3.name", "nlp"), "teams[3].name", "duplicate team name 'nlp' (also teams[0])"),
+    "duplicate namespace": (_set("teams.3.namespace", "team-nlp"), "teams[3].namespace", "already used by teams[0]"),
+    "unknown product in quota": (_set("teams.2.quota.h100-80gb", 8), "teams[2].quota.h100-80gb", "defined products: a100-80gb"),
+    "unknown product in capacity": (_set("capacity.h100-80gb", 8), "capacity.h100-80gb", "defined products: a100-80gb"),
+    "unknown MIG profile": (_set(('teams', 4, 'mig_quota', 'a100-80gb', '1g.5gb'), 2), "teams[4].mig_quota.a100-80gb.1g.5gb", "its profiles: 1g.10gb"),
+    "unknown tier name": (_set("tiers.0.name", "gold"), "tiers[0].name", "'production-training', 'best-effort-training'"),
+    "unknown tier reference": (_set("teams.3.tiers", ["interactive", "platinum"]), "teams[3].tiers[1]", "defined tiers: interactive"),
+    "quota above capacity": (_set("capacity.a100-80gb", 39), "capacity.a100-80gb", "sum to 40 GPUs"),
+    "one team above capacity": (_set("capacity.a100-80gb", 6), "teams[0].quota.a100-80gb", "allowed 0..6"),
+    "lending above quota": (_set("teams.0.lending_limit", {"a100-80gb": 9}), "teams[0].lending_limit.a100-80gb", "allowed 0..8"),
+    "bad team name": (_set("teams.0.name", "NLP_team"), "teams[0].name", "lowercase DNS label"),
+    "priority out of range": (_set("tiers.0.priority", 2_000_000_000), "tiers[0].priority", "<= 1000000000"),
+    "MIG profile bigger than the GPU": (_set("products.0.mig_profiles.5", {"name": "7g.96gb"}), "products[0].mig_profiles[5].memory_gb", "exceeds the product's memory"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CASES))
+def test_bad_config_names_the_field(case, seed_data):
+    mutate, path, allowed = BAD_CASES[case]
+    mutate(seed_data)
+    with pytest.raises(ConfigError) as info:
+        parse_config(seed_data, source="quotas.yaml")
+    text = str(info.value)
+    assert f"quotas.yaml: {path}: " in text, text
+    assert allowed in text, text
+
+
+def test_missing_tier_and_several_problems_reported_together(seed_data):
+    del seed_data["tiers"][3]
+    seed_data["teams"][0]["quota"]["a100-80gb"] = -2
+    with pytest.raises(ConfigError) as info:
+        parse_config(seed_data, source="q.yaml")
+    # structural errors are reported first; tiers are complete only after they pass
+    assert [i.path for i in info.value.issues] == ["teams[0].quota.a100-80gb"]
+    seed_data["teams"][0]["quota"]["a100-80gb"] = 2
+    with pytest.raises(ConfigError) as info:
+        parse_config(seed_data, source="q.yaml")
+    assert "tiers: missing tier(s) best-effort-training" in str(info.value)
+
+
+def test_file_level_errors(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read the file"):
+        load_config(tmp_path / "absent.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("teams: [\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: not valid YAML: line \d+"):
+        load_config(bad)
+    dup = tmp_path / "dup.yaml"
+    dup.write_text(SEED.read_text().replace("quota: {a100-80gb: 8}", "quota: {a100-80gb: 8, a100-80gb: 2}", 1))
+    with pytest.raises(ConfigError, match="duplicate key 'a100-80gb'"):
+        load_config(dup)
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(listed)
+
+
+def test_models_are_immutable_and_round_trip():
+    cfg = load_config(SEED)
+    with pytest.raises(Exception):
+        cfg.teams[0].quota_gpus = 3  # type: ignore[misc]
+    again = parse_config(cfg.model_dump(mode="json"))
+    assert again == cfg

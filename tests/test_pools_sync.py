@@ -1,0 +1,156 @@
+"""`airflow-gpu pools sync` against a real, migrated Airflow database (SQLite and PostgreSQL):
+dry run, create, no change, update one, delete one, unmanaged pools untouched, bad input exits 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from airflow_gpu import constants
+
+SEED = Path(__file__).resolve().parent.parent / "examples" / "seed-quotas.yaml"
+SEED_POOLS = {f"gpu.{team}.a100-80gb" for team in ("nlp", "vision", "recsys", "research", "serving")}
+
+
+def write_config(path: Path, mutate=None) -> Path:
+    data = yaml.safe_load(SEED.read_text())
+    if mutate:
+        mutate(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def sync(db, config: Path, *extra: str):
+    return db.cli("pools", "sync", "--config", str(config), *extra)
+
+
+def test_sync_lifecycle(airflow_db, tmp_path):
+    """The acceptance sequence, on SQLite and on PostgreSQL."""
+    config = write_config(tmp_path / "quotas.yaml")
+    airflow_db.execute(
+        "INSERT INTO slot_pool (pool, slots, description, include_deferred) VALUES "
+        "('notebooks', 3, 'hand-made pool', false), ('gpu.legacy.a100-80gb', 5, NULL, false)")
+    before = airflow_db.pools()
+
+    # --dry-run lists the creates and writes nothing
+    out = sync(airflow_db, config, "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert f"-> Airflow database {airflow_db.kind}" in out.stdout  # really this database
+    creates = [line for line in out.stdout.splitlines() if line.strip().startswith("create ")]
+    assert sorted(line.split()[1].rstrip(":") for line in creates) == sorted(SEED_POOLS)
+    assert "create gpu.nlp.a100-80gb: slots 56 (8 GPU)" in out.stdout
+    assert "dry run, nothing written: 5 to create" in out.stdout
+    assert airflow_db.pools() == before
+
+    # without --dry-run it creates them: slots in 1/7 GPU, include_deferred, marked as managed
+    out = sync(airflow_db, config)
+    assert out.returncode == 0, out.stderr
+    assert "applied: 5 to create, 0 to update, 0 to delete" in out.stdout
+    pools = airflow_db.pools()
+    assert set(pools) == set(before) | SEED_POOLS
+    for name in SEED_POOLS:
+        assert pools[name]["slots"] == 56
+        assert pools[name]["include_deferred"] in (True, 1)
+        assert pools[name]["description"].startswith(constants.POOL_DESCRIPTION_MARKER)
+        assert pools[name]["team_name"] is None  # multi_team is off
+    assert "22 x 1g.10gb, 2 x 3g.40gb" in pools["gpu.serving.a100-80gb"]["description"]
+
+    # a second run changes nothing and says so
+    out = sync(airflow_db, config)
+    assert out.returncode == 0, out.stderr
+    assert "no changes: 5 managed pool(s) already match the config" in out.stdout
+    assert airflow_db.pools() == pools
+
+    # a changed quota updates only that pool
+    def lower_vision(data):
+        data["teams"][1]["quota"]["a100-80gb"] = 6
+    write_config(config, lower_vision)
+    out = sync(airflow_db, config)
+    assert out.returncode == 0, out.stderr
+    changed = [line.strip() for line in out.stdout.splitlines() if line.startswith("  ")]
+    assert changed == ["update gpu.vision.a100-80gb: slots 56 -> 42 (6 GPU), description"]
+    after = airflow_db.pools()
+    assert after["gpu.vision.a100-80gb"]["slots"] == 42
+    assert after["gpu.vision.a100-80gb"]["id"] == pools["gpu.vision.a100-80gb"]["id"]
+    assert {k: v for k, v in after.items() if k != "gpu.vision.a100-80gb"} == \
+        {k: v for k, v in pools.items() if k != "gpu.vision.a100-80gb"}
+
+    # a removed team deletes only its managed pool; unmanaged pools (even gpu.* ones) stay
+    def lower_vision_drop_recsys(data):
+        lower_vision(data)
+        del data["teams"][2]
+    write_config(config, lower_vision_drop_recsys)
+    out = sync(airflow_db, config, "--dry-run")
+    assert "delete gpu.recsys.a100-80gb: slots 56 -> (deleted)" in out.stdout
+    assert airflow_db.pools() == after
+    out = sync(airflow_db, config)
+    assert out.returncode == 0, out.stderr
+    final = airflow_db.pools()
+    assert set(final) == set(after) - {"gpu.recsys.a100-80gb"}
+    assert final["notebooks"] == before["notebooks"] and final["gpu.legacy.a100-80gb"] == before["gpu.legacy.a100-80gb"]
+    assert final["default_pool"] == before["default_pool"]
+
+
+def test_unmanaged_pool_in_the_way_is_never_touched(sqlite_airflow_db, tmp_path):
+    db = sqlite_airflow_db
+    db.execute("INSERT INTO slot_pool (pool, slots, description, include_deferred) "
+               "VALUES ('gpu.nlp.a100-80gb', 2, 'made by hand', 0)")
+    before = db.pools()
+    out = sync(db, write_config(tmp_path / "q.yaml"))
+    assert out.returncode == 2
+    assert "pool 'gpu.nlp.a100-80gb' exists but is not managed by airflow-gpu" in out.stderr
+    assert "nothing written" in out.stderr
+    assert db.pools() == before  # not even the four pools without a conflict were created
+
+
+def test_multi_team_sets_team_name(sqlite_airflow_db, tmp_path):
+    db = sqlite_airflow_db
+    env = db.env(AIRFLOW__CORE__MULTI_TEAM="True")
+    config = write_config(tmp_path / "q.yaml", lambda d: d.update(teams=d["teams"][:2]))
+    out = db.cli("pools", "sync", "--config", str(config), env=env)
+    assert out.returncode == 2
+    assert "Airflow team 'nlp' does not exist" in out.stderr and "airflow teams create nlp" in out.stderr
+    assert set(db.pools()) == {"default_pool"}
+    for team in ("nlp", "vision"):
+        db.airflow("teams", "create", team, env=env)
+    out = db.cli("pools", "sync", "--config", str(config), env=env)
+    assert out.returncode == 0, out.stderr
+    pools = db.pools()
+    assert pools["gpu.nlp.a100-80gb"]["team_name"] == "nlp" and pools["gpu.vision.a100-80gb"]["team_name"] == "vision"
+
+
+BAD = {
+    "fractional": (lambda d: d["teams"][2]["quota"].update({"a100-80gb": 2.5}), "teams[2].quota.a100-80gb: must be a whole number"),
+    "negative": (lambda d: d["teams"][2]["quota"].update({"a100-80gb": -1}), "teams[2].quota.a100-80gb: must be >= 0"),
+    "unknown key": (lambda d: d["teams"][0].update({"gpus": 8}), "teams[0].gpus: unknown key 'gpus'; allowed keys:"),
+    "duplicate team": (lambda d: d["teams"][1].update({"name": "nlp"}), "teams[1].name: duplicate team name 'nlp'"),
+    "unknown product": (lambda d: d["teams"][1]["quota"].update({"h100-80gb": 1}), "teams[1].quota.h100-80gb: unknown GPU product"),
+    "unknown tier": (lambda d: d["teams"][0].update({"tiers": ["gold"]}), "teams[0].tiers[0]: unknown tier 'gold'"),
+    "above capacity": (lambda d: d.update({"capacity": {"a100-80gb": 16}}), "capacity.a100-80gb: the teams' guaranteed quotas sum to 40 GPUs"),
+}
+
+
+def test_bad_configs_exit_2_and_change_nothing(sqlite_airflow_db, tmp_path):
+    db = sqlite_airflow_db
+    good = write_config(tmp_path / "good.yaml")
+    assert sync(db, good).returncode == 0
+    before = db.pools()
+    for case, (mutate, message) in BAD.items():
+        bad = write_config(tmp_path / f"{case.replace(' ', '-')}.yaml", mutate)
+        out = sync(db, bad)
+        assert out.returncode == 2, (case, out.stdout, out.stderr)
+        assert f"{bad}: {message}" in out.stderr, (case, out.stderr)
+        assert db.pools() == before, case
+    out = db.cli("pools", "render-k8s", "--config", str(tmp_path / "negative.yaml"))
+    assert out.returncode == 2 and "teams[2].quota.a100-80gb" in out.stderr and not out.stdout
+
+
+def test_database_not_migrated_is_a_clear_error(tmp_path):
+    from fixtures.airflow_env import AirflowDb
+
+    db = AirflowDb("sqlite", f"sqlite:///{tmp_path / 'empty.db'}", tmp_path)
+    out = sync(db, write_config(tmp_path / "q.yaml"))
+    assert out.returncode == 1
+    assert "airflow db migrate" in out.stderr
