@@ -1,0 +1,480 @@
+"""The HTTP side of the API server: a plain ASGI app (run by uvicorn) with a small router.
+
+Kept below a framework on purpose: the hot paths (create, list, watch fan-out) are a few dict
+operations plus one JSON encode, and stored objects are sent as their cached JSON bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from typing import AsyncIterator, Awaitable, Callable
+from urllib.parse import parse_qs, unquote
+
+import msgspec
+import yaml
+
+from airflow_gpu.localcluster import discovery, errors
+from airflow_gpu.localcluster.errors import ApiError
+from airflow_gpu.localcluster.objects import ObjectAPI
+from airflow_gpu.localcluster.resources import Registry, ResourceType
+from airflow_gpu.localcluster.schema import decode_object
+from airflow_gpu.localcluster.selectors import labels_match, fields_match, parse_field_selector, parse_label_selector
+from airflow_gpu.localcluster.store import Store, decode, encode
+
+log = logging.getLogger(__name__)
+JSON = [(b"content-type", b"application/json")]
+TRUE = ("true", "1", "True")
+
+LogSource = Callable[[str, str, str, dict], AsyncIterator[bytes]]  # (namespace, pod, container, options)
+Control = Callable[[str, dict], Awaitable[dict]]  # (action, body) -> result
+
+
+class Request:
+    __slots__ = ("method", "path", "query", "headers", "body", "receive")
+
+    def __init__(self, scope, body: bytes, receive):
+        self.method = scope["method"]
+        self.path = scope["path"]
+        self.query = {k: v[-1] for k, v in parse_qs(scope["query_string"].decode(), keep_blank_values=True).items()}
+        self.headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        self.body = body
+        self.receive = receive
+
+    def json(self):
+        ctype = self.headers.get("content-type", "application/json").split(";")[0].strip()
+        if not self.body.strip():
+            raise errors.bad_request("the request body is empty; send a JSON object")
+        try:
+            if "yaml" in ctype:
+                return yaml.safe_load(self.body)
+            return decode(self.body)
+        except (msgspec.DecodeError, yaml.YAMLError) as exc:
+            raise errors.bad_request(f"couldn't get version/kind; json parse error: {exc}") from None
+
+
+class Response:
+    __slots__ = ("status", "body", "headers")
+
+    def __init__(self, status: int, body: bytes, headers: list | None = None):
+        self.status, self.body, self.headers = status, body, headers or JSON
+
+
+def json_response(obj, status: int = 200, warnings: list[str] | None = None) -> Response:
+    headers = list(JSON)
+    for w in warnings or []:
+        headers.append((b"warning", f'299 - "{w}"'.encode()))
+    return Response(status, encode(obj), headers)
+
+
+class APIServer:
+    def __init__(self, store: Store, registry: Registry, objects: ObjectAPI, address: str, token: str | None = None,
+                 log_source: LogSource | None = None, control: Control | None = None, bookmark_seconds: float = 5.0):
+        self.store, self.registry, self.objects = store, registry, objects
+        self.address, self.token = address, token
+        self.log_source, self.control = log_source, control
+        self.bookmark_seconds = bookmark_seconds
+        self.openapi = discovery.OpenAPI(registry)
+        self.watch_tasks: set[asyncio.Task] = set()
+
+    # --- ASGI -------------------------------------------------------------------------------
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        body = b""
+        if scope["method"] in ("POST", "PUT", "PATCH", "DELETE"):
+            more = True
+            chunks = []
+            while more:
+                message = await receive()
+                chunks.append(message.get("body", b""))
+                more = message.get("more_body", False)
+            body = b"".join(chunks)
+        try:
+            req = Request(scope, body, receive)
+            if self.token and req.headers.get("authorization") != f"Bearer {self.token}" \
+                    and req.path not in ("/healthz", "/livez", "/readyz"):
+                raise errors.unauthorized()
+            result = await self.route(req, send)
+        except ApiError as exc:
+            result = json_response(exc.status(), exc.code)
+        except Exception as exc:  # never let a bad request take the server down
+            log.exception("internal error on %s %s", scope["method"], scope["path"])
+            result = json_response(ApiError(500, "InternalError", f"Internal error occurred: {exc}").status(), 500)
+        if result is None:  # streamed
+            return
+        await send({"type": "http.response.start", "status": result.status,
+                    "headers": result.headers + [(b"content-length", str(len(result.body)).encode())]})
+        await send({"type": "http.response.body", "body": result.body})
+
+    # --- routing ----------------------------------------------------------------------------
+    async def route(self, req: Request, send) -> Response | None:
+        path = req.path.rstrip("/") or "/"
+        parts = [unquote(p) for p in path.split("/")[1:]] if path != "/" else []
+        if parts and parts[0] == "api":
+            if len(parts) == 1:
+                return json_response(discovery.api_versions(self.address))
+            return await self.resource(req, send, "", parts[1], parts[2:])
+        if parts and parts[0] == "apis":
+            if len(parts) == 1:
+                return json_response(discovery.api_group_list(self.registry))
+            if len(parts) == 2:
+                group = discovery.api_group(self.registry, parts[1])
+                if group is None:
+                    raise errors.no_such_path()
+                return json_response(group)
+            return await self.resource(req, send, parts[1], parts[2], parts[3:])
+        if path == "/version":
+            return json_response(discovery.VERSION_INFO)
+        if path in ("/healthz", "/livez", "/readyz"):
+            return Response(200, b"ok", [(b"content-type", b"text/plain")])
+        if path == "/openapi/v3":
+            return json_response(self.openapi.index())
+        if path.startswith("/openapi/v3/"):
+            doc = self.openapi.document(path[len("/openapi/v3/"):])
+            if doc is None:
+                raise errors.no_such_path()
+            return Response(200, doc)
+        if path.startswith("/_localcluster/") and self.control is not None and req.method == "POST":
+            body = req.json() if req.body.strip() else {}
+            return json_response(await self.control(path[len("/_localcluster/"):], body))
+        raise errors.no_such_path()
+
+    async def resource(self, req: Request, send, group: str, version: str, rest: list[str]) -> Response | None:
+        if not rest:
+            doc = discovery.api_resource_list(self.registry, group, version)
+            if doc is None:
+                raise errors.no_such_path()
+            return json_response(doc)
+        namespace = None
+        if rest[0] == "namespaces" and len(rest) >= 3 and not (len(rest) == 3 and rest[2] in ("status", "finalize")):
+            namespace, rest = rest[1], rest[2:]
+        if len(rest) > 3:
+            raise errors.no_such_path()
+        plural = rest[0]
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else ""
+        if not group and plural == "bindings" and namespace and name is None and req.method == "POST":
+            body = req.json()
+            return self.binding(namespace, (body.get("metadata") or {}).get("name", ""), body)
+        rt = self.registry.lookup(group, version, plural)
+        if rt is None or (namespace is not None and not rt.namespaced):
+            raise errors.no_such_path()
+        if sub and sub not in rt.subresources:
+            raise errors.no_such_path()
+        if rt.namespaced and name is not None and namespace is None:
+            raise errors.no_such_path()
+        ns = namespace if rt.namespaced else ""
+        method = req.method
+        if name is None:
+            if method == "GET":
+                if req.query.get("watch") in TRUE:
+                    await self.watch(req, send, rt, version, namespace)
+                    return None
+                return self.list(req, rt, version, namespace)
+            if method == "POST":
+                return self.create(req, rt, version, ns)
+            if method == "DELETE":
+                return self.delete_collection(req, rt, namespace)
+            raise errors.method_not_allowed(method)
+        if sub == "log" and method == "GET":
+            return await self.pod_log(req, send, ns, name)
+        if sub == "binding" and method == "POST":
+            return self.binding(ns, name, req.json())
+        if sub == "eviction" and method == "POST":
+            return self.eviction(ns, name, req.json())
+        if method == "GET":
+            return self.out(rt, version, self.objects.get(rt, ns, name))
+        if method == "PUT":
+            body, warnings = self.decode_body(req, rt, version)
+            obj = self.objects.update(rt, body, ns, name, sub, dry_run=req.query.get("dryRun") == "All")
+            return self.out(rt, version, obj, warnings=warnings)
+        if method == "PATCH":
+            return self.patch(req, rt, version, ns, name, sub)
+        if method == "DELETE":
+            return self.delete(req, rt, version, ns, name)
+        raise errors.method_not_allowed(method)
+
+    # --- verbs ------------------------------------------------------------------------------
+    def out(self, rt: ResourceType, version: str, obj: dict, status: int = 200, warnings=None) -> Response:
+        want = rt.api_version(version)
+        if obj.get("apiVersion") != want:
+            obj = {**obj, "apiVersion": want}
+        return json_response(obj, status, warnings)
+
+    def decode_body(self, req: Request, rt: ResourceType, version: str) -> tuple[dict, list[str]]:
+        body = req.json()
+        if not isinstance(body, dict):
+            raise errors.bad_request(f"{rt.kind} in version \"{version}\" cannot be handled as a {rt.kind}: "
+                                     "the body is not a JSON object")
+        kind, api_version = body.get("kind"), body.get("apiVersion")
+        if kind and kind != rt.kind:
+            raise errors.bad_request(f'the kind "{kind}" of the request body does not match the kind "{rt.kind}" '
+                                     f"of the resource {rt.plural}; send it to that kind's endpoint")
+        if api_version and api_version != rt.api_version(version):
+            if not (rt.crd and api_version.rpartition("/")[2] in rt.versions and api_version.startswith(rt.group + "/")):
+                raise errors.bad_request(f'the API version in the data ({api_version}) does not match the expected '
+                                         f'API version ({rt.api_version(version)})')
+        validation = req.query.get("fieldValidation", "Warn")
+        if validation not in ("Strict", "Warn", "Ignore"):
+            raise errors.bad_request(f'fieldValidation must be one of "Ignore", "Warn" or "Strict", not "{validation}"')
+        obj, warnings = decode_object(rt, version, body, validation)
+        if rt.crd:
+            obj["apiVersion"] = rt.api_version()
+        return obj, warnings
+
+    def create(self, req: Request, rt: ResourceType, version: str, ns: str) -> Response:
+        body, warnings = self.decode_body(req, rt, version)
+        obj = self.objects.create(rt, body, ns or None, dry_run=req.query.get("dryRun") == "All")
+        return self.out(rt, version, obj, 201, warnings)
+
+    def patch(self, req: Request, rt: ResourceType, version: str, ns: str, name: str, sub: str) -> Response:
+        ctype = req.headers.get("content-type", "").split(";")[0].strip()
+        body = req.json()
+        warnings = []
+        if isinstance(body, dict) and ctype != "application/json-patch+json":
+            validation = req.query.get("fieldValidation", "Warn")
+            probe = {"metadata": {}, **body}
+            _, warnings = decode_object(rt, version, _strip_directives(probe), validation)
+        obj, created = self.objects.patch(rt, ns, name, body, ctype, sub, dry_run=req.query.get("dryRun") == "All")
+        return self.out(rt, version, obj, 201 if created else 200, warnings)
+
+    def _delete_options(self, req: Request) -> dict:
+        opts = {}
+        if req.body.strip():
+            opts = req.json()
+            if not isinstance(opts, dict):
+                raise errors.bad_request("DeleteOptions must be a JSON object")
+        for key in ("gracePeriodSeconds", "propagationPolicy"):
+            if key in req.query and opts.get(key) is None:
+                opts[key] = int(req.query[key]) if key == "gracePeriodSeconds" else req.query[key]
+        policy = opts.get("propagationPolicy")
+        if policy not in (None, "Orphan", "Background", "Foreground"):
+            raise errors.bad_request(f'propagationPolicy must be Orphan, Background or Foreground, not "{policy}"')
+        return opts
+
+    def delete(self, req: Request, rt: ResourceType, version: str, ns: str, name: str) -> Response:
+        opts = self._delete_options(req)
+        obj, gone = self.objects.delete(rt, ns, name, opts.get("gracePeriodSeconds"), opts.get("propagationPolicy"),
+                                        opts.get("preconditions"), dry_run=req.query.get("dryRun") == "All")
+        if gone and not rt.crd:
+            return json_response(errors.status_success(200, {"name": name, "group": rt.group, "kind": rt.plural,
+                                                             "uid": obj["metadata"]["uid"]}))
+        return self.out(rt, version, obj, 200 if gone else 202 if rt.crd else 200)
+
+    def delete_collection(self, req: Request, rt: ResourceType, namespace: str | None) -> Response:
+        opts = self._delete_options(req)
+        for obj in self._select(req, rt, namespace):
+            meta = obj["metadata"]
+            try:
+                self.objects.delete(rt, meta.get("namespace", ""), meta["name"], opts.get("gracePeriodSeconds"),
+                                    opts.get("propagationPolicy"))
+            except ApiError as exc:
+                if exc.code != 404:
+                    raise
+        return json_response(errors.status_success())
+
+    def _select(self, req: Request, rt: ResourceType, namespace: str | None) -> list[dict]:
+        lreqs = parse_label_selector(req.query.get("labelSelector"))
+        freqs = parse_field_selector(req.query.get("fieldSelector"), rt.kind)
+        out = []
+        for entry in self.store.entries(rt.key, namespace):
+            obj = entry.obj
+            if lreqs and not labels_match(lreqs, obj["metadata"].get("labels")):
+                continue
+            if freqs and not fields_match(freqs, obj):
+                continue
+            out.append(obj)
+        return out
+
+    def list(self, req: Request, rt: ResourceType, version: str, namespace: str | None) -> Response:
+        lreqs = parse_label_selector(req.query.get("labelSelector"))
+        freqs = parse_field_selector(req.query.get("fieldSelector"), rt.kind)
+        entries = self.store.entries(rt.key, namespace)
+        if lreqs or freqs:
+            entries = [e for e in entries if labels_match(lreqs, e.obj["metadata"].get("labels"))
+                       and fields_match(freqs, e.obj)]
+        entries.sort(key=lambda e: (e.obj["metadata"].get("namespace", ""), e.obj["metadata"]["name"]))
+        cont = req.query.get("continue")
+        if cont:
+            try:
+                after = tuple(decode(base64.urlsafe_b64decode(cont.encode())))
+            except Exception:
+                raise errors.bad_request("continue key is not valid: send the value from the previous list") from None
+            entries = [e for e in entries if (e.obj["metadata"].get("namespace", ""), e.obj["metadata"]["name"]) > after]
+        limit = int(req.query.get("limit") or 0)
+        next_token = None
+        if limit and len(entries) > limit:
+            entries = entries[:limit]
+            last = entries[-1].obj["metadata"]
+            next_token = base64.urlsafe_b64encode(encode([last.get("namespace", ""), last["name"]])).decode()
+        rv = str(self.store.rv)
+        if "as=Table" in req.headers.get("accept", ""):
+            table = discovery.to_table(rt, version, [e.obj for e in entries], rv,
+                                       req.query.get("includeObject", "Metadata"), next_token)
+            return json_response(table)
+        meta = {"resourceVersion": rv}
+        if next_token:
+            meta["continue"] = next_token
+        api_version = rt.api_version(version)
+        head = encode({"kind": rt.list_kind, "apiVersion": api_version, "metadata": meta})
+        if rt.crd and version != rt.versions[0]:
+            items = b",".join(encode({**e.obj, "apiVersion": api_version}) for e in entries)
+        else:
+            items = b",".join(e.raw for e in entries)
+        return Response(200, head[:-1] + b',"items":[' + items + b"]}")
+
+    # --- watch ------------------------------------------------------------------------------
+    async def watch(self, req: Request, send, rt: ResourceType, version: str, namespace: str | None) -> None:
+        lreqs = parse_label_selector(req.query.get("labelSelector"))
+        freqs = parse_field_selector(req.query.get("fieldSelector"), rt.kind)
+        rv_text = req.query.get("resourceVersion", "")
+        send_initial = req.query.get("sendInitialEvents") in TRUE
+        bookmarks = req.query.get("allowWatchBookmarks") in TRUE
+        timeout = float(req.query.get("timeoutSeconds") or 1800)
+        table = "as=Table" in req.headers.get("accept", "")
+        await send({"type": "http.response.start", "status": 200, "headers": JSON})
+        try:
+            since = int(rv_text) if rv_text not in ("", "0") and not send_initial else None
+        except ValueError:
+            since = -1
+        try:
+            if since == -1:
+                raise errors.bad_request(f'resourceVersion "{rv_text}" is not a number; send one from a list or watch')
+            initial = self.store.entries(rt.key, namespace) if since is None else None
+            watcher = self.store.watch(rt.key, namespace, lreqs, freqs, since, initial)
+        except ApiError as exc:
+            line = encode({"type": "ERROR", "object": exc.status()}) + b"\n"
+            await send({"type": "http.response.body", "body": line})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if send_initial:
+            watcher.queue.put_nowait(("BOOKMARK", self.store.rv, True))
+        api_version = rt.api_version(version)
+        convert = rt.crd and version != rt.versions[0]
+
+        async def ticker():
+            loop = asyncio.get_running_loop()
+            end = loop.time() + timeout
+            while True:
+                wait = min(self.bookmark_seconds, end - loop.time()) if bookmarks else end - loop.time()
+                if wait <= 0:
+                    watcher.close()
+                    return
+                await asyncio.sleep(wait)
+                if bookmarks and loop.time() < end:
+                    watcher.queue.put_nowait(("BOOKMARK", self.store.rv, False))
+
+        async def disconnect():
+            while True:
+                message = await req.receive()
+                if message["type"] == "http.disconnect":
+                    watcher.close()
+                    return
+
+        tasks = [asyncio.create_task(ticker()), asyncio.create_task(disconnect())]
+        self.watch_tasks.update(tasks)
+        first_table = True
+        try:
+            while True:
+                item = await watcher.queue.get()
+                batch = [item]
+                while not watcher.queue.empty() and len(batch) < 500:
+                    batch.append(watcher.queue.get_nowait())
+                lines = []
+                done = False
+                for item in batch:
+                    if item is None:
+                        done = True
+                        break
+                    etype = item[0]
+                    if etype == "BOOKMARK":
+                        meta = {"resourceVersion": str(item[1])}
+                        if item[2]:
+                            meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+                        lines.append(encode({"type": "BOOKMARK", "object": {"kind": rt.kind, "apiVersion": api_version,
+                                                                             "metadata": meta}}))
+                        continue
+                    entry = item[1]
+                    if table:
+                        t = discovery.to_table(rt, version, [entry.obj], entry.obj["metadata"]["resourceVersion"],
+                                               req.query.get("includeObject", "Metadata"), with_columns=first_table)
+                        first_table = False
+                        lines.append(encode({"type": etype, "object": t}))
+                    elif convert:
+                        lines.append(encode({"type": etype, "object": {**entry.obj, "apiVersion": api_version}}))
+                    else:
+                        lines.append(b'{"type":"' + etype.encode() + b'","object":' + entry.raw + b"}")
+                if lines:
+                    await send({"type": "http.response.body", "body": b"\n".join(lines) + b"\n", "more_body": True})
+                if done:
+                    break
+            await send({"type": "http.response.body", "body": b""})
+        except OSError:
+            pass
+        finally:
+            watcher.close()
+            for task in tasks:
+                task.cancel()
+                self.watch_tasks.discard(task)
+
+    # --- pod subresources -------------------------------------------------------------------
+    def binding(self, ns: str, name: str, body) -> Response:
+        if not isinstance(body, dict) or not isinstance(body.get("target"), dict) or not body["target"].get("name"):
+            raise errors.invalid("Binding", name, [("target.name", "FieldValueRequired", "Required value")])
+        uid = (body.get("metadata") or {}).get("uid")
+        self.objects.bind(ns, name, body["target"]["name"], uid)
+        return json_response(errors.status_success(201), 201)
+
+    def eviction(self, ns: str, name: str, body) -> Response:
+        if not isinstance(body, dict):
+            raise errors.bad_request("an Eviction must be a JSON object")
+        opts = body.get("deleteOptions") or {}
+        self.objects.evict(ns, name, opts.get("gracePeriodSeconds"))
+        return json_response(errors.status_success(201), 201)
+
+    async def pod_log(self, req: Request, send, ns: str, name: str) -> Response | None:
+        pod = self.store.get("/pods", ns, name)
+        if pod is None:
+            raise errors.not_found("pods", name)
+        containers = [c["name"] for c in pod["spec"].get("containers") or []]
+        container = req.query.get("container") or ""
+        if not container:
+            if len(containers) != 1:
+                raise errors.bad_request(f"a container name must be specified for pod {name}, choose one of: {containers}")
+            container = containers[0]
+        elif container not in containers + [c["name"] for c in pod["spec"].get("initContainers") or []]:
+            raise errors.bad_request(f"container {container} is not valid for pod {name}")
+        if self.log_source is None:
+            raise errors.bad_request("this server runs no kubelet")
+        stream = self.log_source(ns, name, container, req.query)  # raises ApiError if not started
+        first = await anext(stream, None)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        try:
+            chunk = first
+            while chunk is not None:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                chunk = await anext(stream, None)
+            await send({"type": "http.response.body", "body": b""})
+        except OSError:
+            pass
+        finally:
+            await stream.aclose()
+        return None
+
+
+def _strip_directives(obj):
+    if isinstance(obj, dict):
+        return {k: _strip_directives(v) for k, v in obj.items() if not k.startswith("$")}
+    if isinstance(obj, list):
+        return [_strip_directives(v) for v in obj if not (isinstance(v, dict) and "$patch" in v and len(v) <= 2)]
+    return obj

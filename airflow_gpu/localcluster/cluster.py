@@ -1,0 +1,248 @@
+"""LocalCluster: API server + kubelets + default scheduler + controllers in one asyncio process.
+
+`airflow-gpu cluster up` runs one in the foreground. Its state dir holds the store log (state kept
+across restarts), each pod's working directory and logs, `kubeconfig` and `cluster.json` (pid, server,
+token) which `airflow-gpu cluster interrupt` and `airflow_gpu.localcluster.control` read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+
+import uvicorn
+import yaml
+
+from airflow_gpu.localcluster import errors
+from airflow_gpu.localcluster.apiserver import APIServer
+from airflow_gpu.localcluster.controllers import Controllers
+from airflow_gpu.localcluster.events import Recorder
+from airflow_gpu.localcluster.faults import Faults
+from airflow_gpu.localcluster.kubelet import Kubelet
+from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
+from airflow_gpu.localcluster.resources import CRD_KEY, Registry
+from airflow_gpu.localcluster.scheduler import DefaultScheduler
+from airflow_gpu.localcluster.spec import ClusterSpec, initial_nodes, node_manifest
+from airflow_gpu.localcluster.store import Store
+
+log = logging.getLogger(__name__)
+BUNDLED_CRDS = sorted((Path(__file__).parent / "crds").glob("*.yaml"))
+NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+SYSTEM_PRIORITY_CLASSES = (("system-node-critical", 2000001000), ("system-cluster-critical", 2000000000))
+CONTEXT = "airflow-gpu-local"
+
+
+class LocalCluster:
+    def __init__(self, spec: ClusterSpec, state_dir: str | Path, port: int = 0, token: str | None = None,
+                 bookmark_seconds: float = 5.0):
+        self.spec = spec
+        self.state_dir = Path(state_dir).resolve()
+        self.port = port
+        self.token = token
+        self.bookmark_seconds = bookmark_seconds
+        self._server: uvicorn.Server | None = None
+        self._serve_task: asyncio.Task | None = None
+        self._sock: socket.socket | None = None
+        self.stopped = asyncio.Event()
+
+    @property
+    def server_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    # --- start / stop ------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", self.port))
+        self.port = self._sock.getsockname()[1]
+        self.store = Store(self.state_dir)
+        restored = self.store.load()
+        self.registry = Registry()
+        self.registry.sync_crds(self.store.values(CRD_KEY))
+        self.store.listeners.append(self._on_crd)
+        self.objects = ObjectAPI(self.store, self.registry)
+        self.events = Recorder(self.objects)
+        self.kubelet = Kubelet(self.store, self.objects, self.events, self.state_dir, f"127.0.0.1:{self.port}",
+                               self.spec.sim_default_seconds)
+        self.controllers = Controllers(self.objects, self.events, self.spec.pod_gc_seconds)
+        self.scheduler = DefaultScheduler(self.objects, self.events)
+        self.faults = Faults(self)
+        self._bootstrap(restored)
+        self.controllers.rebuild()
+        for node in self.store.values("/nodes"):
+            self.kubelet._register_node(node)
+        self._recover_pods(restored)
+        self.kubelet.resync()
+        self.scheduler.start()
+        self.scheduler._wake.set()
+        self.api = APIServer(self.store, self.registry, self.objects, f"127.0.0.1:{self.port}", self.token,
+                             self.kubelet.logs, self.control, self.bookmark_seconds)
+        await self._serve()
+        self._write_kubeconfig()
+
+    def _on_crd(self, etype: str, key: str, obj: dict, old: dict | None) -> None:
+        if key == CRD_KEY:
+            self.registry.sync_crds(self.store.values(CRD_KEY))
+
+    def _bootstrap(self, restored: bool) -> None:
+        ns_rt = self.registry.by_key("/namespaces")
+        for name in NAMESPACES:
+            if self.store.get("/namespaces", "", name) is None:
+                self.objects.create(ns_rt, {"metadata": {"name": name}}, admit=False)
+        pc_rt = self.registry.by_key("scheduling.k8s.io/priorityclasses")
+        for name, value in SYSTEM_PRIORITY_CLASSES:
+            if self.store.get(pc_rt.key, "", name) is None:
+                self.objects.create(pc_rt, {"metadata": {"name": name}, "value": value,
+                                            "description": "Used for system critical pods that must not be moved from their current node."},
+                                    admit=False)
+        crd_rt = self.registry.by_key(CRD_KEY)
+        for path in BUNDLED_CRDS + [Path(p) for p in self.spec.crds]:
+            for doc in yaml.safe_load_all(path.read_text()):
+                if doc and doc.get("kind") == "CustomResourceDefinition" and \
+                        self.store.get(CRD_KEY, "", doc["metadata"]["name"]) is None:
+                    self.objects.create(crd_rt, doc, admit=False)
+        if not restored:
+            node_rt = self.registry.by_key("/nodes")
+            for manifest in initial_nodes(self.spec):
+                self.add_node(manifest, node_rt)
+
+    def add_node(self, manifest: dict, node_rt=None) -> dict:
+        node_rt = node_rt or self.registry.by_key("/nodes")
+        manifest["status"] = self.kubelet.node_status(manifest)
+        node = self.objects.create(node_rt, manifest, admit=False)
+        self.events.record(node, "Normal", "RegisteredNode", f"Node {node['metadata']['name']} event: Registered Node "
+                           f"{node['metadata']['name']} in Controller", "node-controller")
+        return node
+
+    def add_replacement_node(self, old_name: str) -> dict | None:
+        pool_name = old_name.rsplit("-", 1)[0]
+        pool = next((p for p in self.spec.pools if p.name == pool_name), None)
+        if pool is None:
+            return None
+        # never reuse a name: pods still bound to the old node would look as if they ran on the new one
+        used = self.state_dir / "used-node-names"
+        used.mkdir(exist_ok=True)
+        taken = {n["metadata"]["name"] for n in self.store.values("/nodes")}
+        index = pool.count
+        while f"{pool.name}-{index}" in taken or (used / f"{pool.name}-{index}").exists():
+            index += 1
+        (used / f"{pool.name}-{index}").touch()
+        number = sum(p.count for p in self.spec.pools) + index
+        return self.add_node(node_manifest(self.spec, pool, index, number))
+
+    def _recover_pods(self, restored: bool) -> None:
+        """After a cold restart the pod processes are gone: like a rebooted node, pods that must not
+        restart (restartPolicy Never) end Failed; the others are started again by their kubelet."""
+        if not restored:
+            return
+        for pod in self.store.values("/pods"):
+            status = pod.get("status") or {}
+            if pod["spec"].get("nodeName") and status.get("startTime") and status.get("phase") not in ("Succeeded", "Failed"):
+                new = deep_copy(pod)
+                if pod["spec"].get("restartPolicy") == "Never" or pod["metadata"].get("deletionTimestamp"):
+                    new["status"].update(phase="Failed", reason="NodeRestart",
+                                         message="the local cluster was restarted; the pod's processes were stopped")
+                    self.objects.update_status("/pods", new)
+                    if pod["metadata"].get("deletionTimestamp"):
+                        self.store.delete("/pods", pod["metadata"]["namespace"], pod["metadata"]["name"], "pods")
+                else:
+                    new["status"] = {k: v for k, v in status.items() if k in ("conditions", "qosClass")}
+                    new["status"]["phase"] = "Pending"
+                    self.objects.update_status("/pods", new)
+
+    async def _serve(self) -> None:
+        config = uvicorn.Config(self.api, host="127.0.0.1", port=self.port, http="httptools", loop="none",
+                                lifespan="off", log_level="warning", access_log=False, timeout_keep_alive=120,
+                                timeout_graceful_shutdown=2, backlog=2048)
+        self._server = uvicorn.Server(config)
+        sock = self._sock
+        self._serve_task = asyncio.get_running_loop().create_task(self._server._serve(sockets=[sock]))
+        while not self._server.started:
+            if self._serve_task.done():
+                self._serve_task.result()
+            await asyncio.sleep(0.01)
+
+    async def _stop_serving(self) -> None:
+        if self._server is None:
+            return
+        self.store.close_watchers()
+        self._server.should_exit = True
+        try:
+            await asyncio.wait_for(self._serve_task, 5)
+        except (asyncio.TimeoutError, Exception):
+            pass
+        self._server = None
+
+    async def restart_apiserver(self, down_seconds: float = 0.5) -> None:
+        """Stop serving, drop the in-memory state, reload it from the state dir, serve again on the
+        same port. Watches end (clients re-watch from their last resourceVersion); pods keep running."""
+        await self._stop_serving()
+        await asyncio.sleep(down_seconds)
+        self.store.load()
+        self.registry.sync_crds(self.store.values(CRD_KEY))
+        self.controllers.rebuild()
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", self.port))
+        await self._serve()
+        self.kubelet.resync()
+
+    async def stop(self) -> None:
+        await self.scheduler.stop()
+        await self.kubelet.close()
+        await self._stop_serving()
+        for task in list(self.faults.tasks):
+            task.cancel()
+        self.store.close()
+        self.stopped.set()
+
+    # --- control endpoint (faults from the CLI / Python) ------------------------------------------
+    async def control(self, action: str, body: dict) -> dict:
+        if action == "interrupt":
+            return self.faults.interrupt(_required(body, "node"), float(body.get("notice", 120)),
+                                         None if body.get("replaceAfter") is None else float(body["replaceAfter"]),
+                                         body.get("mode", "eviction"))
+        if action == "not-ready":
+            seconds = body.get("seconds")
+            return self.faults.not_ready(_required(body, "node"), None if seconds is None else float(seconds))
+        if action == "ready":
+            return self.faults.ready(_required(body, "node"))
+        if action == "restart-apiserver":
+            down = float(body.get("downSeconds", 0.5))
+            asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(self.restart_apiserver(down)))
+            return {"restarting": True, "downSeconds": down}
+        raise errors.no_such_path()
+
+    # --- files ---------------------------------------------------------------------------------
+    def _write_kubeconfig(self) -> None:
+        user = {"token": self.token} if self.token else {}
+        config = {
+            "apiVersion": "v1", "kind": "Config", "preferences": {},
+            "clusters": [{"name": CONTEXT, "cluster": {"server": self.server_url}}],
+            "users": [{"name": CONTEXT, "user": user}],
+            "contexts": [{"name": CONTEXT, "context": {"cluster": CONTEXT, "user": CONTEXT, "namespace": "default"}}],
+            "current-context": CONTEXT,
+        }
+        tmp = self.kubeconfig_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, self.kubeconfig_path)
+        info = {"pid": os.getpid(), "server": self.server_url, "token": self.token,
+                "kubeconfig": str(self.kubeconfig_path), "name": self.spec.name}
+        (self.state_dir / "cluster.json").write_text(json.dumps(info, indent=2))
+
+
+def _required(body: dict, key: str) -> str:
+    value = body.get(key)
+    if not value:
+        raise errors.bad_request(f"{key} is required")
+    return value

@@ -1,0 +1,673 @@
+"""Kubelet for every simulated node: runs bound pods as local processes and reports their status.
+
+A container with a command is a subprocess in its own process group (so signals reach everything
+it starts), in a working directory of its own under the state dir, with the pod's environment; its
+stdout/stderr is its log. A container without a command is simulated: it "runs" for the seconds in
+the ANNOTATION_SIM_DURATION annotation (or until the pod is deleted) and exits with
+ANNOTATION_SIM_EXIT_CODE. Deletion follows the kubelet: SIGTERM, the grace period, SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import re
+import shutil
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from airflow_gpu import constants as C
+from airflow_gpu.localcluster import errors
+from airflow_gpu.localcluster.events import Recorder
+from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
+from airflow_gpu.localcluster.podutil import container_requests, is_terminal, now_iso, pod_requests, quantity, set_condition
+from airflow_gpu.localcluster.store import Store
+
+log = logging.getLogger(__name__)
+POD_KEY = "/pods"
+NODE_KEY = "/nodes"
+VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+
+
+@dataclass
+class ContainerRun:
+    name: str
+    spec: dict
+    init: bool = False
+    proc: asyncio.subprocess.Process | None = None
+    log_path: Path | None = None
+    restarts: int = 0
+    running: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    exit_code: int | None = None
+    stop: asyncio.Event = field(default_factory=asyncio.Event)  # simulated containers wait on this
+    started_at: str | None = None
+    finished_at: str | None = None
+    reason: str | None = None  # terminated reason other than Completed/Error (StartError)
+    message: str | None = None
+    last_state: dict | None = None
+
+
+@dataclass
+class PodRun:
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    workdir: Path
+    containers: dict[str, ContainerRun] = field(default_factory=dict)
+    task: asyncio.Task | None = None
+    terminating: bool = False
+    terminate_grace: float = 30.0
+    terminate_reason: tuple[str, str] | None = None  # (reason, message) of the pod when it ends
+    terminated: asyncio.Event = field(default_factory=asyncio.Event)  # termination was asked for
+    ended: asyncio.Event = field(default_factory=asyncio.Event)  # every container has stopped
+    gpus: list[str] = field(default_factory=list)
+    finished: bool = False
+
+
+class Kubelet:
+    """All nodes' kubelets in one object; per node it tracks responsiveness and device allocation."""
+
+    def __init__(self, store: Store, objects: ObjectAPI, events: Recorder, state_dir: Path, api_address: str,
+                 sim_default_seconds: float | None = None):
+        self.store, self.objects, self.events = store, objects, events
+        self.pods_dir = state_dir / "pods"
+        self.api_address = api_address
+        self.sim_default_seconds = sim_default_seconds
+        self.runs: dict[str, PodRun] = {}  # by pod uid
+        self.unresponsive: set[str] = set()  # nodes whose kubelet does not talk to the API (NotReady fault)
+        self.free_gpus: dict[str, list[str]] = {}
+        self._pending: set[tuple[str, str]] = set()
+        self._closed = False
+        self._ip_counter: dict[str, int] = {}
+        store.listeners.append(self._on_event)
+
+    # --- reconcile ---------------------------------------------------------------------------
+    def _on_event(self, etype: str, key: str, obj: dict, old: dict | None) -> None:
+        if key == NODE_KEY and etype == "ADDED":
+            self._register_node(obj)
+        if key != POD_KEY or self._closed:
+            return
+        if etype == "DELETED":
+            run = self.runs.get(obj["metadata"]["uid"])
+            if run is not None and run.finished:
+                self.runs.pop(run.uid, None)
+            elif run is not None and not run.terminating:
+                self._terminate(run, 0)  # force deletion: the kubelet kills what is left
+            return
+        node = (obj.get("spec") or {}).get("nodeName")
+        if not node:
+            return
+        ident = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        if ident not in self._pending:
+            self._pending.add(ident)
+            asyncio.get_running_loop().call_soon(self._sync, ident)
+
+    def resync(self) -> None:
+        for pod in self.store.values(POD_KEY):
+            if (pod.get("spec") or {}).get("nodeName"):
+                self._sync((pod["metadata"]["namespace"], pod["metadata"]["name"]))
+
+    def _sync(self, ident: tuple[str, str]) -> None:
+        self._pending.discard(ident)
+        pod = self.store.get(POD_KEY, *ident)
+        if pod is None or self._closed:
+            return
+        node = pod["spec"].get("nodeName")
+        if node in self.unresponsive or self.store.get(NODE_KEY, "", node) is None:
+            return
+        uid = pod["metadata"]["uid"]
+        run = self.runs.get(uid)
+        deleting = pod["metadata"].get("deletionTimestamp")
+        if deleting:
+            grace = pod["metadata"].get("deletionGracePeriodSeconds", 0)
+            if run is None or run.finished:
+                self._finish_deletion(pod)
+            elif not run.terminating or grace < run.terminate_grace:
+                self._terminate(run, grace)
+            return
+        if run is None and not is_terminal(pod):
+            self._start(pod)
+
+    def _finish_deletion(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        if meta.get("finalizers"):
+            return
+        try:
+            self.store.delete(POD_KEY, meta["namespace"], meta["name"], "pods")
+        except errors.ApiError:
+            pass
+        run = self.runs.pop(meta["uid"], None)
+        if run is not None:
+            self._release(run)
+
+    # --- nodes -------------------------------------------------------------------------------
+    def _register_node(self, node: dict) -> None:
+        name = node["metadata"]["name"]
+        count = int(node["metadata"].get("labels", {}).get(C.NODE_GPU_COUNT, "0") or 0)
+        mig = {k: int(v) for k, v in (node.get("status") or {}).get("allocatable", {}).items()
+               if k.startswith(C.RESOURCE_MIG_PREFIX)}
+        whole = int((node.get("status") or {}).get("allocatable", {}).get(C.RESOURCE_GPU, count) or 0)
+        devices = [f"GPU-{name}-{i}" for i in range(whole)]
+        for profile, n in mig.items():
+            devices += [f"MIG-{name}-{profile[len(C.RESOURCE_MIG_PREFIX):]}-{i}" for i in range(n)]
+        self.free_gpus[name] = devices
+
+    def node_status(self, node: dict, ready: bool = True) -> dict:
+        """Status a healthy kubelet reports for its node (conditions, addresses, nodeInfo)."""
+        status = dict(node.get("status") or {})
+        now = now_iso()
+        conditions = []
+        for ctype, reason, message in (
+            ("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+            ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+            ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+        ):
+            conditions.append({"type": ctype, "status": "False", "reason": reason, "message": message,
+                               "lastHeartbeatTime": now, "lastTransitionTime": now})
+        conditions.append({"type": "Ready", "status": "True" if ready else "Unknown",
+                           "reason": "KubeletReady" if ready else "NodeStatusUnknown",
+                           "message": "kubelet is posting ready status" if ready else "Kubelet stopped posting node status.",
+                           "lastHeartbeatTime": now, "lastTransitionTime": now})
+        status["conditions"] = conditions
+        status["addresses"] = [{"type": "InternalIP", "address": "127.0.0.1"},
+                               {"type": "Hostname", "address": node["metadata"]["name"]}]
+        status["nodeInfo"] = {"kubeletVersion": "v1.32.0", "kubeProxyVersion": "v1.32.0", "osImage": "airflow-gpu local",
+                              "kernelVersion": os.uname().release, "operatingSystem": "linux", "architecture": "amd64",
+                              "containerRuntimeVersion": "local-process://1", "machineID": "", "systemUUID": "",
+                              "bootID": ""}
+        status["daemonEndpoints"] = {"kubeletEndpoint": {"Port": 10250}}
+        status["phase"] = "Running"
+        return status
+
+    def _pod_ip(self, node: dict) -> str:
+        cidr = (node.get("spec") or {}).get("podCIDR", "127.100.0.0/24")
+        base = cidr.split("/")[0].rsplit(".", 1)[0]
+        n = self._ip_counter.get(base, 1) % 253 + 1
+        self._ip_counter[base] = n
+        return f"{base}.{n}"
+
+    # --- pod start -----------------------------------------------------------------------------
+    def _start(self, pod: dict) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        node = self.store.get(NODE_KEY, "", spec["nodeName"])
+        rejection = self._admit(pod, node)
+        if rejection:
+            reason, message = rejection
+            new = deep_copy(pod)
+            new["status"].update(phase="Failed", reason=reason, message=message)
+            self.objects.update_status(POD_KEY, new)
+            self.events.pod(pod, "Warning", reason, message)
+            return
+        workdir = self.pods_dir / meta["namespace"] / f"{meta['name']}-{meta['uid'][:8]}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        run = PodRun(meta["uid"], meta["namespace"], meta["name"], spec["nodeName"], workdir)
+        for c in spec.get("initContainers") or []:
+            run.containers[c["name"]] = ContainerRun(c["name"], c, init=True)
+        for c in spec.get("containers") or []:
+            run.containers[c["name"]] = ContainerRun(c["name"], c)
+        wanted = int(sum(v for k, v in pod_requests(pod).items()
+                         if k == C.RESOURCE_GPU or k.startswith(C.RESOURCE_MIG_PREFIX)))
+        if wanted:
+            kinds = {k for k in pod_requests(pod) if k == C.RESOURCE_GPU or k.startswith(C.RESOURCE_MIG_PREFIX)}
+            free = self.free_gpus.get(run.node, [])
+            for kind in kinds:
+                need = int(pod_requests(pod)[kind])
+                prefix = f"GPU-{run.node}-" if kind == C.RESOURCE_GPU else f"MIG-{run.node}-{kind[len(C.RESOURCE_MIG_PREFIX):]}-"
+                take = [d for d in free if d.startswith(prefix)][:need]
+                for d in take:
+                    free.remove(d)
+                run.gpus += take
+        self.runs[run.uid] = run
+        run.task = asyncio.get_running_loop().create_task(self._run_pod(run, node))
+
+    def _admit(self, pod: dict, node: dict) -> tuple[str, str] | None:
+        """The kubelet's own admission: a pod over the node's allocatable is rejected (OutOf<resource>)."""
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        used: dict = {}
+        for run in self.runs.values():
+            if run.node == node["metadata"]["name"] and not run.finished:
+                other = self.store.get(POD_KEY, run.namespace, run.name)
+                if other is not None:
+                    for k, v in pod_requests(other).items():
+                        used[k] = used.get(k, 0) + v
+        for name, value in pod_requests(pod).items():
+            if name not in allocatable:
+                if name.startswith("nvidia.com/") and value > 0:
+                    return (f"OutOf{name}", f"Pod was rejected: Node didn't have enough resource: {name}, "
+                                            f"requested: {value}, used: 0, capacity: 0")
+                continue
+            cap = quantity(allocatable[name])
+            if used.get(name, 0) + value > cap:
+                return (f"OutOf{name}", f"Pod was rejected: Node didn't have enough resource: {name}, requested: "
+                                        f"{value}, used: {used.get(name, 0)}, capacity: {cap}")
+        return None
+
+    def _write(self, run: PodRun, mutate) -> dict | None:
+        """Apply mutate(status, pod) to a fresh copy of the pod and store it (no await in between)."""
+        pod = self.store.get(POD_KEY, run.namespace, run.name)
+        if pod is None or pod["metadata"]["uid"] != run.uid:
+            return None
+        new = deep_copy(pod)
+        new.setdefault("status", {})
+        mutate(new["status"], new)
+        if new["status"] != pod.get("status"):
+            return self.objects.update_status(POD_KEY, new)
+        return pod
+
+    def _container_status(self, c: ContainerRun, pod: dict) -> dict:
+        status = {"name": c.name, "image": c.spec.get("image", ""), "imageID": f"local://{c.spec.get('image', '')}",
+                  "containerID": f"local://{pod['metadata']['uid'][:8]}-{c.name}-{c.restarts}",
+                  "restartCount": c.restarts, "ready": c.running and not c.init, "started": c.running}
+        if c.running:
+            status["state"] = {"running": {"startedAt": c.started_at}}
+        elif c.exit_code is not None:
+            status["state"] = {"terminated": self._terminated_state(c)}
+        else:
+            status["state"] = {"waiting": {"reason": "PodInitializing" if not c.init else "ContainerCreating"}}
+        if c.last_state:
+            status["lastState"] = {"terminated": c.last_state}
+        return status
+
+    @staticmethod
+    def _terminated_state(c: ContainerRun) -> dict:
+        code = c.exit_code
+        reason = c.reason or ("Completed" if code == 0 else "Error")
+        state = {"exitCode": code, "reason": reason, "startedAt": c.started_at, "finishedAt": c.finished_at or now_iso(),
+                 "containerID": f"local://{c.name}-{c.restarts}"}
+        if c.message:
+            state["message"] = c.message
+        return state
+
+    def _refresh_statuses(self, run: PodRun, extra=None) -> None:
+        def mutate(status, pod):
+            status["containerStatuses"] = [
+                self._container_status(c, pod) for c in run.containers.values() if not c.init]
+            inits = [self._container_status(c, pod) for c in run.containers.values() if c.init]
+            if inits:
+                status["initContainerStatuses"] = inits
+            mains = [c for c in run.containers.values() if not c.init]
+            all_ready = all(c.running for c in mains) and not run.terminating
+            set_condition(status, "ContainersReady", "True" if all_ready else "False",
+                          None if all_ready else "ContainersNotReady",
+                          None if all_ready else f"containers with unready status: [{' '.join(c.name for c in mains if not c.running)}]")
+            set_condition(status, "Ready", "True" if all_ready else "False",
+                          None if all_ready else "ContainersNotReady",
+                          None if all_ready else f"containers with unready status: [{' '.join(c.name for c in mains if not c.running)}]")
+            if extra:
+                extra(status, pod)
+        self._write(run, mutate)
+
+    async def _run_pod(self, run: PodRun, node: dict) -> None:
+        try:
+            await self._run_pod_inner(run, node)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("kubelet: pod %s/%s failed", run.namespace, run.name)
+        finally:
+            run.finished = True
+            run.terminated.set()
+            run.ended.set()
+            self._release(run)
+            pod = self.store.get(POD_KEY, run.namespace, run.name)
+            if pod is None or pod["metadata"]["uid"] != run.uid:
+                self.runs.pop(run.uid, None)
+            elif pod["metadata"].get("deletionTimestamp") and not self._closed and run.node not in self.unresponsive:
+                self._finish_deletion(pod)
+
+    async def _run_pod_inner(self, run: PodRun, node: dict) -> None:
+        pod_ip = self._pod_ip(node)
+
+        def started(status, pod):
+            status.update(phase="Pending", hostIP="127.0.0.1", hostIPs=[{"ip": "127.0.0.1"}], podIP=pod_ip,
+                          podIPs=[{"ip": pod_ip}], startTime=status.get("startTime") or now_iso())
+            set_condition(status, "PodReadyToStartContainers", "True")
+            set_condition(status, "PodScheduled", "True")
+            has_init = any(c.init for c in run.containers.values())
+            set_condition(status, "Initialized", "False" if has_init else "True",
+                          "ContainersNotInitialized" if has_init else None,
+                          "containers with incomplete status: [" + " ".join(c.name for c in run.containers.values() if c.init) + "]" if has_init else None)
+        self._refresh_statuses(run, started)
+        pod = self.store.get(POD_KEY, run.namespace, run.name)
+        if pod is None:
+            return
+        spec = pod["spec"]
+        policy = spec.get("restartPolicy", "Always")
+        deadline = spec.get("activeDeadlineSeconds")
+        deadline_task = None
+        if deadline:
+            deadline_task = asyncio.get_running_loop().call_later(deadline, self._deadline, run)
+        try:
+            # init containers, one after the other
+            for c in [c for c in run.containers.values() if c.init]:
+                while True:
+                    if run.terminating:
+                        return await self._finish(run)
+                    await self._run_container(run, c, pod)
+                    if c.exit_code == 0 or run.terminating:
+                        break
+                    if policy == "Never":
+                        return await self._finish(run)
+                    c.last_state, c.exit_code = self._terminated_state(c), None
+                    c.restarts += 1
+                    await self._backoff(run, c)
+            if run.terminating:
+                return await self._finish(run)
+            self._refresh_statuses(run, lambda s, p: set_condition(s, "Initialized", "True"))
+            mains = [c for c in run.containers.values() if not c.init]
+            await asyncio.gather(*(self._supervise(run, c, pod, policy) for c in mains))
+            await self._finish(run)
+        finally:
+            if deadline_task is not None:
+                deadline_task.cancel()
+
+    async def _supervise(self, run: PodRun, c: ContainerRun, pod: dict, policy: str) -> None:
+        while True:
+            await self._run_container(run, c, pod)
+            if run.terminating:
+                return
+            if policy == "Never" or (policy == "OnFailure" and c.exit_code == 0):
+                return
+            c.last_state = self._terminated_state(c)
+            c.exit_code = None
+            c.restarts += 1
+            await self._backoff(run, c)
+            if run.terminating:
+                return
+
+    async def _backoff(self, run: PodRun, c: ContainerRun) -> None:
+        delay = min(10.0, 0.5 * 2 ** min(c.restarts, 5))
+
+        def waiting(status, pod):
+            for cs in status.get("containerStatuses", []) + status.get("initContainerStatuses", []):
+                if cs["name"] == c.name:
+                    cs["state"] = {"waiting": {"reason": "CrashLoopBackOff",
+                                               "message": f"back-off {delay:.0f}s restarting failed container={c.name} pod={run.name}"}}
+        self._refresh_statuses(run, waiting)
+        try:
+            await asyncio.wait_for(run.terminated.wait(), delay)
+        except asyncio.TimeoutError:
+            pass
+
+    def _env(self, run: PodRun, c: ContainerRun, pod: dict) -> dict[str, str]:
+        env = {
+            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "HOME": str(run.workdir), "HOSTNAME": run.name, "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "KUBERNETES_SERVICE_HOST": self.api_address.split(":")[0],
+            "KUBERNETES_SERVICE_PORT": self.api_address.split(":")[1],
+        }
+        if run.gpus:
+            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(run.gpus)
+        for src in c.spec.get("envFrom") or []:
+            prefix = src.get("prefix", "")
+            data = self._source_data(run.namespace, src.get("configMapRef"), src.get("secretRef"))
+            for k, v in data.items():
+                env[prefix + k] = v
+        for item in c.spec.get("env") or []:
+            name = item.get("name")
+            if "value" in item:
+                env[name] = VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), str(item.get("value") or ""))
+            elif item.get("valueFrom"):
+                value = self._value_from(item["valueFrom"], run, c, pod)
+                if value is not None:
+                    env[name] = value
+        return env
+
+    def _source_data(self, ns: str, cm_ref: dict | None, secret_ref: dict | None) -> dict[str, str]:
+        if cm_ref:
+            cm = self.store.get("/configmaps", ns, cm_ref.get("name", ""))
+            return dict((cm or {}).get("data") or {})
+        if secret_ref:
+            secret = self.store.get("/secrets", ns, secret_ref.get("name", ""))
+            data = {k: base64.b64decode(v).decode(errors="replace") for k, v in ((secret or {}).get("data") or {}).items()}
+            data.update((secret or {}).get("stringData") or {})
+            return data
+        return {}
+
+    def _value_from(self, source: dict, run: PodRun, c: ContainerRun, pod: dict) -> str | None:
+        if "fieldRef" in source:
+            path = source["fieldRef"].get("fieldPath", "")
+            current = self.store.get(POD_KEY, run.namespace, run.name) or pod
+            m = re.match(r"^metadata\.(labels|annotations)\['(.+)'\]$", path)
+            if m:
+                return (current["metadata"].get(m.group(1)) or {}).get(m.group(2), "")
+            if path in ("metadata.labels", "metadata.annotations"):
+                items = current["metadata"].get(path.split(".")[1]) or {}
+                return "\n".join(f'{k}="{v}"' for k, v in sorted(items.items()))
+            simple = {"metadata.name": current["metadata"]["name"], "metadata.namespace": current["metadata"]["namespace"],
+                      "metadata.uid": current["metadata"]["uid"], "spec.nodeName": current["spec"].get("nodeName", ""),
+                      "spec.serviceAccountName": current["spec"].get("serviceAccountName", ""),
+                      "status.podIP": (current.get("status") or {}).get("podIP", ""),
+                      "status.hostIP": (current.get("status") or {}).get("hostIP", ""),
+                      "status.podIPs": (current.get("status") or {}).get("podIP", ""),
+                      "status.hostIPs": (current.get("status") or {}).get("hostIP", "")}
+            return simple.get(path, "")
+        if "resourceFieldRef" in source:
+            ref = source["resourceFieldRef"]
+            target = run.containers.get(ref.get("containerName") or c.name, c)
+            kind, _, res = ref.get("resource", "").partition(".")
+            values = (target.spec.get("resources") or {}).get(kind) or {}
+            if res not in values:
+                if kind == "limits":  # unset limit -> node allocatable
+                    node = self.store.get(NODE_KEY, "", run.node) or {}
+                    values = (node.get("status") or {}).get("allocatable") or {}
+                else:
+                    return "0"
+            divisor = quantity(ref.get("divisor") or "1")
+            value = quantity(values.get(res, "0")) / divisor
+            return str(int(-(-value // 1)))  # ceiling, as the kubelet does
+        if "configMapKeyRef" in source or "secretKeyRef" in source:
+            ref = source.get("configMapKeyRef") or source.get("secretKeyRef")
+            data = self._source_data(run.namespace, source.get("configMapKeyRef") and ref, source.get("secretKeyRef") and ref)
+            if ref.get("key") not in data and not ref.get("optional"):
+                return ""
+            return data.get(ref.get("key"))
+        return None
+
+    async def _run_container(self, run: PodRun, c: ContainerRun, pod: dict) -> None:
+        c.done = asyncio.Event()
+        c.stop = asyncio.Event()
+        c.reason = c.message = None
+        c.log_path = run.workdir / f"{c.name}.{c.restarts}.log"
+        command = list(c.spec.get("command") or []) + list(c.spec.get("args") or [])
+        env = self._env(run, c, pod)
+        command = [VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), str(a)) for a in command]
+        image = c.spec.get("image", "")
+        self.events.pod(pod, "Normal", "Pulled", f'Container image "{image}" already present on machine',
+                        field_path=f"spec.containers{{{c.name}}}")
+        c.started_at = now_iso()
+        if command:
+            logf = open(c.log_path, "ab")
+            try:
+                c.proc = await asyncio.create_subprocess_exec(
+                    *command, cwd=str(run.workdir), env=env, stdin=asyncio.subprocess.DEVNULL, stdout=logf,
+                    stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            except OSError as exc:
+                logf.close()
+                c.exit_code, c.reason = 128, "StartError"
+                c.message = f'failed to create task for container: exec: "{command[0]}": {exc.strerror}'
+                c.finished_at = now_iso()
+                c.done.set()
+                self.events.pod(pod, "Warning", "Failed", f"Error: {c.message}", field_path=f"spec.containers{{{c.name}}}")
+                self._refresh_statuses(run)
+                return
+            logf.close()
+        else:
+            c.log_path.write_text(f"simulated container {c.name} (image {image}) started at {c.started_at}\n")
+            c.proc = None
+        self.events.pod(pod, "Normal", "Created", f"Created container {c.name}", field_path=f"spec.containers{{{c.name}}}")
+        self.events.pod(pod, "Normal", "Started", f"Started container {c.name}", field_path=f"spec.containers{{{c.name}}}")
+        c.running = True
+
+        def running(status, p):
+            if not c.init:
+                status["phase"] = "Running"
+        self._refresh_statuses(run, running)
+        if c.proc is not None:
+            code = await c.proc.wait()
+            c.exit_code = 128 - code if code < 0 else code  # killed by signal N -> 128+N
+        else:
+            annotations = pod["metadata"].get("annotations") or {}
+            seconds = annotations.get(C.ANNOTATION_SIM_DURATION)
+            seconds = float(seconds) if seconds not in (None, "") else self.sim_default_seconds
+            try:
+                await asyncio.wait_for(c.stop.wait(), seconds)
+                c.exit_code = 128 + signal.SIGTERM
+            except asyncio.TimeoutError:
+                c.exit_code = int(annotations.get(C.ANNOTATION_SIM_EXIT_CODE, "0") or 0)
+            with open(c.log_path, "a") as fh:
+                fh.write(f"simulated container {c.name} exited with code {c.exit_code}\n")
+        c.running = False
+        c.finished_at = now_iso()
+        c.done.set()
+        self._refresh_statuses(run)
+
+    def _deadline(self, run: PodRun) -> None:
+        if not run.terminating and not run.finished:
+            run.terminate_reason = ("DeadlineExceeded", "Pod was active on the node longer than the specified deadline")
+            pod = self.store.get(POD_KEY, run.namespace, run.name)
+            if pod is not None:
+                self.events.pod(pod, "Normal", "DeadlineExceeded", "Pod was active on the node longer than the specified deadline")
+                self._terminate(run, pod["spec"].get("terminationGracePeriodSeconds", 30))
+
+    # --- stopping ----------------------------------------------------------------------------
+    def _terminate(self, run: PodRun, grace: float) -> None:
+        """SIGTERM every container now, SIGKILL what is left after `grace` seconds."""
+        run.terminate_grace = grace
+        if run.terminating:
+            asyncio.get_running_loop().create_task(self._kill_after(run, grace))
+            return
+        run.terminating = True
+        run.terminated.set()
+        pod = self.store.get(POD_KEY, run.namespace, run.name)
+        for c in run.containers.values():
+            if c.running:
+                if pod is not None and grace > 0:
+                    self.events.pod(pod, "Normal", "Killing", f"Stopping container {c.name}",
+                                    field_path=f"spec.containers{{{c.name}}}")
+                self._signal(c, signal.SIGTERM if grace > 0 else signal.SIGKILL)
+        asyncio.get_running_loop().create_task(self._kill_after(run, grace))
+
+    async def _kill_after(self, run: PodRun, grace: float) -> None:
+        await asyncio.sleep(max(grace, 0))
+        for c in run.containers.values():
+            if c.running:
+                self._signal(c, signal.SIGKILL)
+
+    @staticmethod
+    def _signal(c: ContainerRun, sig: int) -> None:
+        if c.proc is not None and c.proc.returncode is None:
+            try:
+                os.killpg(c.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        elif c.proc is None:
+            c.stop.set()
+
+    async def _finish(self, run: PodRun) -> None:
+        """Wait for every container, then set the pod's terminal phase."""
+        for c in run.containers.values():
+            if c.running:
+                await c.done.wait()
+        mains = [c for c in run.containers.values() if not c.init]
+        succeeded = all(c.exit_code == 0 for c in mains) and not run.terminate_reason
+
+        def final(status, pod):
+            status["phase"] = "Succeeded" if succeeded else "Failed"
+            if run.terminate_reason:
+                status["reason"], status["message"] = run.terminate_reason
+            for ctype in ("Ready", "ContainersReady"):
+                set_condition(status, ctype, "False", "PodCompleted" if succeeded else "PodFailed")
+        self._refresh_statuses(run, final)
+
+    def _release(self, run: PodRun) -> None:
+        if run.gpus:
+            self.free_gpus.setdefault(run.node, []).extend(run.gpus)
+            run.gpus = []
+
+    def shutdown_node(self, node: str, grace_cap: float | None = None) -> list[PodRun]:
+        """Graceful node shutdown: every pod is terminated and ends Failed/Terminated (pods stay)."""
+        runs = [r for r in self.runs.values() if r.node == node and not r.finished]
+        for run in runs:
+            pod = self.store.get(POD_KEY, run.namespace, run.name)
+            grace = (pod or {}).get("spec", {}).get("terminationGracePeriodSeconds", 30)
+            if grace_cap is not None:
+                grace = min(grace, grace_cap)
+            run.terminate_reason = ("Terminated", SHUTDOWN_MESSAGE)
+            self._terminate(run, grace)
+        return runs
+
+    def kill_node(self, node: str) -> None:
+        """The machine is gone: SIGKILL everything still running there, no status is written."""
+        for run in [r for r in self.runs.values() if r.node == node]:
+            for c in run.containers.values():
+                self._signal(c, signal.SIGKILL)
+            if run.task is not None:
+                run.task.cancel()
+            self.runs.pop(run.uid, None)
+        self.free_gpus.pop(node, None)
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Cluster shutdown: SIGTERM every pod process, SIGKILL after `timeout`."""
+        self._closed = True
+        procs = [c for r in self.runs.values() for c in r.containers.values() if c.proc and c.proc.returncode is None]
+        for c in procs:
+            self._signal(c, signal.SIGTERM)
+        deadline = asyncio.get_running_loop().time() + timeout
+        for c in procs:
+            left = deadline - asyncio.get_running_loop().time()
+            try:
+                await asyncio.wait_for(c.proc.wait(), max(left, 0.01))
+            except asyncio.TimeoutError:
+                pass
+        for c in procs:
+            self._signal(c, signal.SIGKILL)
+        for run in self.runs.values():
+            if run.task is not None:
+                run.task.cancel()
+
+    def forget_pod_dirs(self) -> None:
+        shutil.rmtree(self.pods_dir, ignore_errors=True)
+
+    # --- logs --------------------------------------------------------------------------------
+    async def logs(self, namespace: str, name: str, container: str, options: dict):
+        pod = self.store.get(POD_KEY, namespace, name)
+        run = self.runs.get(pod["metadata"]["uid"]) if pod else None
+        c = run.containers.get(container) if run else None
+        path = None
+        if c is not None and c.log_path is not None:
+            path = c.log_path
+            if options.get("previous") in ("true", "1", "True"):
+                path = run.workdir / f"{c.name}.{c.restarts - 1}.log"
+        elif pod is not None and pod["spec"].get("nodeName"):
+            workdir = self.pods_dir / namespace / f"{name}-{pod['metadata']['uid'][:8]}"
+            logs = sorted(workdir.glob(f"{container}.*.log"), key=lambda p: int(p.name.split(".")[-2]))
+            path = logs[-1] if logs else None
+        if path is None or not path.exists():
+            raise errors.bad_request(f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating')
+        follow = options.get("follow") in ("true", "1", "True")
+        tail = options.get("tailLines")
+        with open(path, "rb") as fh:
+            data = fh.read()
+            if tail not in (None, ""):
+                lines = data.splitlines(keepends=True)
+                data = b"".join(lines[-int(tail):]) if int(tail) > 0 else b""
+            yield data
+            while follow:
+                chunk = fh.read()
+                if chunk:
+                    yield chunk
+                    continue
+                if c is None or c.done.is_set():
+                    rest = fh.read()
+                    if rest:
+                        yield rest
+                    break
+                await asyncio.sleep(0.1)
