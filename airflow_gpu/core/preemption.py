@@ -6,10 +6,17 @@ Rules (DESIGN.md, Preemption and quotas):
 - whole gangs only: a victim is a RunningGang, all of its pods go;
 - with quotas, another team's gang is a candidate only while that team borrows (its guarantee is not
   touched), so reclaim is preemption of borrowers; a team's own lower-priority gangs are candidates too;
-- order: borrowers first, checkpointable before non-checkpointable, then the fewest GPU-seconds lost
-  since the last checkpoint, then lower priority, then the most recently started;
-- the set is minimal: the shortest feasible prefix of that order is found by bisection, then each
-  victim whose removal is not needed is given back, most expensive first, until none can be.
+- order of candidates: borrowers first, checkpointable before non-checkpointable, then the fewest
+  GPU-seconds lost since the last checkpoint, then lower priority, then the most recently started.
+
+Search. When capacity (not quota) is what is missing, victims are chosen per topology domain (a node,
+clique, rack, zone, as admission would place the gang): each domain's candidates in the order above
+until the domain's estimated room holds the gang; the domain whose set is cheapest wins, by
+(non-checkpointable victims, victims that are not borrowers, GPU-seconds lost), tightest level
+first. Otherwise (quota reclaim, or no domain works) the shortest feasible prefix of the global
+order is found by bisection. Either way the set is then made minimal: each victim whose removal is
+not needed is given back, most expensive first, until none can be. A cheap room estimate (the one
+admission uses to pick domains) rules out hopeless sets before a full placement is tried.
 """
 
 from __future__ import annotations
@@ -21,11 +28,11 @@ import numpy as np
 
 from airflow_gpu.constants import TIER_INTERACTIVE
 from airflow_gpu.core.framework import Profile
-from airflow_gpu.core.gang import GangDecision, admit
-from airflow_gpu.core.model import Gang, Placement, RunningGang
-from airflow_gpu.core.quota import QuotaBook, QuotaUsage, demand_of_placements
+from airflow_gpu.core.gang import GangDecision, accepted_products, admit, restricted
+from airflow_gpu.core.model import GPU_MILLI, Gang, Placement, RunningGang, TopologyLevel
+from airflow_gpu.core.quota import Demand, QuotaBook, QuotaUsage, check, demand_of_placements, demand_on_product
 from airflow_gpu.core.snapshot import Snapshot
-from airflow_gpu.core.topology import eligible_nodes
+from airflow_gpu.core.topology import eligible_nodes, members_per_node
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,120 @@ def candidates(gang: Gang, running: Iterable[RunningGang], now: float, quota: Qu
     return [rg for _, rg in keyed]
 
 
+def _gang_demand(gang: Gang, snap: Snapshot, quota: QuotaBook) -> Demand:
+    """The gang's quota demand on its most preferred product (for "is quota the problem?")."""
+    products = accepted_products(snap, gang)
+    return demand_on_product(gang, quota.product(products[0])) if products else {}
+
+
+_LADDER = (TopologyLevel.NODE, TopologyLevel.CLIQUE, TopologyLevel.RACK, TopologyLevel.ZONE, TopologyLevel.ANY)
+
+
+class RoomEstimate:
+    """How many members of the gang fit per node (core.topology's estimate, the one admission uses to
+    pick domains), summed per topology domain. If no domain has room by this estimate, admission
+    fails too, so feasibility checks skip the full placement."""
+
+    def __init__(self, snap: Snapshot, gang: Gang, eligible: np.ndarray):
+        self.snap, self.gang, self.eligible = snap, gang, eligible
+        self.want = len(gang.members)
+        req = gang.topology
+        last = _LADDER.index(req.level) if req.hard else len(_LADDER) - 1
+        self.levels = [TopologyLevel.NODE] if self.want == 1 else list(_LADDER[: last + 1])
+        m = gang.members
+        self.cpu = max(x.cpu_milli for x in m)
+        self.mem = max(x.memory_mib for x in m)
+        self.gpus = max(x.gpus for x in m)
+        self.share = max(x.gpu_milli for x in m)
+
+    def ids(self, level: TopologyLevel) -> np.ndarray:
+        if level is TopologyLevel.NODE:
+            return np.arange(len(self.snap))
+        if level is TopologyLevel.ANY:
+            return np.zeros(len(self.snap), dtype=np.int64)
+        return self.snap.shape.domain_ids(level.value)
+
+    def may_fit(self, snap: Snapshot) -> bool:
+        fit = members_per_node(snap, self.gang, self.eligible)
+        for level in self.levels:
+            ids = self.ids(level)
+            known = ids >= 0
+            if known.any() and np.bincount(ids[known], weights=fit[known]).max() >= self.want:
+                return True
+        return False
+
+    def _fit_one(self, row: np.ndarray, cpu: int, mem: int) -> int:
+        fit = self.want
+        if self.cpu:
+            fit = min(fit, cpu // self.cpu)
+        if self.mem:
+            fit = min(fit, mem // self.mem)
+        if self.gpus:
+            fit = min(fit, int((row == GPU_MILLI).sum()) // self.gpus)
+        elif self.share:
+            fit = min(fit, int((row // self.share).sum()))
+        return max(0, fit)
+
+    def domain_prefixes(self, cands: list[RunningGang], now: float, quota, usage, node_product,
+                        per_level: int = 3) -> list[list[RunningGang]]:
+        """Per topology level (tightest first), the cheapest victim sets that make room in one domain:
+        each domain's candidates taken in preference order until its estimated room holds the gang."""
+        snap = self.snap
+        base_fit = members_per_node(snap, self.gang, self.eligible)
+        index = snap.shape.index
+        spots = []  # per candidate: its placements on eligible nodes as (node, gpu shares, cpu, mem)
+        for c in cands:
+            spots.append([(index[p.node], p.gpu_shares, p.cpu_milli, p.memory_mib)
+                          for p in c.placements if self.eligible[index[p.node]]])
+        # A set's cost: non-checkpointable victims first (never one while a checkpointable set
+        # would do), then victims that are not borrowers, then GPU-seconds lost.
+        cost = [((not c.gang.checkpointable), (not is_borrower(c, quota, usage, node_product)),
+                 c.gpu_seconds_at_risk(now)) for c in cands]
+        out: list[list[RunningGang]] = []
+        for level in self.levels:
+            ids = self.ids(level)
+            by_domain: dict[int, list[int]] = {}
+            for ci, sp in enumerate(spots):
+                for d in {int(ids[n]) for n, _, _, _ in sp if ids[n] >= 0}:
+                    by_domain.setdefault(d, []).append(ci)
+            found = []
+            for d, cis in by_domain.items():
+                nodes = np.flatnonzero(ids == d)
+                room = int(base_fit[nodes].max() if level is TopologyLevel.NODE else base_fit[nodes].sum())
+                rows: dict[int, list] = {}
+                fits: dict[int, int] = {}
+                taken = []
+                for ci in cis:
+                    taken.append(ci)
+                    touched = set()
+                    for n, shares, cpu, mem in spots[ci]:
+                        if ids[n] != d:
+                            continue
+                        if n not in rows:
+                            rows[n] = [snap.gpu_free[n].copy(), int(snap.cpu_free[n]), int(snap.mem_free[n])]
+                        r = rows[n]
+                        for g, milli in shares:
+                            r[0][g] += milli
+                        r[1] += cpu
+                        r[2] += mem
+                        touched.add(n)
+                    for n in touched:
+                        before = fits.get(n, int(base_fit[n]))
+                        fits[n] = self._fit_one(*rows[n])
+                        if level is not TopologyLevel.NODE:
+                            room += fits[n] - before
+                    if level is TopologyLevel.NODE:
+                        room = max(fits.values(), default=0)
+                    if room >= self.want:
+                        key = (sum(cost[i][0] for i in taken), sum(cost[i][1] for i in taken),
+                               sum(cost[i][2] for i in taken), len(taken), d)
+                        found.append((key, taken))
+                        break
+            found.sort(key=lambda kv: kv[0])
+            out.extend([cands[i] for i in taken] for _, taken in found[:per_level])
+        return out
+
+
 class _Feasibility:
     """Would `gang` be admitted if `victims` were gone? Memoised per victim set."""
 
@@ -105,6 +226,8 @@ class _Feasibility:
         self.node_product = node_product
         self.borrowed_bound = borrowed_bound
         self.memo: dict[frozenset[str], GangDecision | None] = {}
+        self.room: RoomEstimate | None = None  # set once the candidates are known
+
 
     def without(self, victims: Sequence[RunningGang]) -> tuple[Snapshot, QuotaUsage | None]:
         snap = self.snap.copy()
@@ -123,6 +246,9 @@ class _Feasibility:
         if key in self.memo:
             return self.memo[key]
         snap, usage = self.without(victims)
+        if self.room is not None and not self.room.may_fit(snap):
+            self.memo[key] = None  # admission would find no domain with room either
+            return None
         decision = admit(snap, self.gang, self.profile, self.quota, usage, self.exclude)
         ok: GangDecision | None = decision if decision.admitted else None
         if ok is not None and ok.borrowed and self.borrowed_bound is not None:
@@ -155,29 +281,38 @@ def plan_preemption(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], 
     cands = candidates(gang, running, now, quota, usage, policy, node_product)
     if not cands:
         return None, f"no preemptible gang of lower priority than {gang.priority} to make room"
-    if feasible(cands) is None:
-        return None, f"stopping all {len(cands)} lower-priority preemptible gangs would not make room"
 
-    # Drop candidates that cannot help: not on a node the gang could use, and not freeing quota.
-    freed, _ = feasible.without(cands)
-    useful_nodes = eligible_nodes(freed, gang, profile)
-    useful = {snap.nodes[i].name for i in np.flatnonzero(useful_nodes)}
-    quota_short = quota is not None and admit(freed.copy(), gang, profile, quota, usage, exclude).admitted is False
-    cands = [c for c in cands if quota_short or any(p.node in useful for p in c.placements)]
-    if feasible(cands) is None:  # the filter is a heuristic; never let it lose a plan
-        cands = candidates(gang, running, now, quota, usage, policy, node_product)
+    # Eligible nodes: those that pass the gang's filters on an empty cluster (a superset of what
+    # any victim set can open up, so the room estimate stays an upper bound).
+    empty = Snapshot(snap.shape, np.where(snap.shape.gpu_exists, GPU_MILLI, 0), snap.shape.cpu_cap.copy(),
+                     snap.shape.mem_cap.copy(), snap.shape.mig_cap.copy(), {})
+    prof = profile if exclude is None else restricted(profile, ~exclude, "reserved")
+    room = RoomEstimate(snap, gang, eligible_nodes(empty, gang, prof))
+    feasible.room = room
+    quota_short = quota is not None and not check(
+        quota, usage, gang.team, _gang_demand(gang, snap, quota)).fits
 
-    # Shortest feasible prefix of the preference order (bisection; more room never hurts a fit).
-    lo, hi = 1, len(cands)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if feasible(cands[:mid]) is not None:
-            hi = mid
-        else:
-            lo = mid + 1
-    chosen = list(cands[:lo])
-    if feasible(chosen) is None:  # placement heuristics are not perfectly monotone
-        chosen = list(cands)
+    chosen: list[RunningGang] | None = None
+    if not quota_short:
+        # Capacity only: victims concentrated in one topology domain, the cheapest domain first.
+        for prefix in room.domain_prefixes(cands, now, quota, usage, node_product):
+            if feasible(prefix) is not None:
+                chosen = prefix
+                break
+    if chosen is None:
+        if feasible(cands) is None:
+            return None, f"stopping all {len(cands)} lower-priority preemptible gangs would not make room"
+        # Shortest feasible prefix of the global preference order (bisection; room only grows).
+        lo, hi = 1, len(cands)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if feasible(cands[:mid]) is not None:
+                hi = mid
+            else:
+                lo = mid + 1
+        chosen = list(cands[:lo])
+        if feasible(chosen) is None:  # placement heuristics are not perfectly monotone
+            chosen = list(cands)
 
     # Give back every victim not needed, most expensive first, until no single one can be spared.
     changed = True
