@@ -133,3 +133,18 @@ def test_quotas_are_never_exceeded_in_any_product(b, operations):
                 tq = b.team(team)
                 assert v.borrowed == (usage.of(team, (product, None)) > tq.n((product, None)))
         assert within_limits(b, usage) == []
+
+
+def test_the_seed_quota_file_caps_each_team_at_eight_a100s(repo_root):
+    from airflow_gpu.config import load_config
+
+    cfg = load_config(repo_root / "examples" / "seed-quotas.yaml")
+    b = QuotaBook.from_teams(cfg.teams, aliases={p.node_label: p.name for p in cfg.products if p.node_label})
+    placed = [Placement(f"p{i}", "node-a", ((i, 1000),)) for i in range(8)]
+    usage = QuotaUsage()
+    usage.add("nlp", demand_of_placements(placed, {"node-a": "NVIDIA-A100-SXM4-80GB"}, b))
+    v = check(b, usage, "nlp", gpus(1))
+    assert not v.fits and v.reason == "team quota: nlp uses 8 of 8 a100-80gb; gang needs 1"
+    assert check(b, usage, "vision", gpus(8)).fits
+    assert check(b, QuotaUsage(), "serving", {("a100-80gb", "1g.10gb"): 22}).fits
+    assert not check(b, QuotaUsage(), "serving", {("a100-80gb", "1g.10gb"): 23}).fits
