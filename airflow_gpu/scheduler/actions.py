@@ -103,28 +103,31 @@ class Api:
                 return "blocked"
             raise
 
-    def patch_pod_annotations(self, pod_key: str, annotations: dict[str, str | None]) -> None:
+    def patch_pod_annotations(self, pod_key: str, annotations: dict[str, str | None]) -> dict:
         ns, name = _split(pod_key)
-        self.core.patch_namespaced_pod(
+        resp = self.core.patch_namespaced_pod(
             name, ns, {"metadata": {"annotations": annotations}}, _preload_content=False,
             _request_timeout=TIMEOUT, _content_type=MERGE,
         )
+        return json.loads(resp.data)
 
     # --- podgroups --------------------------------------------------------------------------
-    def patch_podgroup_annotations(self, pg_key: str, annotations: dict[str, str | None]) -> None:
+    def patch_podgroup_annotations(self, pg_key: str, annotations: dict[str, str | None]) -> dict:
         ns, name = _split(pg_key)
-        self.custom.patch_namespaced_custom_object(
+        resp = self.custom.patch_namespaced_custom_object(
             PODGROUP_GROUP, PODGROUP_VERSION, ns, PODGROUP_PLURAL, name,
             {"metadata": {"annotations": annotations}}, _preload_content=False, _request_timeout=TIMEOUT,
             _content_type=MERGE,
         )
+        return json.loads(resp.data)
 
-    def patch_podgroup_status(self, pg_key: str, status: dict) -> None:
+    def patch_podgroup_status(self, pg_key: str, status: dict) -> dict:
         ns, name = _split(pg_key)
-        self.custom.patch_namespaced_custom_object_status(
+        resp = self.custom.patch_namespaced_custom_object_status(
             PODGROUP_GROUP, PODGROUP_VERSION, ns, PODGROUP_PLURAL, name, {"status": status},
             _preload_content=False, _request_timeout=TIMEOUT, _content_type=MERGE,
         )
+        return json.loads(resp.data)
 
     # --- events -----------------------------------------------------------------------------
     def event(self, obj: dict, reason: str, message: str, type_: str = "Normal") -> None:

@@ -109,6 +109,12 @@ class ClusterCache:
         with self._lock:
             return self._stores[kind].get(key)
 
+    def observe_write(self, kind: str, obj: dict) -> None:
+        """Store the object a write of ours returned, so the next cycle sees it even before the watch
+        event arrives (a plan written must never be planned again). Never goes back in time."""
+        with self._lock:
+            self._store_if_newer(self._stores[kind], key_of(obj), obj)
+
     def assume_bound(self, pod_key: str, node: str) -> None:
         with self._lock:
             self._assumed[pod_key] = node
@@ -209,11 +215,22 @@ class ClusterCache:
                 if kind == "pods":
                     self._assumed.pop(key, None)
             else:
-                store[key] = obj
+                self._store_if_newer(store, key, obj)
                 if kind == "pods" and (obj.get("spec") or {}).get("nodeName"):
                     self._assumed.pop(key, None)
         if self.on_change:
             self.on_change(kind, etype, obj)
+
+    @staticmethod
+    def _store_if_newer(store: dict, key: str, obj: dict) -> None:
+        old = store.get(key)
+        if old is not None:
+            try:
+                if int(old["metadata"]["resourceVersion"]) > int(obj["metadata"]["resourceVersion"]):
+                    return  # resourceVersions are etcd revisions in practice; opaque ones: last write wins
+            except (KeyError, TypeError, ValueError):
+                pass
+        store[key] = obj
 
     def _drop_stale_assumptions_locked(self) -> None:
         pods = self._stores["pods"]

@@ -270,8 +270,9 @@ class Scheduler:
         return True
 
     def _product_of(self, placements: list[Placement]) -> str:
-        labels = {self.cache.get("nodes", p.node) for p in placements} - {None}
-        for node in labels:
+        for node in (self.cache.get("nodes", n) for n in sorted({p.node for p in placements})):
+            if node is None:
+                continue
             product = ((node.get("metadata") or {}).get("labels") or {}).get(C.NODE_GPU_PRODUCT)
             if product:
                 return product
@@ -385,9 +386,9 @@ class Scheduler:
 
     def _patch_owner_annotations(self, unit: Unit, annotations: dict) -> None:
         if unit.podgroup is not None:
-            self.api.patch_podgroup_annotations(unit.key, annotations)
+            self.cache.observe_write("podgroups", self.api.patch_podgroup_annotations(unit.key, annotations))
         else:
-            self.api.patch_pod_annotations(key_of(unit.owner), annotations)
+            self.cache.observe_write("pods", self.api.patch_pod_annotations(key_of(unit.owner), annotations))
         if C.ANNOTATION_WAIT_REASON in annotations:
             self._written[("reason", unit.key)] = annotations[C.ANNOTATION_WAIT_REASON]
 
@@ -407,7 +408,7 @@ class Scheduler:
             if not self.is_leader():
                 return
             try:
-                self.api.patch_podgroup_status(key, want)
+                self.cache.observe_write("podgroups", self.api.patch_podgroup_status(key, want))
                 self._written[("status", key)] = want
             except ApiException as exc:
                 log.info("PodGroup %s: status not updated (%s)", key, exc.status)
