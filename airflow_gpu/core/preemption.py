@@ -234,9 +234,8 @@ class _Feasibility:
         usage = self.usage.copy() if self.usage is not None else None
         for v in victims:
             for p in v.placements:
-                if p.pod not in snap.placements:
-                    raise ValueError(f"running gang {v.gang.name}: pod {p.pod} is not in the snapshot")
-                snap.forget(p.pod)
+                if p.pod in snap.placements:  # a pod the snapshot does not hold frees nothing
+                    snap.forget(p.pod)
             if usage is not None:
                 usage.remove(v.gang.team, demand_of_placements(v.placements, self.node_product, self.quota))
         return snap, usage
