@@ -137,3 +137,15 @@ def test_gangs_are_never_partially_placed(scene):
         elif level is not TopologyLevel.ANY:
             values = {getattr(n, level.value) for n in nodes}
             assert len(values) == 1 and "" not in values
+
+
+def test_gang_preemption_quota_and_queue_import_nothing_impure():
+    import subprocess
+    import sys
+
+    code = ("import sys, airflow_gpu.core.gang, airflow_gpu.core.preemption, airflow_gpu.core.quota, "
+            "airflow_gpu.core.queue; print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('airflow', 'kubernetes', 'kubernetes_asyncio', 'boto3', 'botocore', 'pydantic', 'yaml', 'requests', "
+            "'httpx') or m.startswith('airflow_gpu.config'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
