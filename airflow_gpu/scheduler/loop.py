@@ -72,7 +72,9 @@ def quota_book_from_config(cfg) -> QuotaBook | None:
     if cfg is None:
         return None
     aliases = {p.node_label: p.name for p in cfg.products if p.node_label}
-    return QuotaBook.from_teams(cfg.teams, aliases=aliases)
+    # idle quota is borrowed at best-effort priority (DESIGN.md): the lowest preemptible tier's
+    preemptible = [t.priority for t in cfg.tiers if t.preemptible]
+    return QuotaBook.from_teams(cfg.teams, aliases=aliases, borrowed_priority=min(preemptible) if preemptible else None)
 
 
 def desired_podgroup_status(unit: Unit, has_plan: bool, assumed: dict[str, str]) -> dict:
