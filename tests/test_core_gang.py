@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from airflow_gpu.core.gang import BLOCKED_CAPACITY, BLOCKED_QUOTA, admit
 from airflow_gpu.core.model import Gang, Node, Placement, PodRequest, TopologyLevel, TopologyRequirement
-from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota
+from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements
 from airflow_gpu.core.snapshot import Snapshot
 
 
@@ -75,6 +75,21 @@ def test_quota_blocks_with_the_team_numbers_and_prefers_a_product_with_room():
     d = admit(snap, g, profile(), qb, usage)
     assert not d.admitted and d.blocked_by == BLOCKED_QUOTA
     assert d.reason.startswith("team quota: ml-research uses 8 of 8 a100-80gb")
+
+
+def test_normalised_quota_charges_an_h100_at_its_weight():
+    nodes = cluster(1, product="A100", prefix="a") + cluster(1, product="H100", prefix="h")
+    snap = Snapshot.from_nodes(nodes)
+    qb = QuotaBook({"t": TeamQuota.from_gpus("t", {"units": 10})}, aliases={"A100": "units", "H100": "units"},
+                   weights={"H100": 2.5})
+    usage = QuotaUsage()
+    d = admit(snap, gang("h", 1, 4, products=("H100",)), profile(), qb, usage)
+    assert d.admitted and d.quota.fits  # 4 x 2.5 = 10 units
+    assert not admit(snap, gang("h", 1, 5, products=("H100",)), profile(), qb, usage).admitted
+    d = admit(snap, gang("any", 1, 6, products=("H100", "A100")), profile(), qb, usage)
+    assert d.admitted and d.placements[0].node.startswith("a")  # 6 H100 = 15 units: only A100 fits quota
+    node_product = {n.name: n.gpu_product for n in nodes}
+    assert demand_of_placements(d.placements, node_product, qb) == {("units", None): 6000}
 
 
 def test_reserved_nodes_are_not_used():

@@ -214,7 +214,7 @@ def admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None 
     allowed: list[str] = []
     refusal: QuotaVerdict | None = None
     for label in products:
-        verdict = check(quota, usage, gang.team, demand_on_product(gang, quota.product(label)))
+        verdict = check(quota, usage, gang.team, demand_on_product(gang, quota.product(label), quota.weight(label)))
         if verdict.fits:
             allowed.append(label)
         elif refusal is None:

@@ -106,7 +106,7 @@ def candidates(gang: Gang, running: Iterable[RunningGang], now: float, quota: Qu
 def _gang_demand(gang: Gang, snap: Snapshot, quota: QuotaBook) -> Demand:
     """The gang's quota demand on its most preferred product (for "is quota the problem?")."""
     products = accepted_products(snap, gang)
-    return demand_on_product(gang, quota.product(products[0])) if products else {}
+    return demand_on_product(gang, quota.product(products[0]), quota.weight(products[0])) if products else {}
 
 
 _LADDER = (TopologyLevel.NODE, TopologyLevel.CLIQUE, TopologyLevel.RACK, TopologyLevel.ZONE, TopologyLevel.ANY)

@@ -99,6 +99,9 @@ class QuotaBook:
     teams: Mapping[str, TeamQuota]
     aliases: Mapping[str, str] = field(default_factory=dict)  # node gpu_product label -> quota product
     borrowed_priority: int | None = None  # None: borrowed gangs keep their own priority
+    # Normalised units: node gpu_product label -> GPUs of quota one GPU of it costs (H100 = 2.5 when
+    # A100 = 1). Alias several labels to one quota product to share one normalised quota.
+    weights: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_teams(cls, teams: Iterable[object], aliases: Mapping[str, str] | None = None,
@@ -111,6 +114,9 @@ class QuotaBook:
                                      getattr(t, "mig_quota", None), getattr(t, "cohort", DEFAULT_COHORT))
             book[tq.team] = tq
         return cls(book, dict(aliases or {}), borrowed_priority)
+
+    def weight(self, node_product: str | None) -> float:
+        return self.weights.get(node_product, 1.0) if node_product is not None else 1.0
 
     def product(self, node_product: str | None) -> str | None:
         if node_product is None:
@@ -134,9 +140,8 @@ def demand_of_placements(placements: Iterable[Placement], node_product: Mapping[
     """Quota demand of placed pods; `node_product` maps node name -> its gpu_product label."""
     out: Demand = defaultdict(int)
     for p in placements:
-        product = node_product.get(p.node)
-        if book is not None:
-            product = book.product(product)
+        label = node_product.get(p.node)
+        product = book.product(label) if book is not None else label
         if product is None:
             continue
         if p.mig_profile is not None:
@@ -144,18 +149,19 @@ def demand_of_placements(placements: Iterable[Placement], node_product: Mapping[
         else:
             milli = sum(m for _, m in p.gpu_shares)
             if milli:
-                out[(product, None)] += milli
+                out[(product, None)] += round(milli * book.weight(label)) if book is not None else milli
     return dict(out)
 
 
-def demand_on_product(gang: Gang, product: str) -> Demand:
-    """Quota demand of a gang if all of it ran on `product` (a quota product name)."""
+def demand_on_product(gang: Gang, product: str, weight: float = 1.0) -> Demand:
+    """Quota demand of a gang if all of it ran on `product` (a quota product name), each GPU
+    costing `weight` GPUs of quota (normalised units)."""
     out: Demand = defaultdict(int)
     for m in gang.members:
         if m.mig_profile is not None:
             out[(product, m.mig_profile)] += 1
         elif m.gpu_milli_total:
-            out[(product, None)] += m.gpu_milli_total
+            out[(product, None)] += round(m.gpu_milli_total * weight)
     return dict(out)
 
 
