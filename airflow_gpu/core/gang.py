@@ -171,7 +171,7 @@ def no_fit_reason(snap: Snapshot, gang: Gang, profile: Profile) -> str:
         head = f"needs {total} GPUs {_WHERE[level]}" if what == "GPU" else f"needs {total} x {what} {_WHERE[level]}"
         if len(gang.members) > 1:
             head += f" ({len(gang.members)} pods x {per})"
-        return f"{head}; largest free block is {have}"
+        return f"{head}; {have} free" if level is TopologyLevel.ANY else f"{head}; largest free block is {have}"
     return f"needs {total} x {what} {_WHERE[level]}; room for {have}"
 
 
