@@ -141,7 +141,8 @@ def test_scheduler_holds_task_until_pool_slots_free(airflow_stack, tmp_path):
     assert get_pool(api, pool)["open_slots"] == 56 - hold_slots
 
     big = api.request("POST", "/api/v2/dags/gpu_big_4/dagRuns", json={"logical_date": None})["dag_run_id"]
-    _wait_for("the 4-GPU task scheduled", lambda: _ti(api, "gpu_big_4", big)["state"] == "scheduled")
+    state = _wait_for("the 4-GPU task considered by the scheduler", lambda: _ti(api, "gpu_big_4", big)["state"])
+    assert state == "scheduled"  # not queued: 28 slots needed, 14 open
     # several scheduler loops (heartbeat 1 s): 28 slots needed, 14 open -> it must not be queued
     for _ in range(8):
         time.sleep(1)

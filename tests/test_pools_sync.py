@@ -147,10 +147,14 @@ def test_bad_configs_exit_2_and_change_nothing(sqlite_airflow_db, tmp_path):
     assert out.returncode == 2 and "teams[2].quota.a100-80gb" in out.stderr and not out.stdout
 
 
-def test_database_not_migrated_is_a_clear_error(tmp_path):
+def test_fresh_airflow_home_dry_run_lists_creates_and_sync_needs_migrate(tmp_path):
     from fixtures.airflow_env import AirflowDb
 
-    db = AirflowDb("sqlite", f"sqlite:///{tmp_path / 'empty.db'}", tmp_path)
-    out = sync(db, write_config(tmp_path / "q.yaml"))
+    db = AirflowDb("sqlite", f"sqlite:///{tmp_path / 'airflow.db'}", tmp_path)
+    config = write_config(tmp_path / "q.yaml")
+    out = sync(db, config, "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert "dry run, nothing written: 5 to create" in out.stdout and "run `airflow db migrate` first" in out.stdout
+    out = sync(db, config)
     assert out.returncode == 1
-    assert "airflow db migrate" in out.stderr
+    assert "has no Airflow schema; run `airflow db migrate` first" in out.stderr

@@ -22,6 +22,7 @@ import secrets
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,9 +143,13 @@ class AirflowStack:
         raise TimeoutError(f"Airflow components not healthy after {timeout:.0f}s: {health}\n{self._tails()}")
 
     def stop(self) -> dict[str, int | None]:
-        """SIGTERM each component's process group (scheduler first, api-server last), by PID."""
-        order = [c for c in ("scheduler", "triggerer", "dag-processor", "api-server") if c in self.processes]
-        codes = {name: self.processes[name].stop(timeout=15) for name in order}
+        """SIGTERM each component's process group by PID: the others together, then the api-server
+        (task runners report their end to it while the scheduler shuts down)."""
+        others = [c for c in self.processes if c != "api-server"]
+        with ThreadPoolExecutor(max_workers=max(1, len(others))) as pool:
+            codes = dict(zip(others, pool.map(lambda c: self.processes[c].stop(timeout=15), others)))
+        if "api-server" in self.processes:
+            codes["api-server"] = self.processes["api-server"].stop(timeout=15)
         self.processes.clear()
         return codes
 

@@ -25,6 +25,10 @@ class PoolBackendError(RuntimeError):
     pass
 
 
+class DatabaseNotInitialised(PoolBackendError):
+    """The metadata database has no Airflow schema yet (a fresh AIRFLOW_HOME)."""
+
+
 class DatabaseBackend:
     """Airflow's own ORM API (Pool.create_or_update_pool / delete_pool) in one transaction: a sync
     either applies every change or none. Needs AIRFLOW_HOME / sql_alchemy_conn of the target Airflow."""
@@ -56,6 +60,7 @@ class DatabaseBackend:
     def list_pools(self) -> list[PoolState]:
         from airflow.models.pool import Pool
 
+        self._require_schema()
         with self._session() as session:
             return [_state(p.pool, p.slots, p.description, p.include_deferred, p.team_name)
                     for p in Pool.get_pools(session=session)]
@@ -72,6 +77,18 @@ class DatabaseBackend:
                     Pool.create_or_update_pool(
                         new.name, new.slots, new.description, new.include_deferred,
                         team_name=new.team_name, session=session)
+
+    def _require_schema(self) -> None:
+        from sqlalchemy import inspect
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            present = inspect(self._settings.engine).has_table("slot_pool")
+        except SQLAlchemyError as exc:
+            raise PoolBackendError(f"cannot reach the {self.describe()}: {exc}") from None
+        if not present:
+            raise DatabaseNotInitialised(
+                f"the {self.describe()} has no Airflow schema; run `airflow db migrate` first")
 
     @contextmanager
     def _session(self):

@@ -61,6 +61,7 @@ class Plan:
     changes: list[Change] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)  # unmanaged pools in the way of a desired pool
+    notes: list[str] = field(default_factory=list)
 
     def of(self, action: str) -> list[Change]:
         return [c for c in self.changes if c.action == action]

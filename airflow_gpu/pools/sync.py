@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from airflow_gpu.config import QuotaConfig
-from airflow_gpu.pools.backends import PoolBackend
+from airflow_gpu.pools.backends import DatabaseNotInitialised, PoolBackend
 from airflow_gpu.pools.plan import Plan, desired_pools, diff
 
 
@@ -11,12 +11,21 @@ class PoolConflict(ValueError):
     """The config cannot be applied without touching something the pool manager does not own."""
 
 
-def plan_sync(cfg: QuotaConfig, backend: PoolBackend) -> Plan:
+def plan_sync(cfg: QuotaConfig, backend: PoolBackend, dry_run: bool = False) -> Plan:
     multi_team = backend.multi_team()
     desired = desired_pools(cfg, multi_team)
-    plan = diff(desired, backend.list_pools())
+    not_initialised = None
+    try:
+        current = backend.list_pools()
+    except DatabaseNotInitialised as exc:
+        if not dry_run:
+            raise
+        not_initialised, current = str(exc), []  # a dry run on a fresh AIRFLOW_HOME: every pool is new
+    plan = diff(desired, current)
+    if not_initialised:
+        plan.notes.append(f"note: {not_initialised}; a sync after that would make the creates above")
     problems = list(plan.conflicts)
-    if multi_team:
+    if multi_team and not not_initialised:
         known = backend.team_names()
         if known is not None:
             for team in cfg.teams:
@@ -32,7 +41,7 @@ def plan_sync(cfg: QuotaConfig, backend: PoolBackend) -> Plan:
 
 def sync_pools(cfg: QuotaConfig, backend: PoolBackend, dry_run: bool = False) -> Plan:
     """Plan, then apply unless `dry_run`. Raises PoolConflict (nothing written) on a conflict."""
-    plan = plan_sync(cfg, backend)
+    plan = plan_sync(cfg, backend, dry_run)
     if plan.changes and not dry_run:
         backend.apply(plan.changes)
     return plan
@@ -46,4 +55,5 @@ def format_plan(plan: Plan, dry_run: bool) -> str:
         lines.append(f"dry run, nothing written: {plan.summary()}")
     else:
         lines.append(f"applied: {plan.summary()}")
+    lines += plan.notes
     return "\n".join(lines)
