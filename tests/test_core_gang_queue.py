@@ -139,3 +139,41 @@ def test_a_cycle_is_consistent(scene):
         assert r.start >= 10.0 or math.isinf(r.start)
     for plan in res.preemptions:
         assert all(v.gang.priority < plan.gang.priority for v in plan.victims)
+
+
+def test_seed_story_production_reclaims_its_quota_from_borrowed_best_effort_training():
+    """Teams of 8 GPUs; research borrows nlp's idle quota for checkpointed best-effort training; nlp's
+    production gang arrives, the borrower is preempted (checkpointable, the cheapest), nlp runs."""
+    from airflow_gpu.constants import TIER_PRODUCTION_TRAINING as PROD
+
+    snap = Snapshot.from_nodes(cluster(4, product="a100-80gb"))
+    qb = QuotaBook({"nlp": TeamQuota.from_gpus("nlp", {"a100-80gb": 8}),
+                    "vision": TeamQuota.from_gpus("vision", {"a100-80gb": 8}),
+                    "research": TeamQuota.from_gpus("research", {"a100-80gb": 16}, {"a100-80gb": 16})},
+                   borrowed_priority=1000)
+    running = []
+    now = 0.0
+    arrivals = [gang("vision-ft", 1, 8, priority=100_000, team="vision", tier=PROD, created_at=0.0)] + [
+        gang(f"sweep-{i}", 1, 8, priority=1000, team="research", checkpointable=True, created_at=1.0 + i)
+        for i in range(3)]
+    res = schedule_cycle(snap, arrivals, running, profile(), now, qb)
+    for d in res.admitted:
+        for p in d.placements:
+            snap.assume(p)
+        running.append(RunningGang(d.gang, d.placements, now, last_checkpoint_at=now + 50, borrowed=d.borrowed))
+    assert [(d.gang.name, d.borrowed) for d in res.admitted] == [
+        ("vision-ft", False), ("sweep-0", False), ("sweep-1", False), ("sweep-2", True)]
+
+    now = 100.0
+    prod = gang("nlp-ft", 1, 8, priority=100_000, team="nlp", tier=PROD, created_at=now)
+    res = schedule_cycle(snap, [prod], running, profile(), now, qb)
+    assert res.admitted == [] and "other teams borrowed it" in res.waiting["nlp-ft"]
+    (plan,) = res.preemptions
+    assert plan.victim_names == ("sweep-2",) and plan.reclaim and plan.lost_gpu_seconds == 8 * 50.0
+    for v in plan.victims:  # the scheduler evicts; the victim's gang goes back to the queue
+        for p in v.placements:
+            snap.forget(p)
+        running.remove(v)
+    res = schedule_cycle(snap, [prod, plan.victims[0].gang], running, profile(), now + 30, qb)
+    assert [(d.gang.name, d.borrowed) for d in res.admitted] == [("nlp-ft", False)]
+    assert res.waiting["sweep-2"].startswith("cohort quota: research would borrow 8 a100-80gb")

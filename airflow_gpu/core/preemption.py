@@ -6,7 +6,8 @@ Rules (DESIGN.md, Preemption and quotas):
 - whole gangs only: a victim is a RunningGang, all of its pods go;
 - with quotas, another team's gang is a candidate only while that team borrows (its guarantee is not
   touched), so reclaim is preemption of borrowers; a team's own lower-priority gangs are candidates too;
-- order of candidates: borrowers first, checkpointable before non-checkpointable, then the fewest
+- order of candidates: borrowers first (admitted as borrowed, then the other gangs of a team above its
+  guarantee), checkpointable before non-checkpointable, then the fewest
   GPU-seconds lost since the last checkpoint, then lower priority, then the most recently started.
 
 Search. When capacity (not quota) is what is missing, victims are chosen per topology domain (a node,
@@ -97,7 +98,8 @@ def candidates(gang: Gang, running: Iterable[RunningGang], now: float, quota: Qu
         borrower = is_borrower(rg, quota, usage, node_product)
         if quota is not None and rg.gang.team != gang.team and not borrower:
             continue  # another team's guaranteed quota is not ours to take
-        keyed.append(((not borrower, not rg.gang.checkpointable, rg.gpu_seconds_at_risk(now),
+        # admitted as borrowed first, then other gangs of a team above its guarantee, then the rest
+        keyed.append(((not rg.borrowed, not borrower, not rg.gang.checkpointable, rg.gpu_seconds_at_risk(now),
                        effective_priority(rg, quota), -rg.started_at, rg.gang.name), rg))
     keyed.sort(key=lambda kv: kv[0])
     return [rg for _, rg in keyed]
@@ -170,7 +172,7 @@ class RoomEstimate:
                           for p in c.placements if self.eligible[index[p.node]]])
         # A set's cost: non-checkpointable victims first (never one while a checkpointable set
         # would do), then victims that are not borrowers, then GPU-seconds lost.
-        cost = [((not c.gang.checkpointable), (not is_borrower(c, quota, usage, node_product)),
+        cost = [((not c.gang.checkpointable), (not c.borrowed) + (not is_borrower(c, quota, usage, node_product)),
                  c.gpu_seconds_at_risk(now)) for c in cands]
         out: list[list[RunningGang]] = []
         for level in self.levels:
