@@ -22,4 +22,5 @@ pytest_plugins = [
     "fixtures.common",
     "fixtures.airflow_env",
     "fixtures.s3",
+    "fixtures.kube",
 ]

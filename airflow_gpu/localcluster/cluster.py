@@ -8,6 +8,7 @@ token) which `airflow-gpu cluster interrupt` and `airflow_gpu.localcluster.contr
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from airflow_gpu.localcluster.resources import CRD_KEY, Registry
 from airflow_gpu.localcluster.scheduler import DefaultScheduler
 from airflow_gpu.localcluster.spec import ClusterSpec, initial_nodes, node_manifest
 from airflow_gpu.localcluster.store import Store
+from airflow_gpu.localcluster.tls import ensure_certificate
 
 log = logging.getLogger(__name__)
 BUNDLED_CRDS = sorted((Path(__file__).parent / "crds").glob("*.yaml"))
@@ -45,13 +47,14 @@ class LocalCluster:
         self.token = token
         self.bookmark_seconds = bookmark_seconds
         self._server: uvicorn.Server | None = None
+        self.tls: tuple[Path, Path] | None = None
         self._serve_task: asyncio.Task | None = None
         self._sock: socket.socket | None = None
         self.stopped = asyncio.Event()
 
     @property
     def server_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.token else 'http'}://127.0.0.1:{self.port}"
 
     @property
     def kubeconfig_path(self) -> Path:
@@ -60,6 +63,8 @@ class LocalCluster:
     # --- start / stop ------------------------------------------------------------------------
     async def start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.token:
+            self.tls = ensure_certificate(self.state_dir / "tls")
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", self.port))
@@ -162,7 +167,9 @@ class LocalCluster:
     async def _serve(self) -> None:
         config = uvicorn.Config(self.api, host="127.0.0.1", port=self.port, http="httptools", loop="none",
                                 lifespan="off", log_level="warning", access_log=False, timeout_keep_alive=120,
-                                timeout_graceful_shutdown=2, backlog=2048)
+                                timeout_graceful_shutdown=2, backlog=2048,
+                                ssl_certfile=str(self.tls[0]) if self.tls else None,
+                                ssl_keyfile=str(self.tls[1]) if self.tls else None)
         self._server = uvicorn.Server(config)
         sock = self._sock
         self._serve_task = asyncio.get_running_loop().create_task(self._server._serve(sockets=[sock]))
@@ -225,9 +232,12 @@ class LocalCluster:
     # --- files ---------------------------------------------------------------------------------
     def _write_kubeconfig(self) -> None:
         user = {"token": self.token} if self.token else {}
+        cluster = {"server": self.server_url}
+        if self.tls:
+            cluster["certificate-authority-data"] = base64.b64encode(self.tls[0].read_bytes()).decode()
         config = {
             "apiVersion": "v1", "kind": "Config", "preferences": {},
-            "clusters": [{"name": CONTEXT, "cluster": {"server": self.server_url}}],
+            "clusters": [{"name": CONTEXT, "cluster": cluster}],
             "users": [{"name": CONTEXT, "user": user}],
             "contexts": [{"name": CONTEXT, "context": {"cluster": CONTEXT, "user": CONTEXT, "namespace": "default"}}],
             "current-context": CONTEXT,
@@ -237,7 +247,8 @@ class LocalCluster:
         os.chmod(tmp, 0o600)
         os.replace(tmp, self.kubeconfig_path)
         info = {"pid": os.getpid(), "server": self.server_url, "token": self.token,
-                "kubeconfig": str(self.kubeconfig_path), "name": self.spec.name}
+                "kubeconfig": str(self.kubeconfig_path), "name": self.spec.name,
+                "ca": str(self.tls[0]) if self.tls else None}
         (self.state_dir / "cluster.json").write_text(json.dumps(info, indent=2))
 
 

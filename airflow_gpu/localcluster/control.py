@@ -6,8 +6,10 @@ fixture's kubeconfig path, with `cluster up`'s printed path, or with $KUBECONFIG
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import ssl
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -19,7 +21,7 @@ class ControlError(RuntimeError):
     pass
 
 
-def _server(kubeconfig: str | Path | None) -> tuple[str, str | None]:
+def _server(kubeconfig: str | Path | None) -> tuple[str, str | None, ssl.SSLContext | None]:
     path = Path(kubeconfig or os.environ.get("KUBECONFIG") or Path.home() / ".kube" / "config")
     try:
         config = yaml.safe_load(path.read_text())
@@ -31,17 +33,20 @@ def _server(kubeconfig: str | Path | None) -> tuple[str, str | None]:
         raise ControlError(f"kubeconfig {path} has no current context")
     cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"])
     user = next((u.get("user") or {} for u in config.get("users", []) if u["name"] == context.get("user")), {})
-    return cluster["server"], user.get("token")
+    tls = None
+    if cluster.get("certificate-authority-data"):
+        tls = ssl.create_default_context(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
+    return cluster["server"], user.get("token"), tls
 
 
 def call(action: str, body: dict, kubeconfig: str | Path | None = None, timeout: float = 10.0) -> dict:
-    server, token = _server(kubeconfig)
+    server, token, tls = _server(kubeconfig)
     request = urllib.request.Request(f"{server}/_localcluster/{action}", data=json.dumps(body).encode(),
                                      method="POST", headers={"Content-Type": "application/json"})
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=tls) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as exc:
         try:

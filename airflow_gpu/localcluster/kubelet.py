@@ -505,6 +505,9 @@ class Kubelet:
         self.events.pod(pod, "Normal", "Created", f"Created container {c.name}", field_path=f"spec.containers{{{c.name}}}")
         self.events.pod(pod, "Normal", "Started", f"Started container {c.name}", field_path=f"spec.containers{{{c.name}}}")
         c.running = True
+        if run.terminating:  # deletion arrived while the container was starting
+            self._signal(c, signal.SIGTERM if run.terminate_grace > 0 else signal.SIGKILL)
+            asyncio.get_running_loop().create_task(self._kill_after(run, run.terminate_grace))
 
         def running(status, p):
             if not c.init:

@@ -1,0 +1,416 @@
+"""The local cluster through the official Python clients (kubernetes sync, kubernetes_asyncio)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from airflow_gpu import constants as C
+
+SHARED_CRDS = Path(__file__).resolve().parents[2] / "shared" / "crds"
+
+
+def wait_for(predicate, timeout=20.0, interval=0.05, what="condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture
+def ns(kube_cluster):
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    kube_cluster.core().create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    return name
+
+
+def pod_body(name, command=None, restart="Never", gpus=0, annotations=None, grace=None, scheduler=None, **spec):
+    container = {"name": "main", "image": "python:3.11"}
+    if command:
+        container["command"] = command
+    if gpus:
+        container["resources"] = {"limits": {C.RESOURCE_GPU: str(gpus)}}
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": annotations or {}},
+            "spec": {"restartPolicy": restart, "containers": [container], **spec}}
+    if grace is not None:
+        body["spec"]["terminationGracePeriodSeconds"] = grace
+    if scheduler:
+        body["spec"]["schedulerName"] = scheduler
+    return body
+
+
+def pod_log(core, ns, name) -> str:
+    # kubernetes 36 returns str(bytes) for text/plain bodies (a real cluster's logs too): read raw
+    return core.read_namespaced_pod_log(name, ns, _preload_content=False).data.decode()
+
+
+def phase(core, ns, name):
+    try:
+        return core.read_namespaced_pod(name, ns).status.phase
+    except ApiException as exc:
+        if exc.status == 404:
+            return "Gone"
+        raise
+
+
+def test_version_nodes_and_gpu_capacity(kube_cluster):
+    core = kube_cluster.core()
+    version = client.VersionApi(kube_cluster.api_client()).get_code()
+    assert (version.major, version.minor) == ("1", "32")
+    nodes = {n.metadata.name: n for n in core.list_node().items}
+    assert set(nodes) >= {"gpu-od-0", "gpu-od-1", "gpu-spot-0", "gpu-spot-1", "gpu-mig-0", "cpu-0"}
+    od = nodes["gpu-od-0"]
+    assert od.status.allocatable[C.RESOURCE_GPU] == "4"
+    assert od.metadata.labels[C.NODE_GPU_PRODUCT] == "NVIDIA-A100-SXM4-80GB"
+    assert od.metadata.labels[C.NODE_CAPACITY_TYPE_KARPENTER] == C.CAPACITY_ON_DEMAND
+    assert od.metadata.labels[C.NODE_GPU_CLIQUE] == "clique-1"
+    spot = nodes["gpu-spot-0"]
+    assert spot.metadata.labels[C.NODE_CAPACITY_TYPE_KARPENTER] == C.CAPACITY_SPOT
+    assert [(t.key, t.effect) for t in spot.spec.taints] == [(C.TAINT_SPOT, "NoSchedule")]
+    mig = nodes["gpu-mig-0"]
+    assert mig.metadata.labels[C.NODE_MIG_STRATEGY] == "mixed"
+    assert mig.status.allocatable[C.RESOURCE_GPU] == "1"
+    assert mig.status.allocatable[C.RESOURCE_MIG_PREFIX + "3g.40gb"] == "1"
+    assert mig.status.allocatable[C.RESOURCE_MIG_PREFIX + "1g.10gb"] == "2"
+    by_label = core.list_node(label_selector=f"{C.NODE_CAPACITY_TYPE_KARPENTER} in (spot)").items
+    assert {n.metadata.name for n in by_label} == {"gpu-spot-0", "gpu-spot-1"}
+
+
+def test_process_pod_log_env_and_exit_code(kube_cluster, ns):
+    core = kube_cluster.core()
+    script = ("import os,sys; print('name', os.environ['NAME'], 'ns', os.environ['NS'], 'team', os.environ['TEAM']);"
+              "print('ip', os.environ['IP'], 'cpu', os.environ['CPU'], 'gpus', os.environ['NVIDIA_VISIBLE_DEVICES']);"
+              "print('cwd', os.getcwd()); sys.exit(3)")
+    body = pod_body("proc", ["python", "-c", script], gpus=2)
+    body["metadata"]["labels"] = {"team": "vision"}
+    body["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "2"
+    body["spec"]["containers"][0]["env"] = [
+        {"name": "NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "TEAM", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['team']"}}},
+        {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
+    ]
+    core.create_namespaced_pod(ns, body)
+    wait_for(lambda: phase(core, ns, "proc") == "Failed", what="pod Failed")
+    pod = core.read_namespaced_pod("proc", ns)
+    state = pod.status.container_statuses[0].state.terminated
+    assert (state.exit_code, state.reason) == (3, "Error")
+    log = pod_log(core, ns, "proc")
+    assert f"name proc ns {ns} team vision" in log
+    assert f"ip {pod.status.pod_ip} cpu 2 gpus GPU-" in log
+    assert log.count("GPU-") == 2
+    cwd = next(line for line in log.splitlines() if line.startswith("cwd "))[4:]
+    assert Path(cwd).is_relative_to(kube_cluster.state_dir) and f"proc-{pod.metadata.uid[:8]}" in cwd
+    assert pod.status.pod_ip.startswith("127.")
+    assert {c.type: c.status for c in pod.status.conditions}["PodScheduled"] == "True"
+
+
+def test_simulated_container_and_restart_policy(kube_cluster, ns):
+    core = kube_cluster.core()
+    core.create_namespaced_pod(ns, pod_body("sim", annotations={C.ANNOTATION_SIM_DURATION: "0.3"}))
+    core.create_namespaced_pod(ns, pod_body("simfail", restart="OnFailure",
+                                            annotations={C.ANNOTATION_SIM_DURATION: "0.1", C.ANNOTATION_SIM_EXIT_CODE: "1"}))
+    wait_for(lambda: phase(core, ns, "sim") == "Succeeded", what="sim pod Succeeded")
+    pod = core.read_namespaced_pod("sim", ns)
+    assert pod.status.container_statuses[0].state.terminated.reason == "Completed"
+    assert "simulated container main" in pod_log(core, ns, "sim")
+    wait_for(lambda: core.read_namespaced_pod("simfail", ns).status.container_statuses
+             and core.read_namespaced_pod("simfail", ns).status.container_statuses[0].restart_count >= 1,
+             what="OnFailure restart")
+    assert phase(core, ns, "simfail") in ("Running", "Pending")
+
+
+def test_active_deadline_seconds(kube_cluster, ns):
+    core = kube_cluster.core()
+    core.create_namespaced_pod(ns, pod_body("deadline", ["python", "-c", "import time; time.sleep(60)"],
+                                            activeDeadlineSeconds=1, grace=1))
+    wait_for(lambda: phase(core, ns, "deadline") == "Failed", what="DeadlineExceeded")
+    assert core.read_namespaced_pod("deadline", ns).status.reason == "DeadlineExceeded"
+
+
+def test_delete_sends_sigterm_then_grace(kube_cluster, ns):
+    core = kube_cluster.core()
+    script = ("import signal,sys,time,pathlib\n"
+              "def h(s,f):\n print('got SIGTERM', flush=True); pathlib.Path('sigterm').write_text('1'); time.sleep(0.5); sys.exit(0)\n"
+              "signal.signal(signal.SIGTERM,h)\nprint('ready', flush=True)\ntime.sleep(120)\n")
+    core.create_namespaced_pod(ns, pod_body("term", ["python", "-c", script], grace=10))
+    wait_for(lambda: "ready" in (pod_log(core, ns, "term") if phase(core, ns, "term") == "Running" else ""),
+             what="process ready")
+    workdir = next(kube_cluster.state_dir.glob(f"pods/{ns}/term-*"))
+    started = time.monotonic()
+    deleted = core.delete_namespaced_pod("term", ns)
+    assert deleted.metadata.deletion_timestamp is not None  # graceful: still there, terminating
+    wait_for(lambda: phase(core, ns, "term") == "Gone", what="pod removed")
+    assert time.monotonic() - started < 8  # exited on SIGTERM, no SIGKILL wait
+    assert (workdir / "sigterm").read_text() == "1"
+    assert "got SIGTERM" in (workdir / "main.0.log").read_text()
+
+
+def test_sigkill_after_grace_period(kube_cluster, ns):
+    core = kube_cluster.core()
+    script = "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(120)"
+    core.create_namespaced_pod(ns, pod_body("stubborn", ["python", "-c", script], grace=30))
+    wait_for(lambda: phase(core, ns, "stubborn") == "Running", what="running")
+    w = watch.Watch()
+    started = time.monotonic()
+    core.delete_namespaced_pod("stubborn", ns, grace_period_seconds=1)
+    final = None
+    for event in w.stream(core.list_namespaced_pod, ns, field_selector="metadata.name=stubborn", timeout_seconds=15):
+        if event["object"].status.container_statuses and event["object"].status.container_statuses[0].state.terminated:
+            final = event["object"].status.container_statuses[0].state.terminated
+        if event["type"] == "DELETED":
+            break
+    w.stop()
+    assert 0.9 < time.monotonic() - started < 10
+    assert final is not None and final.exit_code == 137
+
+
+def test_watch_create_patch_delete_and_stale_update(kube_cluster, ns):
+    core = kube_cluster.core()
+    rv = core.list_namespaced_config_map(ns).metadata.resource_version
+    cm = core.create_namespaced_config_map(ns, {"metadata": {"name": "cfg", "labels": {"a": "1"}}, "data": {"k": "v"}})
+    core.patch_namespaced_config_map("cfg", ns, {"data": {"k2": "v2"}})
+    core.patch_namespaced_config_map("cfg", ns, [{"op": "add", "path": "/data/k3", "value": "v3"}])
+    core.delete_namespaced_config_map("cfg", ns)
+    w = watch.Watch()
+    seen = []
+    for event in w.stream(core.list_namespaced_config_map, ns, resource_version=rv, timeout_seconds=5):
+        seen.append((event["type"], dict(event["object"].data or {})))
+        if event["type"] == "DELETED":
+            w.stop()
+    assert [t for t, _ in seen] == ["ADDED", "MODIFIED", "MODIFIED", "DELETED"]
+    assert seen[2][1] == {"k": "v", "k2": "v2", "k3": "v3"}
+    # optimistic concurrency: an update with a stale resourceVersion is 409 Conflict
+    cm = core.create_namespaced_config_map(ns, {"metadata": {"name": "cfg2"}, "data": {"k": "1"}})
+    core.patch_namespaced_config_map("cfg2", ns, {"data": {"k": "2"}})
+    cm.data = {"k": "3"}
+    with pytest.raises(ApiException) as err:
+        core.replace_namespaced_config_map("cfg2", ns, cm)
+    assert err.value.status == 409 and json.loads(err.value.body)["reason"] == "Conflict"
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_config_map(ns, {"metadata": {"name": "cfg2"}})
+    assert err.value.status == 409 and json.loads(err.value.body)["reason"] == "AlreadyExists"
+
+
+def test_watch_bookmarks_and_resume(kube_cluster, ns):
+    base = kube_cluster.server
+    core = kube_cluster.core()
+    rv = core.list_namespaced_config_map(ns).metadata.resource_version
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "late"}})
+    r = requests.get(f"{base}/api/v1/namespaces/{ns}/configmaps?watch=true&allowWatchBookmarks=true"
+                     f"&resourceVersion={rv}&timeoutSeconds=3", stream=True)
+    assert r.headers.get("Transfer-Encoding") == "chunked"
+    lines = [json.loads(line) for line in r.iter_lines() if line]
+    assert lines[0]["type"] == "ADDED" and lines[0]["object"]["metadata"]["name"] == "late"
+    bookmarks = [e for e in lines if e["type"] == "BOOKMARK"]
+    assert bookmarks and int(bookmarks[-1]["object"]["metadata"]["resourceVersion"]) >= int(rv) + 1
+    r = requests.get(f"{base}/api/v1/namespaces/{ns}/configmaps?watch=1&resourceVersion=bogus")
+    assert json.loads(r.text.splitlines()[0])["object"]["code"] == 400
+
+
+def test_selectors_and_deletecollection(kube_cluster, ns):
+    core = kube_cluster.core()
+    for i, (tier, team) in enumerate([("a", "x"), ("b", "x"), ("c", "y")]):
+        core.create_namespaced_config_map(ns, {"metadata": {"name": f"cm{i}", "labels": {"tier": tier, "team": team}}})
+    names = lambda sel: sorted(c.metadata.name for c in core.list_namespaced_config_map(ns, label_selector=sel).items)  # noqa: E731
+    assert names("tier in (a,b)") == ["cm0", "cm1"]
+    assert names("tier notin (a),team=x") == ["cm1"]
+    assert names("team!=x") == ["cm2"]
+    assert names("!missing,team") == ["cm0", "cm1", "cm2"]
+    assert [c.metadata.name for c in core.list_namespaced_config_map(ns, field_selector="metadata.name=cm2").items] == ["cm2"]
+    with pytest.raises(ApiException) as err:
+        core.list_namespaced_config_map(ns, field_selector="data.k=1")
+    assert err.value.status == 400
+    core.delete_collection_namespaced_config_map(ns, label_selector="team=x")
+    assert names("") == ["cm2"]
+
+
+def test_owner_reference_garbage_collection(kube_cluster, ns):
+    core = kube_cluster.core()
+    owner = core.create_namespaced_config_map(ns, {"metadata": {"name": "owner"}})
+    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}
+    core.create_namespaced_pod(ns, {**pod_body("child", annotations={C.ANNOTATION_SIM_DURATION: "100"}),
+                                    "metadata": {"name": "child", "ownerReferences": [ref]}})
+    core.create_namespaced_secret(ns, {"metadata": {"name": "child-secret", "ownerReferences": [ref]}})
+    wait_for(lambda: phase(core, ns, "child") == "Running", what="child running")
+    core.delete_namespaced_config_map("owner", ns)
+    wait_for(lambda: phase(core, ns, "child") == "Gone", what="dependent pod collected")
+    with pytest.raises(ApiException) as err:
+        core.read_namespaced_secret("child-secret", ns)
+    assert err.value.status == 404
+
+
+def test_admission_priority_quota_and_scheduler_name(kube_cluster, ns):
+    core = kube_cluster.core()
+    sched = client.SchedulingV1Api(kube_cluster.api_client())
+    pc_name = f"prod-{ns}"
+    sched.create_priority_class({"metadata": {"name": pc_name}, "value": 1000})
+    pod = core.create_namespaced_pod(ns, pod_body("prio", scheduler=C.DEFAULT_SCHEDULER_NAME, priorityClassName=pc_name))
+    assert pod.spec.priority == 1000 and pod.spec.scheduler_name == C.DEFAULT_SCHEDULER_NAME
+    plain = core.create_namespaced_pod(ns, pod_body("plain", scheduler=C.DEFAULT_SCHEDULER_NAME))
+    assert plain.spec.priority == 0
+    defaulted = core.create_namespaced_pod(ns, {**pod_body("dflt"), "metadata": {"name": "dflt"}})
+    assert defaulted.spec.scheduler_name == "default-scheduler"
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod(ns, pod_body("noclass", priorityClassName="nope"))
+    body = json.loads(err.value.body)
+    assert err.value.status == 403 and body["reason"] == "Forbidden"
+    assert body["message"] == 'pods "noclass" is forbidden: no PriorityClass with name nope was found'
+    # a pod naming another scheduler waits for a Binding
+    time.sleep(0.3)
+    assert core.read_namespaced_pod("prio", ns).spec.node_name is None
+    # the real API answers a Binding with a Status, which the generated client cannot turn into a
+    # V1Binding: callers read the raw response, as with a real cluster
+    response = core.create_namespaced_pod_binding("prio", ns, client.V1Binding(
+        metadata=client.V1ObjectMeta(name="prio"), target=client.V1ObjectReference(kind="Node", name="gpu-od-1")),
+        _preload_content=False)
+    assert json.loads(response.data)["status"] == "Success"
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod_binding("prio", ns, {"metadata": {"name": "prio"}, "target": {"name": "gpu-od-0"}},
+                                           _preload_content=False)
+    assert err.value.status == 409
+    wait_for(lambda: core.read_namespaced_pod("prio", ns).spec.node_name == "gpu-od-1", what="bound")
+    # ResourceQuota on GPUs: the real "exceeded quota" message
+    core.create_namespaced_resource_quota(ns, {"metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "2"}}})
+    core.create_namespaced_pod(ns, pod_body("g1", gpus=2, scheduler="nobody"))
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod(ns, pod_body("g2", gpus=1, scheduler="nobody"))
+    body = json.loads(err.value.body)
+    assert err.value.status == 403
+    assert body["message"] == ('pods "g2" is forbidden: exceeded quota: gpus, requested: requests.nvidia.com/gpu=1, '
+                               "used: requests.nvidia.com/gpu=2, limited: requests.nvidia.com/gpu=2")
+    wait_for(lambda: (core.read_namespaced_resource_quota("gpus", ns).status.used or {}).get("requests.nvidia.com/gpu") == "2",
+             what="quota status.used")
+
+
+def test_default_scheduler_fit_taints_and_unschedulable(kube_cluster, ns):
+    core = kube_cluster.core()
+    spot_sel = {C.NODE_CAPACITY_TYPE_KARPENTER: "spot"}
+    core.create_namespaced_pod(ns, pod_body("spot-no-tol", nodeSelector=spot_sel))
+    core.create_namespaced_pod(ns, pod_body("spot-tol", annotations={C.ANNOTATION_SIM_DURATION: "100"}, nodeSelector=spot_sel,
+                                            tolerations=[{"key": C.TAINT_SPOT, "operator": "Exists", "effect": "NoSchedule"}]))
+    core.create_namespaced_pod(ns, pod_body("mig", annotations={C.ANNOTATION_SIM_DURATION: "100"}, containers=[
+        {"name": "main", "image": "x", "resources": {"limits": {C.RESOURCE_MIG_PREFIX + "1g.10gb": "1"}}}]))
+    core.create_namespaced_pod(ns, pod_body("huge", gpus=64))
+    wait_for(lambda: core.read_namespaced_pod("spot-tol", ns).spec.node_name, what="spot pod scheduled")
+    assert core.read_namespaced_pod("spot-tol", ns).spec.node_name.startswith("gpu-spot-")
+    wait_for(lambda: core.read_namespaced_pod("mig", ns).spec.node_name == "gpu-mig-0", what="MIG pod on MIG node")
+
+    def unschedulable(name):
+        conds = core.read_namespaced_pod(name, ns).status.conditions or []
+        return next((c for c in conds if c.type == "PodScheduled" and c.reason == "Unschedulable"), None)
+    cond = wait_for(lambda: unschedulable("spot-no-tol"), what="untolerated taint")
+    assert "untolerated taint" in cond.message
+    assert "Insufficient nvidia.com/gpu" in wait_for(lambda: unschedulable("huge"), what="insufficient").message
+
+
+def test_bad_requests_are_status_objects(kube_cluster, ns):
+    base = f"{kube_cluster.server}/api/v1/namespaces/{ns}/pods"
+    cases = [
+        (requests.post(base, data=b"{not json", headers={"Content-Type": "application/json"}), 400),
+        (requests.post(base, json={"apiVersion": "v1", "kind": "Gadget", "metadata": {"name": "x"}}), 400),
+        (requests.post(f"{kube_cluster.server}/api/v1/namespaces/{ns}/gadgets", json={"metadata": {"name": "x"}}), 404),
+        (requests.post(base, json={"apiVersion": "v1", "kind": "Pod", "metadata": {},
+                                   "spec": {"containers": [{"name": "c", "image": "i"}]}}), 422),
+        (requests.post(base, json={"metadata": {"name": "q"}, "spec": {"containers": [
+            {"name": "c", "image": "i", "resources": {"limits": {"cpu": "lots"}}}]}}), 400),
+        (requests.post(base + "?fieldValidation=Strict", json={"metadata": {"name": "u"}, "spec": {
+            "containers": [{"name": "c", "image": "i", "bogus": 1}]}}), 400),
+        (requests.post(base, json={"metadata": {"name": "noimg"}, "spec": {"containers": [{"name": "c"}]}}), 422),
+        (requests.get(base + "/missing"), 404),
+    ]
+    for response, code in cases:
+        body = response.json()
+        assert response.status_code == code, (code, body)
+        assert body["kind"] == "Status" and body["code"] == code and body["status"] == "Failure"
+    assert "metadata.name: Required value" in cases[3][0].json()["message"]
+    assert cases[3][0].json()["details"]["causes"][0]["field"] == "metadata.name"
+    assert "quantities must match the regular expression" in cases[4][0].json()["message"]
+    assert 'unknown field "spec.containers[0].bogus"' in cases[5][0].json()["message"]
+    assert cases[6][0].json()["details"]["causes"][0]["field"] == "spec.containers[0].image"
+    # Warn (the default) keeps the object, drops the field and says so in a Warning header
+    r = requests.post(base, json={"metadata": {"name": "warned"}, "spec": {"containers": [{"name": "c", "image": "i", "bogus": 1}],
+                                                                          "schedulerName": "nobody"}})
+    assert r.status_code == 201 and "unknown field" in r.headers["Warning"]
+    assert kube_cluster.core().read_namespaced_pod("warned", ns).metadata.name == "warned"
+
+
+def test_custom_resources_volcano_kueue_and_podgroups(kube_cluster, ns):
+    ext = client.ApiextensionsV1Api(kube_cluster.api_client())
+    custom = kube_cluster.custom()
+    for crd_file in ("scheduling.volcano.sh_podgroups.yaml", "kueue.x-k8s.io_localqueues.yaml"):
+        crd = yaml.safe_load((SHARED_CRDS / crd_file).read_text())
+        try:
+            ext.create_custom_resource_definition(crd)
+        except ApiException as exc:
+            assert exc.status == 409
+    pg = custom.create_namespaced_custom_object("scheduling.x-k8s.io", "v1alpha1", ns, "podgroups", {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", "metadata": {"name": "gang"},
+        "spec": {"minMember": 4}})
+    assert pg["spec"]["minMember"] == 4
+    custom.patch_namespaced_custom_object_status("scheduling.x-k8s.io", "v1alpha1", ns, "podgroups", "gang",
+                                                 {"status": {"phase": "Scheduled", "running": 4}})
+    got = custom.get_namespaced_custom_object("scheduling.x-k8s.io", "v1alpha1", ns, "podgroups", "gang")
+    assert got["status"]["phase"] == "Scheduled" and got["spec"]["minMember"] == 4
+    vpg = custom.create_namespaced_custom_object("scheduling.volcano.sh", "v1beta1", ns, "podgroups", {
+        "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup", "metadata": {"name": "vgang"},
+        "spec": {"minMember": 2, "queue": "default"}})
+    assert vpg["kind"] == "PodGroup" and vpg["apiVersion"] == "scheduling.volcano.sh/v1beta1"
+    lq = custom.create_namespaced_custom_object("kueue.x-k8s.io", "v1beta1", ns, "localqueues", {
+        "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue", "metadata": {"name": "team-a"},
+        "spec": {"clusterQueue": "cq"}})
+    assert lq["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+    stored = custom.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", ns, "localqueues")
+    assert [i["metadata"]["name"] for i in stored["items"]] == ["team-a"]
+    with pytest.raises(ApiException) as err:
+        custom.create_namespaced_custom_object("scheduling.x-k8s.io", "v1alpha1", ns, "podgroups", {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", "metadata": {"name": "bad"},
+            "spec": {"minMember": 1, "nonsense": True}}, field_validation="Strict")
+    assert err.value.status == 400 and 'unknown field "spec.nonsense"' in json.loads(err.value.body)["message"]
+
+
+def test_kubernetes_asyncio_watch(kube_cluster, ns):
+    from kubernetes_asyncio import client as aclient, config as aconfig, watch as awatch
+
+    async def main():
+        configuration = aclient.Configuration()
+        await aconfig.load_kube_config(config_file=str(kube_cluster.kubeconfig), client_configuration=configuration)
+        async with aclient.ApiClient(configuration) as api:
+            core = aclient.CoreV1Api(api)
+            await core.create_namespaced_pod(ns, pod_body("apod", annotations={C.ANNOTATION_SIM_DURATION: "0.2"}))
+            phases = []
+            w = awatch.Watch()
+            async for event in w.stream(core.list_namespaced_pod, ns, timeout_seconds=10):
+                phases.append(event["object"].status.phase)
+                if event["object"].status.phase == "Succeeded":
+                    w.stop()
+            return phases
+
+    phases = asyncio.run(main())
+    assert phases[-1] == "Succeeded" and "Running" in phases
+
+
+def test_bearer_token_required(tmp_path):
+    from fixtures.kube import start_kube_cluster
+
+    spec = {"name": "tok", "pools": [{"name": "n", "count": 1, "gpu": {"count": 1}}]}
+    with start_kube_cluster(tmp_path, spec, token="s3cret") as cluster:
+        assert cluster.server.startswith("https://")
+        r = requests.get(f"{cluster.server}/api/v1/nodes", verify=cluster.ca_file)
+        assert r.status_code == 401 and r.json()["reason"] == "Unauthorized"
+        assert [n.metadata.name for n in cluster.core().list_node().items] == ["n-0"]
+        assert "n-0" in cluster.kubectl("get", "nodes").stdout
