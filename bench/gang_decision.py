@@ -112,7 +112,8 @@ def main() -> None:
     rng = np.random.default_rng(3)
     pending = [gang(f"q-{i}", int(rng.integers(1, 9)), int(rng.choice([1, 2, 4, 8])), priority=int(rng.integers(0, 5)),
                     created_at=float(i), expected_duration=float(rng.uniform(60, 7200))) for i in range(100)]
-    for label, s, r in ((f"{snap.gpu_allocation_ratio():.0%}", snap, running), (f"{full.gpu_allocation_ratio():.0%}", full, full_running)):
+    for s, r in ((snap, running), (full, full_running)):
+        label = f"{s.gpu_allocation_ratio():.0%}"
         med, low, res = timed(lambda: schedule_cycle(s, pending, r, profile, now=3600.0))
         print(f"schedule_cycle, 100 pending gangs, cluster {label} full: {med:.1f} ms (min {low:.1f}); "
               f"{len(res.admitted)} admitted, "
