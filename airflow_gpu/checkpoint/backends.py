@@ -170,7 +170,13 @@ class FileBackend:
         parents = set()
         for key in keys:
             path = self._path(key)
-            if key.endswith("/"):  # a "directory" key: only its emptiness matters
+            if key.endswith("/"):  # a "directory" key: remove the empty directories under it
+                for top, _dirs, files in os.walk(path, topdown=False):
+                    if not files:
+                        try:
+                            os.rmdir(top)
+                        except OSError:
+                            pass
                 parents.add(path)
                 continue
             path.unlink(missing_ok=True)

@@ -27,24 +27,27 @@ class TrainingEnv:
         return cls(
             checkpoint_uri=env.get(C.ENV_CHECKPOINT_URI) or None,
             resume_uri=env.get(C.ENV_RESUME_URI) or None,
-            attempt=_int(env, C.ENV_ATTEMPT, 0),
-            interruptions=_int(env, C.ENV_INTERRUPTIONS, 0),
+            attempt=env_number(env, C.ENV_ATTEMPT, 0),
+            interruptions=env_number(env, C.ENV_INTERRUPTIONS, 0),
             deadline=_deadline(env.get(C.ENV_DEADLINE)),
-            keep_last=_int(env, C.ENV_CHECKPOINT_KEEP_LAST, None, minimum=1),
-            keep_every=_int(env, C.ENV_CHECKPOINT_KEEP_EVERY, None, minimum=1),
+            keep_last=env_number(env, C.ENV_CHECKPOINT_KEEP_LAST, None, minimum=1),
+            keep_every=env_number(env, C.ENV_CHECKPOINT_KEEP_EVERY, None, minimum=1),
         )
 
 
-def _int(env: Mapping[str, str], name: str, default: int | None, minimum: int = 0) -> int | None:  # type: ignore[return]
+def env_number(
+    env: Mapping[str, str], name: str, default: float | None, kind: type = int, minimum: float = 0
+) -> float | None:
+    """A numeric environment variable (int or float), or `default` when unset or empty."""
     raw = env.get(name, "").strip()
     if not raw:
         return default
     try:
-        value = int(raw)
+        value = kind(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} must be an integer >= {minimum}") from None
+        raise ConfigError(f"{name}={raw!r} must be {'an integer' if kind is int else 'a number'} >= {minimum}") from None
     if value < minimum:
-        raise ConfigError(f"{name}={raw!r} must be an integer >= {minimum}")
+        raise ConfigError(f"{name}={raw!r} must be {'an integer' if kind is int else 'a number'} >= {minimum}")
     return value
 
 

@@ -17,26 +17,37 @@ log = logging.getLogger(__name__)
 
 
 def apply_retention(store: CheckpointStore, attempt: int, keep_last: int, keep_every: int | None) -> list[str]:
-    """Delete the manifests of checkpoints outside the policy; returns the deleted keys.
-    Checkpoints of attempts newer than `attempt` are never touched."""
+    """Delete checkpoints outside the policy (manifest first, then its data); returns the deleted
+    manifest keys. Checkpoints of attempts newer than `attempt` are never touched."""
     keys = store.manifest_keys()
-    keep = set(keys[:keep_last])
     doomed = []
     for key in keys[keep_last:]:
         key_attempt, step = parse_manifest_key(key)  # type: ignore[misc]
-        if key_attempt > attempt or (keep_every and step % keep_every == 0) or key in keep:
+        if key_attempt > attempt or (keep_every and step % keep_every == 0):
             continue
         doomed.append(key)
-    if doomed:
-        store.backend.delete(doomed)
-        log.info("retention: deleted %d checkpoint(s) of %s", len(doomed), store.uri)
+    if not doomed:
+        return []
+    pruned = []
+    for key in doomed:
+        try:
+            pruned.append(store.load(key))
+        except CorruptCheckpointError:
+            pass  # its data (if any) is left to collect_garbage
+    store.backend.delete(doomed)
+    for key in doomed:
+        store.forget(key)
+    for ckpt in pruned:
+        delete_objects(store, ckpt.save_id, [o.key for o in ckpt.objects])
+    log.info("retention: deleted %d checkpoint(s) of %s", len(doomed), store.uri)
     return doomed
 
 
 def collect_garbage(store: CheckpointStore, attempt: int, grace_seconds: float) -> int:
     """Delete data of saves no manifest references. Own attempt: at once (this writer is the only
     one of its attempt and is not mid-save). Earlier attempts: only when their newest object is
-    older than grace_seconds (store clock). Newer attempts: never. Returns deleted save count."""
+    older than grace_seconds (store clock). Newer attempts: never. Also removes temp files and
+    multipart uploads of writers killed mid-write. Returns the number of saves deleted."""
     referenced_saves: set[str] = set()
     referenced_steps: set[tuple[int, int]] = set()
     for key in store.manifest_keys():
@@ -53,9 +64,23 @@ def collect_garbage(store: CheckpointStore, attempt: int, grace_seconds: float) 
         objects = store.backend.list(f"{DATA}{save_id}/")
         if parsed[0] < attempt and objects and max(o.modified for o in objects) >= cutoff:
             continue
-        store.backend.delete([o.key for o in objects] or [f"{DATA}{save_id}/"])
+        delete_objects(store, save_id, [o.key for o in objects])
         deleted += 1
     if deleted:
         log.info("gc: deleted data of %d uncommitted or pruned save(s) under %s", deleted, store.uri)
     store.backend.clean_temp(grace_seconds)
     return deleted
+
+
+def delete_objects(store: CheckpointStore, save_id: str, keys: list[str] | None = None) -> None:
+    """Delete a save's data objects, then its directory entries: some S3 servers (SeaweedFS) keep
+    empty "directories" that would otherwise pile up in every later listing."""
+    if keys is None:
+        keys = [o.key for o in store.backend.list(f"{DATA}{save_id}/")]
+    if keys:
+        store.backend.delete(keys)
+    dirs = {f"{DATA}{save_id}/"}
+    for key in keys:
+        parts = key.split("/")[2:-1]  # data/<save_id>/<sub dirs...>/<name>
+        dirs.update(f"{DATA}{save_id}/{'/'.join(parts[:i])}/" for i in range(1, len(parts) + 1))
+    store.backend.delete(sorted(dirs, key=lambda d: d.count("/"), reverse=True))

@@ -10,6 +10,7 @@ error names the endpoint, the operation and how long it tried.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from datetime import datetime
@@ -78,7 +79,9 @@ class S3Backend:
                 aws_session_token=aws_session_token,
                 region_name=region_name,
             )
-            endpoint = endpoint_url or session.get_config_variable("endpoint_url")  # AWS_ENDPOINT_URL
+            # boto3 reads these itself; here they only decide the addressing style (custom S3
+            # servers such as SeaweedFS or MinIO want path-style URLs)
+            endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
             config = Config(
                 retries={"total_max_attempts": 1},
                 connect_timeout=connect_timeout,

@@ -86,6 +86,10 @@ class CheckpointStore:
         self._manifests[key] = ckpt
         return ckpt
 
+    def forget(self, key: str) -> None:
+        """Drop a deleted manifest from the cache."""
+        self._manifests.pop(key, None)
+
     def checkpoints(self, verify: str = "manifest") -> Iterator[Checkpoint]:
         """Committed checkpoints, newest first; unreadable or incomplete ones are skipped with a warning."""
         if verify not in VERIFY_LEVELS:

@@ -37,7 +37,7 @@ from airflow_gpu.checkpoint.layout import (
     new_save_id,
     parse_manifest_key,
 )
-from airflow_gpu.checkpoint.retention import apply_retention, collect_garbage
+from airflow_gpu.checkpoint.retention import apply_retention, collect_garbage, delete_objects
 from airflow_gpu.checkpoint.serialize import (
     BYTES_OBJECT,
     NUMPY_OBJECT,
@@ -84,6 +84,7 @@ class Checkpointer:
         part_size: int = 32 * MiB,
         workers: int = 8,
         gc_grace_seconds: float = 600.0,
+        gc_every: int = 50,
         handle_sigterm: bool = True,
         store: CheckpointStore | None = None,
         **backend_options: Any,
@@ -104,6 +105,8 @@ class Checkpointer:
         self.keep_every = keep_every
         self.part_size = part_size
         self.gc_grace_seconds = gc_grace_seconds
+        self.gc_every = max(1, gc_every)
+        self._saves = 0
         self._claimed = False
         self._committed: dict[int, Checkpoint] = {}
         self._stop = threading.Event()
@@ -232,7 +235,11 @@ class Checkpointer:
         log.info("checkpoint step %d attempt %d committed: %s (%d bytes, %.2fs)", step, self.attempt, ckpt.uri, ckpt.total_bytes, seconds)
         self._write_status(ckpt, seconds)
         apply_retention(self.store, self.attempt, self.keep_last, self.keep_every)
-        collect_garbage(self.store, self.attempt, self.gc_grace_seconds)
+        # saves killed before their commit predate this process (or belong to fenced attempts):
+        # a full sweep at the first save and then every gc_every saves finds them
+        if self._saves % self.gc_every == 0:
+            collect_garbage(self.store, self.attempt, self.gc_grace_seconds)
+        self._saves += 1
         return ckpt
 
     def _commit(self, ckpt: Checkpoint, body: bytes) -> None:
@@ -253,7 +260,7 @@ class Checkpointer:
                 self.store.check(self.store.load(ckpt.key), "objects")
             except CorruptCheckpointError as exc:
                 log.warning("replacing a broken checkpoint of this attempt at the same step: %s", exc)
-                self.store._manifests.pop(ckpt.key, None)
+                self.store.forget(ckpt.key)
                 backend.delete([ckpt.key])
                 continue
             self._delete_save(ckpt.save_id)
@@ -266,8 +273,7 @@ class Checkpointer:
 
     def _delete_save(self, save_id: str) -> None:
         try:
-            keys = [o.key for o in self.store.backend.list(f"{DATA}{save_id}/")]
-            self.store.backend.delete(keys or [f"{DATA}{save_id}/"])
+            delete_objects(self.store, save_id)
         except Exception as exc:  # best effort: GC removes it later
             log.warning("could not delete data of save %s: %s", save_id, exc)
 

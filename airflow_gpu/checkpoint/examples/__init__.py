@@ -1,0 +1,1 @@
+"""Example training scripts that use airflow_gpu.checkpoint (run as `python -m ...`)."""
