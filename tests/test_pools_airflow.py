@@ -14,6 +14,7 @@ import yaml
 
 from airflow_gpu import constants
 from airflow_gpu.config import load_config
+from airflow_gpu.devtools.processes import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -104,17 +105,6 @@ def test_rest_backend_sync(airflow_stack, tmp_path):
     assert out.returncode == 1 and "/auth/token -> 401" in out.stderr
 
 
-def _wait_for(what: str, predicate, timeout: float = 90.0, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last})")
-
-
 def _ti(api, dag_id: str, run_id: str) -> dict:
     return api.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/train")
 
@@ -134,14 +124,16 @@ def test_scheduler_holds_task_until_pool_slots_free(airflow_stack, tmp_path):
         (airflow_stack.dags_folder / f"{dag_id}.py").write_text(
             DAG_TEMPLATE.format(dag_id=dag_id, pool=pool, slots=slots, release=release, wait=wait))
     for dag_id in ("gpu_hold_6", "gpu_big_4"):
-        _wait_for(f"DAG {dag_id} parsed", lambda: _dag_exists(api, dag_id))
+        wait_until(lambda: _dag_exists(api, dag_id), timeout=90, what=f"DAG {dag_id} parsed")
 
     hold = api.request("POST", "/api/v2/dags/gpu_hold_6/dagRuns", json={"logical_date": None})["dag_run_id"]
-    _wait_for("the 6-GPU task running", lambda: _ti(api, "gpu_hold_6", hold)["state"] == "running")
+    wait_until(what="the 6-GPU task running", predicate=lambda: _ti(api, "gpu_hold_6", hold)["state"] == "running",
+               timeout=90)
     assert get_pool(api, pool)["open_slots"] == 56 - hold_slots
 
     big = api.request("POST", "/api/v2/dags/gpu_big_4/dagRuns", json={"logical_date": None})["dag_run_id"]
-    state = _wait_for("the 4-GPU task considered by the scheduler", lambda: _ti(api, "gpu_big_4", big)["state"])
+    state = wait_until(what="the 4-GPU task considered by the scheduler",
+                       predicate=lambda: _ti(api, "gpu_big_4", big)["state"], timeout=60)
     assert state == "scheduled"  # not queued: 28 slots needed, 14 open
     # several scheduler loops (heartbeat 1 s): 28 slots needed, 14 open -> it must not be queued
     for _ in range(8):
@@ -151,7 +143,8 @@ def test_scheduler_holds_task_until_pool_slots_free(airflow_stack, tmp_path):
     assert get_pool(api, pool)["scheduled_slots"] == big_slots
 
     release.touch()
-    _wait_for("the 4-GPU task done", lambda: _ti(api, "gpu_big_4", big)["state"] in ("success", "failed"), timeout=120)
+    wait_until(what="the 4-GPU task done", timeout=120,
+               predicate=lambda: _ti(api, "gpu_big_4", big)["state"] in ("success", "failed"))
     held, waited = _ti(api, "gpu_hold_6", hold), _ti(api, "gpu_big_4", big)
     assert (held["state"], waited["state"]) == ("success", "success")
     assert waited["start_date"] >= held["end_date"]  # it ran only once the slots were free

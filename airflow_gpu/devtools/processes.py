@@ -31,6 +31,18 @@ def wait_for_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1") -> 
     raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:.0f}s")
 
 
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):
+    """Call `predicate` until it returns something truthy; return that, or raise after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
 def wait_for_http(url: str, timeout: float = 60.0, ok_statuses: tuple[int, ...] = (200,)) -> None:
     deadline = time.monotonic() + timeout
     last_error: object = None
