@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from airflow_gpu.constants import TIER_INTERACTIVE
-from airflow_gpu.core.gang import admit
+from airflow_gpu.core.gang import admit, place_gang
 from airflow_gpu.core.model import RunningGang
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements, within_limits
-from airflow_gpu.core.queue import queue_order, schedule_cycle
+from airflow_gpu.core.queue import estimate_start, queue_order, schedule_cycle
 from airflow_gpu.core.snapshot import Snapshot
 
 
@@ -177,3 +177,33 @@ def test_seed_story_production_reclaims_its_quota_from_borrowed_best_effort_trai
     res = schedule_cycle(snap, [prod, plan.victims[0].gang], running, profile(), now + 30, qb)
     assert [(d.gang.name, d.borrowed) for d in res.admitted] == [("nlp-ft", False)]
     assert res.waiting["sweep-2"].startswith("cohort quota: research would borrow 8 a100-80gb")
+
+
+@settings(max_examples=60, deadline=None)
+@given(queues())
+def test_estimated_start_is_the_first_release_after_which_the_gang_fits(scene):
+    snap, running, pending, _ = scene
+    head = max(pending, key=lambda g: len(g.members) * max(m.gpus for m in g.members))
+    est = estimate_start(snap, head, running, profile(), now=10.0)
+    ends = sorted(running, key=lambda r: (math.inf if r.expected_end is None else r.expected_end,
+                                          r.started_at, r.gang.name))
+    brute = None
+    for k in range(1, len(ends) + 1):
+        s = snap.copy()
+        for r in ends[:k]:
+            for p in r.placements:
+                s.forget(p)
+        if place_gang(s, head, profile())[0] is not None:
+            brute = ends[k - 1]
+            break
+    if brute is None:
+        assert est is None
+    else:
+        end = brute.expected_end
+        assert est is not None and est.start == (math.inf if end is None else max(10.0, end))
+        trial = snap.copy()
+        for r in running:
+            for p in r.placements:
+                trial.forget(p)
+        for p in est.placements:  # the reserved placement is a real one once those gangs are gone
+            trial.assume(p)

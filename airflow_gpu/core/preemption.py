@@ -131,6 +131,15 @@ class RoomEstimate:
         self.gpus = max(x.gpus for x in m)
         self.share = max(x.gpu_milli for x in m)
 
+    @classmethod
+    def for_gang(cls, snap: Snapshot, gang: Gang, profile: Profile) -> RoomEstimate:
+        """Eligible nodes: those passing the gang's filters on an EMPTY cluster, a superset of what
+        any release of running gangs can open up, so the estimate stays an upper bound."""
+        shape = snap.shape
+        empty = Snapshot(shape, np.where(shape.gpu_exists, GPU_MILLI, 0), shape.cpu_cap.copy(),
+                         shape.mem_cap.copy(), shape.mig_cap.copy(), {})
+        return cls(snap, gang, eligible_nodes(empty, gang, profile))
+
     def ids(self, level: TopologyLevel) -> np.ndarray:
         if level is TopologyLevel.NODE:
             return np.arange(len(self.snap))
@@ -146,6 +155,9 @@ class RoomEstimate:
             if known.any() and np.bincount(ids[known], weights=fit[known]).max() >= self.want:
                 return True
         return False
+
+    def tracker(self, snap: Snapshot) -> RoomTracker:
+        return RoomTracker(self, snap)
 
     def _fit_one(self, row: np.ndarray, cpu: int, mem: int) -> int:
         fit = self.want
@@ -219,6 +231,47 @@ class RoomEstimate:
         return out
 
 
+class RoomTracker:
+    """The room estimate kept up to date while running gangs are released one by one on `snap`
+    (mutated), touching only the nodes they held: O(pods) over a whole release order."""
+
+    def __init__(self, room: RoomEstimate, snap: Snapshot):
+        self.room, self.snap = room, snap
+        self.fit = members_per_node(snap, room.gang, room.eligible).astype(np.int64)
+        self.sums = []
+        for level in room.levels:
+            ids = room.ids(level)
+            if level is TopologyLevel.NODE:
+                self.sums.append((ids, None))
+            else:
+                known = ids >= 0
+                size = int(ids.max()) + 1 if known.any() else 0
+                self.sums.append((ids, np.bincount(ids[known], weights=self.fit[known], minlength=size)))
+
+    def release(self, running: RunningGang) -> bool:
+        """Forget the gang's pods; True if some domain may now hold the gang."""
+        snap, room = self.snap, self.room
+        touched = set()
+        for p in running.placements:
+            if p.pod in snap.placements:
+                snap.forget(p.pod)
+                touched.add(snap.shape.index[p.node])
+        hit = False
+        for n in touched:
+            if not room.eligible[n]:
+                continue
+            new = room._fit_one(snap.gpu_free[n], int(snap.cpu_free[n]), int(snap.mem_free[n]))
+            delta = new - int(self.fit[n])
+            self.fit[n] = new
+            for ids, sums in self.sums:
+                if sums is None:
+                    hit = hit or new >= room.want
+                elif ids[n] >= 0:
+                    sums[ids[n]] += delta
+                    hit = hit or sums[ids[n]] >= room.want
+        return hit
+
+
 class _Feasibility:
     """Would `gang` be admitted if `victims` were gone? Memoised per victim set."""
 
@@ -283,12 +336,8 @@ def plan_preemption(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], 
     if not cands:
         return None, f"no preemptible gang of lower priority than {gang.priority} to make room"
 
-    # Eligible nodes: those that pass the gang's filters on an empty cluster (a superset of what
-    # any victim set can open up, so the room estimate stays an upper bound).
-    empty = Snapshot(snap.shape, np.where(snap.shape.gpu_exists, GPU_MILLI, 0), snap.shape.cpu_cap.copy(),
-                     snap.shape.mem_cap.copy(), snap.shape.mig_cap.copy(), {})
     prof = profile if exclude is None else restricted(profile, ~exclude, "reserved")
-    room = RoomEstimate(snap, gang, eligible_nodes(empty, gang, prof))
+    room = RoomEstimate.for_gang(snap, gang, prof)
     feasible.room = room
     quota_short = quota is not None and not check(
         quota, usage, gang.team, _gang_demand(gang, snap, quota)).fits

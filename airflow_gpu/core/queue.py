@@ -29,7 +29,7 @@ import numpy as np
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, admit, place_gang
 from airflow_gpu.core.model import Gang, Placement, RunningGang
-from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy, plan_preemption
+from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy, RoomEstimate, plan_preemption
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, demand_of_placements
 from airflow_gpu.core.snapshot import Snapshot
 
@@ -70,34 +70,24 @@ class CycleResult:
 
 def estimate_start(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], profile: Profile,
                    now: float) -> Reservation | None:
-    """When and where `gang` could start if nothing else were admitted: release running gangs by
-    expected end until it fits (bisection over that order). None: it would not fit even then."""
+    """When and where `gang` could start if nothing else were admitted: running gangs are released
+    by expected end on a copy until it fits. None: it would not fit even with all of them gone.
+
+    A room estimate kept up to date per release (core.preemption.RoomTracker) says when a full
+    placement is worth trying, so the whole release order costs about one pass over the pods."""
     ends = sorted(running, key=lambda r: (math.inf if r.expected_end is None else r.expected_end,
                                           r.started_at, r.gang.name))
-
-    def fits(k: int) -> tuple[Placement, ...] | None:
-        s = snap.copy()
-        for r in ends[:k]:
-            for p in r.placements:
-                if p.pod in s.placements:
-                    s.forget(p.pod)
-        placed, _, _ = place_gang(s, gang, profile)
-        return placed
-
-    if not ends or fits(len(ends)) is None:
-        return None
-    lo, hi = 1, len(ends)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fits(mid) is not None:
-            hi = mid
-        else:
-            lo = mid + 1
-    placed = fits(lo) or fits(len(ends))
-    assert placed is not None
-    last = ends[lo - 1].expected_end
-    start = math.inf if last is None else max(now, last)
-    return Reservation(gang, frozenset(p.node for p in placed), start, placed)
+    work = snap.copy()
+    tracker = RoomEstimate.for_gang(snap, gang, profile).tracker(work)
+    for r in ends:
+        if not tracker.release(r):
+            continue
+        placed, _, _ = place_gang(work, gang, profile)
+        if placed is not None:
+            last = r.expected_end
+            start = math.inf if last is None else max(now, last)
+            return Reservation(gang, frozenset(p.node for p in placed), start, placed)
+    return None
 
 
 def _when(start: float, now: float) -> str:
