@@ -88,7 +88,7 @@ BAD_CASES = {
     "unknown product in quota": (_set("teams.2.quota.h100-80gb", 8), "teams[2].quota.h100-80gb", "defined products: a100-80gb"),
     "unknown product in capacity": (_set("capacity.h100-80gb", 8), "capacity.h100-80gb", "defined products: a100-80gb"),
     "unknown MIG profile": (_set(('teams', 4, 'mig_quota', 'a100-80gb', '1g.5gb'), 2), "teams[4].mig_quota.a100-80gb.1g.5gb", "its profiles: 1g.10gb"),
-    "unknown tier name": (_set("tiers.0.name", "gold"), "tiers[0].name", "'production-training', 'best-effort-training'"),
+    "unknown tier name": (_set("tiers.0.name", "gold"), "tiers[0].name", "'production-training', 'inference' or 'best-effort-training'"),
     "unknown tier reference": (_set("teams.3.tiers", ["interactive", "platinum"]), "teams[3].tiers[1]", "defined tiers: interactive"),
     "quota above capacity": (_set("capacity.a100-80gb", 39), "capacity.a100-80gb", "sum to 40 GPUs"),
     "one team above capacity": (_set("capacity.a100-80gb", 6), "teams[0].quota.a100-80gb", "allowed 0..6"),

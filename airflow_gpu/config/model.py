@@ -56,18 +56,17 @@ class MigProfile(_Strict):
     """A MIG profile offered on a product, e.g. `1g.10gb` (Kubernetes resource nvidia.com/mig-1g.10gb)."""
 
     name: Annotated[str, Field(pattern=MIG_PROFILE)]
-    memory_gb: Annotated[float, Field(gt=0)] | None = None  # default: from the name
-    slices: Annotated[StrictInt, Field(ge=1, le=SLOTS_PER_GPU)] | None = None  # default: the "Ng" of the name
+    memory_gb: Annotated[float, Field(gt=0)]  # default: from the name ("10gb")
+    slices: Annotated[StrictInt, Field(ge=1, le=SLOTS_PER_GPU)]  # pool slots; default: the name's "Ng"
 
-    @model_validator(mode="after")
-    def _defaults_from_name(self) -> "MigProfile":
-        match = re.match(MIG_PROFILE, self.name)
-        assert match  # the field pattern guarantees it
-        if self.slices is None:
-            object.__setattr__(self, "slices", int(match.group(1)))
-        if self.memory_gb is None:
-            object.__setattr__(self, "memory_gb", float(match.group(2)))
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_from_name(cls, data):
+        match = re.match(MIG_PROFILE, data.get("name", "")) if isinstance(data, dict) and isinstance(
+            data.get("name"), str) else None
+        if match:  # a bad name is reported by the field pattern
+            data = {"slices": int(match.group(1)), "memory_gb": float(match.group(2)), **data}
+        return data
 
     @property
     def resource(self) -> str:
@@ -100,12 +99,7 @@ class GpuProduct(_Strict):
 class Tier(_Strict):
     """A workload tier; rendered as a Kubernetes PriorityClass `airflow-gpu-<name>`."""
 
-    name: Literal[
-        constants.TIER_PRODUCTION_TRAINING,
-        constants.TIER_BEST_EFFORT_TRAINING,
-        constants.TIER_INFERENCE,
-        constants.TIER_INTERACTIVE,
-    ]
+    name: Literal[constants.TIERS]  # type: ignore[valid-type]  # the four tiers, one name each
     priority: Annotated[StrictInt, Field(ge=-MAX_USER_PRIORITY, le=MAX_USER_PRIORITY)]
     preemptible: StrictBool  # may be chosen as a preemption victim
     spot_eligible: StrictBool  # may run on spot capacity (checkpointable and retriable work only)
