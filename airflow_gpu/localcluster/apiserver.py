@@ -44,6 +44,8 @@ class Request:
 
     def json(self):
         ctype = self.headers.get("content-type", "application/json").split(";")[0].strip()
+        if "protobuf" in ctype or "cbor" in ctype:
+            raise errors.unsupported_media_type(ctype)
         if not self.body.strip():
             raise errors.bad_request("the request body is empty; send a JSON object")
         try:
@@ -193,7 +195,11 @@ class APIServer:
         if sub == "eviction" and method == "POST":
             return self.eviction(ns, name, req.json())
         if method == "GET":
-            return self.out(rt, version, self.objects.get(rt, ns, name))
+            obj = self.objects.get(rt, ns, name)
+            if "as=Table" in req.headers.get("accept", "") and not sub:
+                return json_response(discovery.to_table(rt, version, [obj], obj["metadata"]["resourceVersion"],
+                                                        req.query.get("includeObject", "Metadata")))
+            return self.out(rt, version, obj)
         if method == "PUT":
             body, warnings = self.decode_body(req, rt, version)
             obj = self.objects.update(rt, body, ns, name, sub, dry_run=req.query.get("dryRun") == "All")

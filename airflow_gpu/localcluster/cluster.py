@@ -69,7 +69,7 @@ class LocalCluster:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", self.port))
         self.port = self._sock.getsockname()[1]
-        self.store = Store(self.state_dir)
+        self.store = Store(self.state_dir, history_size=self.spec.watch_history)
         restored = self.store.load()
         self.registry = Registry()
         self.registry.sync_crds(self.store.values(CRD_KEY))

@@ -15,6 +15,7 @@ from airflow_gpu.localcluster import admission, errors
 from airflow_gpu.localcluster.patch import apply_patch
 from airflow_gpu.localcluster.podutil import is_terminal, now_iso, set_condition
 from airflow_gpu.localcluster.resources import CRD_KEY, Registry, ResourceType
+from airflow_gpu.localcluster.schema import decode_object
 from airflow_gpu.localcluster.store import Store, decode, encode
 
 NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # as the real name generator
@@ -160,6 +161,9 @@ class ObjectAPI:
         if not isinstance(patched, dict):
             raise errors.bad_request("the patch did not produce an object")
         patched.setdefault("metadata", {})
+        # decode the result as the server decodes bodies: quantities normalised, unknown fields dropped
+        version = (patched.get("apiVersion") or "").rpartition("/")[2] or rt.versions[0]
+        patched, _ = decode_object(rt, version if version in rt.versions else rt.versions[0], patched, "Ignore")
         wanted_rv = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
         patched["metadata"]["resourceVersion"] = wanted_rv or current["metadata"]["resourceVersion"]
         return self.update(rt, patched, namespace, name, subresource, dry_run), False
