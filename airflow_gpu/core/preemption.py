@@ -30,10 +30,11 @@ import numpy as np
 from airflow_gpu.constants import TIER_INTERACTIVE
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import GangDecision, accepted_products, admit, restricted
-from airflow_gpu.core.model import GPU_MILLI, Gang, Placement, RunningGang, TopologyLevel
+from airflow_gpu.core.model import Gang, Placement, RunningGang, TopologyLevel
 from airflow_gpu.core.quota import Demand, QuotaBook, QuotaUsage, check, demand_of_placements, demand_on_product
+from airflow_gpu.core.room import RoomEstimate
 from airflow_gpu.core.snapshot import Snapshot
-from airflow_gpu.core.topology import eligible_nodes, members_per_node
+from airflow_gpu.core.topology import members_per_node
 
 
 @dataclass(frozen=True)
@@ -111,165 +112,64 @@ def _gang_demand(gang: Gang, snap: Snapshot, quota: QuotaBook) -> Demand:
     return demand_on_product(gang, quota.product(products[0]), quota.weight(products[0])) if products else {}
 
 
-_LADDER = (TopologyLevel.NODE, TopologyLevel.CLIQUE, TopologyLevel.RACK, TopologyLevel.ZONE, TopologyLevel.ANY)
-
-
-class RoomEstimate:
-    """How many members of the gang fit per node (core.topology's estimate, the one admission uses to
-    pick domains), summed per topology domain. If no domain has room by this estimate, admission
-    fails too, so feasibility checks skip the full placement."""
-
-    def __init__(self, snap: Snapshot, gang: Gang, eligible: np.ndarray):
-        self.snap, self.gang, self.eligible = snap, gang, eligible
-        self.want = len(gang.members)
-        req = gang.topology
-        last = _LADDER.index(req.level) if req.hard else len(_LADDER) - 1
-        self.levels = [TopologyLevel.NODE] if self.want == 1 else list(_LADDER[: last + 1])
-        m = gang.members
-        self.cpu = max(x.cpu_milli for x in m)
-        self.mem = max(x.memory_mib for x in m)
-        self.gpus = max(x.gpus for x in m)
-        self.share = max(x.gpu_milli for x in m)
-
-    @classmethod
-    def for_gang(cls, snap: Snapshot, gang: Gang, profile: Profile) -> RoomEstimate:
-        """Eligible nodes: those passing the gang's filters on an EMPTY cluster, a superset of what
-        any release of running gangs can open up, so the estimate stays an upper bound."""
-        shape = snap.shape
-        empty = Snapshot(shape, np.where(shape.gpu_exists, GPU_MILLI, 0), shape.cpu_cap.copy(),
-                         shape.mem_cap.copy(), shape.mig_cap.copy(), {})
-        return cls(snap, gang, eligible_nodes(empty, gang, profile))
-
-    def ids(self, level: TopologyLevel) -> np.ndarray:
-        if level is TopologyLevel.NODE:
-            return np.arange(len(self.snap))
-        if level is TopologyLevel.ANY:
-            return np.zeros(len(self.snap), dtype=np.int64)
-        return self.snap.shape.domain_ids(level.value)
-
-    def may_fit(self, snap: Snapshot) -> bool:
-        fit = members_per_node(snap, self.gang, self.eligible)
-        for level in self.levels:
-            ids = self.ids(level)
-            known = ids >= 0
-            if known.any() and np.bincount(ids[known], weights=fit[known]).max() >= self.want:
-                return True
-        return False
-
-    def tracker(self, snap: Snapshot) -> RoomTracker:
-        return RoomTracker(self, snap)
-
-    def _fit_one(self, row: np.ndarray, cpu: int, mem: int) -> int:
-        fit = self.want
-        if self.cpu:
-            fit = min(fit, cpu // self.cpu)
-        if self.mem:
-            fit = min(fit, mem // self.mem)
-        if self.gpus:
-            fit = min(fit, int((row == GPU_MILLI).sum()) // self.gpus)
-        elif self.share:
-            fit = min(fit, int((row // self.share).sum()))
-        return max(0, fit)
-
-    def domain_prefixes(self, cands: list[RunningGang], now: float, quota, usage, node_product,
-                        per_level: int = 3) -> list[list[RunningGang]]:
-        """Per topology level (tightest first), the cheapest victim sets that make room in one domain:
-        each domain's candidates taken in preference order until its estimated room holds the gang."""
-        snap = self.snap
-        base_fit = members_per_node(snap, self.gang, self.eligible)
-        index = snap.shape.index
-        spots = []  # per candidate: its placements on eligible nodes as (node, gpu shares, cpu, mem)
-        for c in cands:
-            spots.append([(index[p.node], p.gpu_shares, p.cpu_milli, p.memory_mib)
-                          for p in c.placements if self.eligible[index[p.node]]])
-        # A set's cost: non-checkpointable victims first (never one while a checkpointable set
-        # would do), then victims that are not borrowers, then GPU-seconds lost.
-        cost = [((not c.gang.checkpointable), (not c.borrowed) + (not is_borrower(c, quota, usage, node_product)),
-                 c.gpu_seconds_at_risk(now)) for c in cands]
-        out: list[list[RunningGang]] = []
-        for level in self.levels:
-            ids = self.ids(level)
-            by_domain: dict[int, list[int]] = {}
-            for ci, sp in enumerate(spots):
-                for d in {int(ids[n]) for n, _, _, _ in sp if ids[n] >= 0}:
-                    by_domain.setdefault(d, []).append(ci)
-            found = []
-            for d, cis in by_domain.items():
-                nodes = np.flatnonzero(ids == d)
-                room = int(base_fit[nodes].max() if level is TopologyLevel.NODE else base_fit[nodes].sum())
-                rows: dict[int, list] = {}
-                fits: dict[int, int] = {}
-                taken = []
-                for ci in cis:
-                    taken.append(ci)
-                    touched = set()
-                    for n, shares, cpu, mem in spots[ci]:
-                        if ids[n] != d:
-                            continue
-                        if n not in rows:
-                            rows[n] = [snap.gpu_free[n].copy(), int(snap.cpu_free[n]), int(snap.mem_free[n])]
-                        r = rows[n]
-                        for g, milli in shares:
-                            r[0][g] += milli
-                        r[1] += cpu
-                        r[2] += mem
-                        touched.add(n)
-                    for n in touched:
-                        before = fits.get(n, int(base_fit[n]))
-                        fits[n] = self._fit_one(*rows[n])
-                        if level is not TopologyLevel.NODE:
-                            room += fits[n] - before
-                    if level is TopologyLevel.NODE:
-                        room = max(fits.values(), default=0)
-                    if room >= self.want:
-                        key = (sum(cost[i][0] for i in taken), sum(cost[i][1] for i in taken),
-                               sum(cost[i][2] for i in taken), len(taken), d)
-                        found.append((key, taken))
-                        break
-            found.sort(key=lambda kv: kv[0])
-            out.extend([cands[i] for i in taken] for _, taken in found[:per_level])
-        return out
-
-
-class RoomTracker:
-    """The room estimate kept up to date while running gangs are released one by one on `snap`
-    (mutated), touching only the nodes they held: O(pods) over a whole release order."""
-
-    def __init__(self, room: RoomEstimate, snap: Snapshot):
-        self.room, self.snap = room, snap
-        self.fit = members_per_node(snap, room.gang, room.eligible).astype(np.int64)
-        self.sums = []
-        for level in room.levels:
-            ids = room.ids(level)
-            if level is TopologyLevel.NODE:
-                self.sums.append((ids, None))
-            else:
-                known = ids >= 0
-                size = int(ids.max()) + 1 if known.any() else 0
-                self.sums.append((ids, np.bincount(ids[known], weights=self.fit[known], minlength=size)))
-
-    def release(self, running: RunningGang) -> bool:
-        """Forget the gang's pods; True if some domain may now hold the gang."""
-        snap, room = self.snap, self.room
-        touched = set()
-        for p in running.placements:
-            if p.pod in snap.placements:
-                snap.forget(p.pod)
-                touched.add(snap.shape.index[p.node])
-        hit = False
-        for n in touched:
-            if not room.eligible[n]:
-                continue
-            new = room._fit_one(snap.gpu_free[n], int(snap.cpu_free[n]), int(snap.mem_free[n]))
-            delta = new - int(self.fit[n])
-            self.fit[n] = new
-            for ids, sums in self.sums:
-                if sums is None:
-                    hit = hit or new >= room.want
-                elif ids[n] >= 0:
-                    sums[ids[n]] += delta
-                    hit = hit or sums[ids[n]] >= room.want
-        return hit
+def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float, quota, usage, node_product,
+                    per_level: int = 3) -> list[list[RunningGang]]:
+    """Per topology level (tightest first), the cheapest victim sets that make room in one domain:
+    each domain's candidates taken in preference order until its estimated room holds the gang."""
+    snap = room.snap
+    base_fit = members_per_node(snap, room.gang, room.eligible)
+    index = snap.shape.index
+    spots = []  # per candidate: its placements on eligible nodes as (node, gpu shares, cpu, mem)
+    for c in cands:
+        spots.append([(index[p.node], p.gpu_shares, p.cpu_milli, p.memory_mib)
+                      for p in c.placements if room.eligible[index[p.node]]])
+    # A set's cost: non-checkpointable victims first (never one while a checkpointable set
+    # would do), then victims that are not borrowers, then GPU-seconds lost.
+    cost = [((not c.gang.checkpointable), (not c.borrowed) + (not is_borrower(c, quota, usage, node_product)),
+             c.gpu_seconds_at_risk(now)) for c in cands]
+    out: list[list[RunningGang]] = []
+    for level in room.levels:
+        ids = room.ids(level)
+        by_domain: dict[int, list[int]] = {}
+        for ci, sp in enumerate(spots):
+            for d in {int(ids[n]) for n, _, _, _ in sp if ids[n] >= 0}:
+                by_domain.setdefault(d, []).append(ci)
+        found = []
+        for d, cis in by_domain.items():
+            nodes = np.flatnonzero(ids == d)
+            space = int(base_fit[nodes].max() if level is TopologyLevel.NODE else base_fit[nodes].sum())
+            rows: dict[int, list] = {}
+            fits: dict[int, int] = {}
+            taken = []
+            for ci in cis:
+                taken.append(ci)
+                touched = set()
+                for n, shares, cpu, mem in spots[ci]:
+                    if ids[n] != d:
+                        continue
+                    if n not in rows:
+                        rows[n] = [snap.gpu_free[n].copy(), int(snap.cpu_free[n]), int(snap.mem_free[n])]
+                    r = rows[n]
+                    for g, milli in shares:
+                        r[0][g] += milli
+                    r[1] += cpu
+                    r[2] += mem
+                    touched.add(n)
+                for n in touched:
+                    before = fits.get(n, int(base_fit[n]))
+                    fits[n] = room.fit_one(*rows[n])
+                    if level is not TopologyLevel.NODE:
+                        space += fits[n] - before
+                if level is TopologyLevel.NODE:
+                    space = max(fits.values(), default=0)
+                if space >= room.want:
+                    key = (sum(cost[i][0] for i in taken), sum(cost[i][1] for i in taken),
+                           sum(cost[i][2] for i in taken), len(taken), d)
+                    found.append((key, taken))
+                    break
+        found.sort(key=lambda kv: kv[0])
+        out.extend([cands[i] for i in taken] for _, taken in found[:per_level])
+    return out
 
 
 class _Feasibility:
@@ -345,7 +245,7 @@ def plan_preemption(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], 
     chosen: list[RunningGang] | None = None
     if not quota_short:
         # Capacity only: victims concentrated in one topology domain, the cheapest domain first.
-        for prefix in room.domain_prefixes(cands, now, quota, usage, node_product):
+        for prefix in domain_prefixes(room, cands, now, quota, usage, node_product):
             if feasible(prefix) is not None:
                 chosen = prefix
                 break

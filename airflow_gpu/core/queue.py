@@ -29,8 +29,9 @@ import numpy as np
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, admit, place_gang
 from airflow_gpu.core.model import Gang, Placement, RunningGang
-from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy, RoomEstimate, plan_preemption
+from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy, plan_preemption
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, demand_of_placements
+from airflow_gpu.core.room import RoomEstimate
 from airflow_gpu.core.snapshot import Snapshot
 
 
@@ -73,7 +74,7 @@ def estimate_start(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], p
     """When and where `gang` could start if nothing else were admitted: running gangs are released
     by expected end on a copy until it fits. None: it would not fit even with all of them gone.
 
-    A room estimate kept up to date per release (core.preemption.RoomTracker) says when a full
+    A room estimate kept up to date per release (core.room.RoomTracker) says when a full
     placement is worth trying, so the whole release order costs about one pass over the pods."""
     ends = sorted(running, key=lambda r: (math.inf if r.expected_end is None else r.expected_end,
                                           r.started_at, r.gang.name))

@@ -1,0 +1,113 @@
+"""Room estimate: how many members of a gang fit on each node's free capacity, summed per topology
+domain (core.topology's estimate, the one admission uses to pick domains).
+
+If no domain has room by this estimate, admission fails too; so preemption planning and the
+earliest-start estimate use it to skip full placements that cannot succeed. Pure numpy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from airflow_gpu.core.framework import Profile
+from airflow_gpu.core.model import GPU_MILLI, Gang, RunningGang, TopologyLevel
+from airflow_gpu.core.snapshot import Snapshot
+from airflow_gpu.core.topology import eligible_nodes, members_per_node
+
+_LADDER = (TopologyLevel.NODE, TopologyLevel.CLIQUE, TopologyLevel.RACK, TopologyLevel.ZONE, TopologyLevel.ANY)
+
+
+class RoomEstimate:
+    """Members of `gang` that fit per node and per domain, at the topology levels it may use."""
+
+    def __init__(self, snap: Snapshot, gang: Gang, eligible: np.ndarray):
+        self.snap, self.gang, self.eligible = snap, gang, eligible
+        self.want = len(gang.members)
+        req = gang.topology
+        last = _LADDER.index(req.level) if req.hard else len(_LADDER) - 1
+        self.levels = [TopologyLevel.NODE] if self.want == 1 else list(_LADDER[: last + 1])
+        m = gang.members
+        self.cpu = max(x.cpu_milli for x in m)
+        self.mem = max(x.memory_mib for x in m)
+        self.gpus = max(x.gpus for x in m)
+        self.share = max(x.gpu_milli for x in m)
+
+    @classmethod
+    def for_gang(cls, snap: Snapshot, gang: Gang, profile: Profile) -> RoomEstimate:
+        """Eligible nodes: those passing the gang's filters on an EMPTY cluster, a superset of what
+        any release of running gangs can open up, so the estimate stays an upper bound."""
+        shape = snap.shape
+        empty = Snapshot(shape, np.where(shape.gpu_exists, GPU_MILLI, 0), shape.cpu_cap.copy(),
+                         shape.mem_cap.copy(), shape.mig_cap.copy(), {})
+        return cls(snap, gang, eligible_nodes(empty, gang, profile))
+
+    def ids(self, level: TopologyLevel) -> np.ndarray:
+        if level is TopologyLevel.NODE:
+            return np.arange(len(self.snap))
+        if level is TopologyLevel.ANY:
+            return np.zeros(len(self.snap), dtype=np.int64)
+        return self.snap.shape.domain_ids(level.value)
+
+    def may_fit(self, snap: Snapshot) -> bool:
+        fit = members_per_node(snap, self.gang, self.eligible)
+        for level in self.levels:
+            ids = self.ids(level)
+            known = ids >= 0
+            if known.any() and np.bincount(ids[known], weights=fit[known]).max() >= self.want:
+                return True
+        return False
+
+    def tracker(self, snap: Snapshot) -> RoomTracker:
+        return RoomTracker(self, snap)
+
+    def fit_one(self, row: np.ndarray, cpu: int, mem: int) -> int:
+        fit = self.want
+        if self.cpu:
+            fit = min(fit, cpu // self.cpu)
+        if self.mem:
+            fit = min(fit, mem // self.mem)
+        if self.gpus:
+            fit = min(fit, int((row == GPU_MILLI).sum()) // self.gpus)
+        elif self.share:
+            fit = min(fit, int((row // self.share).sum()))
+        return max(0, fit)
+
+class RoomTracker:
+    """The room estimate kept up to date while running gangs are released one by one on `snap`
+    (mutated), touching only the nodes they held: O(pods) over a whole release order."""
+
+    def __init__(self, room: RoomEstimate, snap: Snapshot):
+        self.room, self.snap = room, snap
+        self.fit = members_per_node(snap, room.gang, room.eligible).astype(np.int64)
+        self.sums = []
+        for level in room.levels:
+            ids = room.ids(level)
+            if level is TopologyLevel.NODE:
+                self.sums.append((ids, None))
+            else:
+                known = ids >= 0
+                size = int(ids.max()) + 1 if known.any() else 0
+                self.sums.append((ids, np.bincount(ids[known], weights=self.fit[known], minlength=size)))
+
+    def release(self, running: RunningGang) -> bool:
+        """Forget the gang's pods; True if some domain may now hold the gang."""
+        snap, room = self.snap, self.room
+        touched = set()
+        for p in running.placements:
+            if p.pod in snap.placements:
+                snap.forget(p.pod)
+                touched.add(snap.shape.index[p.node])
+        hit = False
+        for n in touched:
+            if not room.eligible[n]:
+                continue
+            new = room.fit_one(snap.gpu_free[n], int(snap.cpu_free[n]), int(snap.mem_free[n]))
+            delta = new - int(self.fit[n])
+            self.fit[n] = new
+            for ids, sums in self.sums:
+                if sums is None:
+                    hit = hit or new >= room.want
+                elif ids[n] >= 0:
+                    sums[ids[n]] += delta
+                    hit = hit or sums[ids[n]] >= room.want
+        return hit
