@@ -42,8 +42,9 @@ ANNOTATION_PLACEMENT = f"{DOMAIN}/placement"
 ANNOTATION_SCHEDULED = f"{DOMAIN}/scheduled"
 ANNOTATION_EXPECTED_DURATION = f"{DOMAIN}/expected-duration-seconds"  # lets smaller gangs backfill safely
 
-# Marker in an Airflow pool description: only pools carrying it are changed or deleted.
-POOL_DESCRIPTION_MARKER = "[managed-by=airflow-gpu]"
+# Marker in an Airflow pool description: only pools carrying it are changed or deleted. Capitalised
+# on purpose: `airflow pools list` renders with rich, which swallows "[lowercase...]" as markup.
+POOL_DESCRIPTION_MARKER = "[Managed by airflow-gpu]"
 
 # --- node labels set by the NVIDIA GPU operator and cloud providers -------------------------
 NODE_GPU_PRODUCT = "nvidia.com/gpu.product"
