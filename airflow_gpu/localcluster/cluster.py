@@ -210,6 +210,7 @@ class LocalCluster:
         for task in list(self.faults.tasks):
             task.cancel()
         self.store.close()
+        (self.state_dir / "cluster.json").unlink(missing_ok=True)
         self.stopped.set()
 
     # --- control endpoint (faults from the CLI / Python) ------------------------------------------
