@@ -1,0 +1,156 @@
+"""Local cluster API server: pod create throughput with the official sync client, 10,000 pods stored,
+watch event latency with 20 watchers, memory. Targets (issue 3): >= 300 creates/s, p99 < 50 ms, < 500 MB.
+
+The cluster runs as `airflow-gpu cluster up` in its own process (as in tests and the demo). Pods name a
+scheduler that does not exist, so they stay Pending and only the API server is measured. Watchers
+run in a separate process (asyncio, raw chunked HTTP) so their parsing does not share the creator's GIL.
+Run: python -m bench localcluster   (BENCH_LOCALCLUSTER_PODS=N to change the 10,000)
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+N_PODS = int(os.environ.get("BENCH_LOCALCLUSTER_PODS", "10000"))
+N_WATCHERS = 20
+WATCH_EVENTS = 400
+WATCH_RATE = 100.0  # creates per second while watchers measure latency
+SPEC = {"name": "bench", "pools": [{"name": "a100", "count": 4, "gpu": {"count": 8}}]}
+
+
+def pod(name: str, stamp: float | None = None) -> dict:
+    annotations = {"airflow-gpu.io/checkpointable": "true"}
+    if stamp is not None:
+        annotations["bench/sent-at"] = repr(stamp)
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "airflow-gpu", "airflow-gpu.io/team": "vision",
+                                              "airflow-gpu.io/gang": "job-1"}, "annotations": annotations},
+        "spec": {
+            "schedulerName": "bench-no-scheduler", "restartPolicy": "Never", "terminationGracePeriodSeconds": 60,
+            "tolerations": [{"key": "airflow-gpu.io/spot", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{
+                "name": "trainer", "image": "ghcr.io/example/trainer:1.0", "command": ["python", "train.py"],
+                "env": [{"name": "RANK", "value": "0"}, {"name": "WORLD_SIZE", "value": "8"},
+                        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                "resources": {"limits": {"nvidia.com/gpu": "8", "cpu": "32", "memory": "256Gi"}},
+            }],
+        },
+    }
+
+
+def _watchers(server: str, namespace: str, n: int, expected: int, ready, out) -> None:
+    """Child process: n concurrent watches; per event, receive time minus the sender's stamp."""
+    import asyncio
+
+    import aiohttp
+
+    async def one(session, latencies):
+        url = f"{server}/api/v1/namespaces/{namespace}/pods?watch=1&resourceVersion=0&timeoutSeconds=120"
+        async with session.get(url) as response:
+            ready.release()
+            buf = b""
+            async for chunk in response.content.iter_any():
+                now = time.time()
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    event = json.loads(line)
+                    sent = event["object"]["metadata"].get("annotations", {}).get("bench/sent-at")
+                    if event["type"] == "ADDED" and sent:
+                        latencies.append(now - float(sent))
+                if len(latencies) >= expected:
+                    return
+
+    async def main():
+        latencies = [[] for _ in range(n)]
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=180)) as session:
+            await asyncio.gather(*(one(session, lat) for lat in latencies))
+        out.put([x for lat in latencies for x in lat])
+
+    asyncio.run(main())
+
+
+def main() -> None:
+    import psutil
+    from kubernetes import client
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from fixtures.kube import start_kube_cluster
+
+    with tempfile.TemporaryDirectory(prefix="bench-localcluster-") as tmp, start_kube_cluster(Path(tmp), SPEC) as cluster:
+        proc = psutil.Process(cluster.pid)
+        rss_idle = proc.memory_info().rss
+        core = cluster.core()
+        core.create_namespace({"metadata": {"name": "bench"}})
+        core.create_namespace({"metadata": {"name": "watch"}})
+
+        # 1. creates, one client, one request at a time (what a controller loop does)
+        n_seq = min(2000, N_PODS)
+        t0 = time.perf_counter()
+        for i in range(n_seq):
+            core.create_namespaced_pod("bench", pod(f"seq-{i}"))
+        seq_rate = n_seq / (time.perf_counter() - t0)
+
+        # 2. creates from 4 threads, one sync client each, up to N_PODS stored
+        rest = N_PODS - n_seq
+        clients = [cluster.core() for _ in range(4)]
+
+        def worker(k: int) -> None:
+            for i in range(k, rest, 4):
+                clients[k].create_namespaced_pod("bench", pod(f"par-{i}"))
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        par_rate = rest / (time.perf_counter() - t0) if rest else float("nan")
+
+        t0 = time.perf_counter()
+        listed = core.list_namespaced_pod("bench", _preload_content=False)
+        items = len(json.loads(listed.data)["items"])
+        list_s = time.perf_counter() - t0
+        rss_stored = proc.memory_info().rss
+
+        # 3. watch latency: 20 watchers in another process, creates at a steady rate
+        ctx = mp.get_context("spawn")
+        ready, out = ctx.Semaphore(0), ctx.Queue()
+        child = ctx.Process(target=_watchers, args=(cluster.server, "watch", N_WATCHERS, WATCH_EVENTS, ready, out))
+        child.start()
+        for _ in range(N_WATCHERS):
+            if not ready.acquire(timeout=60):
+                raise RuntimeError("watchers did not connect")
+        time.sleep(0.5)
+        start = time.perf_counter()
+        for i in range(WATCH_EVENTS):
+            core.create_namespaced_pod("watch", pod(f"w-{i}", stamp=time.time()))
+            delay = start + (i + 1) / WATCH_RATE - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+        rss_watch = proc.memory_info().rss
+        latencies = sorted(out.get(timeout=120))
+        child.join(timeout=30)
+
+    ms = [x * 1000 for x in latencies]
+    p50, p99 = statistics.median(ms), ms[int(len(ms) * 0.99) - 1]
+    mb = lambda b: b / 2**20  # noqa: E731
+    print(f"pod creates/s, 1 sync client, sequential ({n_seq} pods): {seq_rate:8.0f}   target 300  ratio {seq_rate / 300:.2f}")
+    print(f"pod creates/s, 4 sync clients in threads ({rest} pods):   {par_rate:8.0f}   target 300  ratio {par_rate / 300:.2f}")
+    print(f"pods stored: {items}; full list of them: {list_s * 1000:.0f} ms")
+    print(f"watch latency, {N_WATCHERS} watchers x {WATCH_EVENTS} events at {WATCH_RATE:.0f}/s: "
+          f"p50 {p50:.1f} ms  p99 {p99:.1f} ms   target p99 50 ms  ratio {p99 / 50:.2f}  ({len(ms)} samples)")
+    print(f"API server RSS: idle {mb(rss_idle):.0f} MB, {items} pods {mb(rss_stored):.0f} MB, "
+          f"+{N_WATCHERS} watchers {mb(rss_watch):.0f} MB   target 500 MB  ratio {mb(rss_watch) / 500:.2f}")
+
+
+if __name__ == "__main__":
+    main()
