@@ -189,6 +189,7 @@ class Checkpointer:
         meta = check_metadata(metadata)
         if step in self._committed:
             log.info("step %d is already checkpointed by this attempt: %s", step, self._committed[step].uri)
+            self._write_status(self._committed[step], 0.0)  # records a stop request that came since
             return self._committed[step]
         kind, sources, extra = to_sources(data)
         started = time.monotonic()

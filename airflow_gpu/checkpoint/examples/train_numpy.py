@@ -80,6 +80,10 @@ def batch_indices(seed: int, step: int, steps_per_epoch: int) -> np.ndarray:
     return np.take(order, range(start, start + BATCH), mode="wrap")
 
 
+def meta(loss: float, initial_loss: float, step: int, steps_per_epoch: int) -> dict:
+    return {"loss": loss, "initial_loss": initial_loss, "epoch": step / steps_per_epoch}
+
+
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     env = os.environ
@@ -114,16 +118,15 @@ def main() -> int:
             state["step"] += 1
             if step_seconds:
                 time.sleep(step_seconds)
-            epoch_end = state["step"] % steps_per_epoch == 0
-            if epoch_end or ckpt.should_stop():
+            if ckpt.should_stop():  # SIGTERM: save at this safe point, inside the grace period
                 loss = full_loss(params, x, y)
-                ckpt.save(state["step"], state, metadata={"loss": loss, "initial_loss": initial_loss,
-                                                          "epoch": state["step"] / steps_per_epoch})
-                if epoch_end:
-                    emit("epoch", epoch=state["step"] // steps_per_epoch, step=state["step"], loss=loss)
-            if ckpt.should_stop():
+                ckpt.save(state["step"], state, metadata=meta(loss, initial_loss, state["step"], steps_per_epoch))
                 emit("stopped", step=state["step"], loss=loss)
                 return C.EXIT_CODE_STOPPED
+            if state["step"] % steps_per_epoch == 0:
+                loss = full_loss(params, x, y)
+                ckpt.save(state["step"], state, metadata=meta(loss, initial_loss, state["step"], steps_per_epoch))
+                emit("epoch", epoch=state["step"] // steps_per_epoch, step=state["step"], loss=loss)
     except StaleAttemptError as exc:
         emit("stale", error=str(exc))
         return 1
