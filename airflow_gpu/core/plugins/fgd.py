@@ -75,9 +75,17 @@ class TypicalPods:
 class FragModel:
     """Vectorised node fragmentation for one cluster shape and one typical-pod distribution."""
 
-    def __init__(self, shape: ClusterShape, typical: TypicalPods):
+    def __init__(self, shape: ClusterShape, typical: TypicalPods, stranding_weight: float = 0.0):
         self.shape = shape
         self.typical = typical
+        self.stranding_weight = stranding_weight
+        gpu = typical.milli * typical.count
+        # CPU the workload's GPU pods bring per GPU milli (frequency-weighted)
+        self.cpu_per_gpu_milli = (
+            float((typical.freq * typical.cpu)[gpu > 0].sum() / (typical.freq * gpu)[gpu > 0].sum())
+            if (gpu > 0).any()
+            else 0.0
+        )
         n = len(shape.nodes)
         # access[i, t]: typical pod t may run on node i (GPU product); CPU-only types never "fit" GPUs
         access = np.ones((n, len(typical)), dtype=bool)
@@ -97,28 +105,51 @@ class FragModel:
         cnt = ge.sum(axis=2)[:, self.level_of]  # [K, T] GPUs big enough for t
         small = (total[:, None] - (free[:, None, :] * ge).sum(axis=2))[:, self.level_of]  # [K, T]
         ok = self.access[nodes] & (cnt >= t.count[None, :]) & (cpu[:, None] >= t.cpu[None, :])
-        return np.where(ok, small, total[:, None]) @ t.freq
+        frag = np.where(ok, small, total[:, None]) @ t.freq
+        if self.stranding_weight and self.cpu_per_gpu_milli:
+            frag = frag + self.stranding_weight * self.stranded(free, cpu)
+        return frag
+
+    def stranded(self, free: np.ndarray, cpu: np.ndarray) -> np.ndarray:
+        """GPU milli the node's free CPU cannot feed at the workload's CPU-per-GPU ratio: the
+        fragmentation FGD misses, because it asks whether ONE typical pod fits, not how many do."""
+        return np.maximum(0.0, free.sum(axis=1) - np.maximum(cpu, 0) / self.cpu_per_gpu_milli)
 
 
-def _score(delta: np.ndarray) -> np.ndarray:
-    """int(sigmoid(-delta/1000) * 100), delta = fragmentation after - before (GPU milli)."""
-    return np.floor(MAX_NODE_SCORE / (1.0 + np.exp(delta / 1000.0))).astype(np.int64)
+def _score(delta: np.ndarray, divisor: float = 1000.0) -> np.ndarray:
+    """int(sigmoid(-delta/divisor) * 100), delta = fragmentation after - before (GPU milli)."""
+    return np.floor(MAX_NODE_SCORE / (1.0 + np.exp(delta / divisor))).astype(np.int64)
 
 
 class FGDScore:
-    """Score plugin and GPU chooser: the artifact's FGDScore with its per-GPU choice for shares."""
+    """Score plugin and GPU chooser: the artifact's FGDScore with its per-GPU choice for shares.
+
+    Options beyond the artifact (all off by default, i.e. the published FGD):
+    stranding_weight: add FragModel.stranded (CPU-bound GPU milli) to the fragmentation;
+    divisor: the sigmoid's scale (the artifact: 1000 milli);
+    exact_gpu_choice: pick the share's GPU by the exact fragmentation, not the integer score.
+    """
 
     name = "FGD"
 
-    def __init__(self, typical: TypicalPods):
+    def __init__(
+        self,
+        typical: TypicalPods,
+        stranding_weight: float = 0.0,
+        divisor: float = 1000.0,
+        exact_gpu_choice: bool = False,
+    ):
         self.typical = typical
+        self.stranding_weight = stranding_weight
+        self.divisor = divisor
+        self.exact_gpu_choice = exact_gpu_choice
         self._model: FragModel | None = None
         self._before: tuple[np.ndarray, np.ndarray] | None = None  # (frag [N], version [N])
         self._cache: dict = {}  # shape -> (score [N], gpu [N], version [N])
 
     def _bind(self, snap: Snapshot) -> FragModel:
         if self._model is None or self._model.shape is not snap.shape:
-            self._model = FragModel(snap.shape, self.typical)
+            self._model = FragModel(snap.shape, self.typical, self.stranding_weight)
             n = len(snap)
             self._before = (np.zeros(n), np.full(n, -1, dtype=np.int64))
             self._cache = {}
@@ -154,16 +185,20 @@ class FGDScore:
                 after = np.repeat(free[:, None, :], g, axis=1)  # [K, G(choice), G]
                 after[:, np.arange(g), np.arange(g)] -= pod.gpu_milli
                 frag_after = model.frag(after.reshape(k * g, g), np.repeat(cpu_after, g), np.repeat(stale, g))
-                s = np.where(fits, _score(frag_after.reshape(k, g) - before[:, None]), -1)
-                gpu[stale] = s.argmax(axis=1)
+                delta = frag_after.reshape(k, g) - before[:, None]
+                s = np.where(fits, _score(delta, self.divisor), np.iinfo(np.int64).min)
                 score[stale] = s.max(axis=1)
+                if self.exact_gpu_choice:
+                    gpu[stale] = np.where(fits, delta, np.inf).argmin(axis=1)
+                else:
+                    gpu[stale] = s.argmax(axis=1)
             else:
                 after = free
                 if pod.gpus:  # whole GPUs: any fully free ones (fragmentation ignores which)
                     whole = free == GPU_MILLI
                     take = whole & (np.cumsum(whole, axis=1) <= pod.gpus)
                     after = np.where(take, 0, free)
-                score[stale] = _score(model.frag(after, cpu_after, stale) - before)
+                score[stale] = _score(model.frag(after, cpu_after, stale) - before, self.divisor)
             ver[stale] = snap.version[stale]
         return score, gpu
 
