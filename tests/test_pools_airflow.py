@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -25,18 +26,31 @@ import time
 from pathlib import Path
 
 import pendulum
-from airflow.sdk import dag, task
+from airflow.providers.standard.triggers.file import FileTrigger
+from airflow.sdk import BaseOperator, dag
+
+RELEASE = "{release}"
+
+
+class Hold(BaseOperator):
+    # holds its pool slots until RELEASE exists: running (polling) or deferred (in the triggerer)
+    def __init__(self, mode, **kwargs):
+        super().__init__(**kwargs)
+        self.mode = mode
+
+    def execute(self, context):
+        if self.mode == "defer":
+            self.defer(trigger=FileTrigger(filepath=RELEASE, poke_interval=0.5), method_name="resume")
+        while self.mode == "run" and not Path(RELEASE).exists():
+            time.sleep(0.2)
+
+    def resume(self, context, event=None):
+        return None
 
 
 @dag(dag_id="{dag_id}", schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False)
 def build():
-    @task(pool="{pool}", pool_slots={slots})
-    def train():
-        release = Path("{release}")
-        while {wait} and not release.exists():
-            time.sleep(0.2)
-
-    train()
+    Hold(task_id="train", mode="{mode}", pool="{pool}", pool_slots={slots})
 
 
 build()
@@ -110,44 +124,52 @@ def _ti(api, dag_id: str, run_id: str) -> dict:
 
 
 def test_scheduler_holds_task_until_pool_slots_free(airflow_stack, tmp_path):
+    """3 GPUs running + 3 GPUs deferred (include_deferred: still held) leave 2 of 8 GPUs open; a 4-GPU
+    task waits in `scheduled` through many scheduler loops and runs once the holders finish."""
     api = airflow_stack.api()
     config = two_team_config(tmp_path / "q.yaml", nlp_gpus=8)
     out = rest_sync(airflow_stack, config)
     assert out.returncode == 0, out.stderr
     cfg = load_config(config)
     pool = "gpu.nlp.a100-80gb"
-    hold_slots, big_slots = cfg.pool_slots("a100-80gb", gpus=6), cfg.pool_slots("a100-80gb", gpus=4)
-    assert get_pool(api, pool)["slots"] == 56 and hold_slots + big_slots > 56
+    hold_slots, big_slots = cfg.pool_slots("a100-80gb", gpus=3), cfg.pool_slots("a100-80gb", gpus=4)
+    assert get_pool(api, pool)["slots"] == 56 and 2 * hold_slots + big_slots > 56
 
     release = tmp_path / "release"
-    for dag_id, slots, wait in (("gpu_hold_6", hold_slots, True), ("gpu_big_4", big_slots, False)):
+    dags = {"gpu_run_3": ("run", hold_slots), "gpu_defer_3": ("defer", hold_slots), "gpu_big_4": ("none", big_slots)}
+    for dag_id, (mode, slots) in dags.items():
         (airflow_stack.dags_folder / f"{dag_id}.py").write_text(
-            DAG_TEMPLATE.format(dag_id=dag_id, pool=pool, slots=slots, release=release, wait=wait))
-    for dag_id in ("gpu_hold_6", "gpu_big_4"):
+            DAG_TEMPLATE.format(dag_id=dag_id, pool=pool, slots=slots, release=release, mode=mode))
+    for dag_id in dags:
         wait_until(lambda: _dag_exists(api, dag_id), timeout=90, what=f"DAG {dag_id} parsed")
 
-    hold = api.request("POST", "/api/v2/dags/gpu_hold_6/dagRuns", json={"logical_date": None})["dag_run_id"]
-    wait_until(what="the 6-GPU task running", predicate=lambda: _ti(api, "gpu_hold_6", hold)["state"] == "running",
-               timeout=90)
-    assert get_pool(api, pool)["open_slots"] == 56 - hold_slots
+    runs = {}
+    for dag_id, state in (("gpu_run_3", "running"), ("gpu_defer_3", "deferred")):
+        runs[dag_id] = api.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None})["dag_run_id"]
+    for dag_id, state in (("gpu_run_3", "running"), ("gpu_defer_3", "deferred")):
+        wait_until(lambda: _ti(api, dag_id, runs[dag_id])["state"] == state, timeout=90, what=f"{dag_id} {state}")
+    stats = get_pool(api, pool)
+    assert (stats["running_slots"], stats["deferred_slots"], stats["open_slots"]) == (hold_slots, hold_slots, 14)
 
-    big = api.request("POST", "/api/v2/dags/gpu_big_4/dagRuns", json={"logical_date": None})["dag_run_id"]
-    state = wait_until(what="the 4-GPU task considered by the scheduler",
-                       predicate=lambda: _ti(api, "gpu_big_4", big)["state"], timeout=60)
+    runs["gpu_big_4"] = api.request("POST", "/api/v2/dags/gpu_big_4/dagRuns", json={"logical_date": None})["dag_run_id"]
+    state = wait_until(lambda: _ti(api, "gpu_big_4", runs["gpu_big_4"])["state"], timeout=60,
+                       what="the 4-GPU task considered by the scheduler")
     assert state == "scheduled"  # not queued: 28 slots needed, 14 open
-    # several scheduler loops (heartbeat 1 s): 28 slots needed, 14 open -> it must not be queued
-    for _ in range(8):
+    for _ in range(8):  # several scheduler loops (heartbeat 1 s)
         time.sleep(1)
-        assert _ti(api, "gpu_big_4", big)["state"] == "scheduled"
-        assert _ti(api, "gpu_hold_6", hold)["state"] == "running"
+        assert _ti(api, "gpu_big_4", runs["gpu_big_4"])["state"] == "scheduled"
+    assert _ti(api, "gpu_defer_3", runs["gpu_defer_3"])["state"] == "deferred"
     assert get_pool(api, pool)["scheduled_slots"] == big_slots
 
+    released_at = datetime.now(timezone.utc)
     release.touch()
-    wait_until(what="the 4-GPU task done", timeout=120,
-               predicate=lambda: _ti(api, "gpu_big_4", big)["state"] in ("success", "failed"))
-    held, waited = _ti(api, "gpu_hold_6", hold), _ti(api, "gpu_big_4", big)
-    assert (held["state"], waited["state"]) == ("success", "success")
-    assert waited["start_date"] >= held["end_date"]  # it ran only once the slots were free
+    for dag_id, run_id in runs.items():
+        wait_until(lambda: _ti(api, dag_id, run_id)["state"] in ("success", "failed"), timeout=120,
+                   what=f"{dag_id} done")
+    tis = {dag_id: _ti(api, dag_id, run_id) for dag_id, run_id in runs.items()}
+    assert {dag_id: ti["state"] for dag_id, ti in tis.items()} == dict.fromkeys(runs, "success")
+    # it ran only after the holders let go of their slots
+    assert datetime.fromisoformat(tis["gpu_big_4"]["start_date"]) >= released_at
 
 
 def _dag_exists(api, dag_id: str) -> bool:
