@@ -414,3 +414,67 @@ def test_bearer_token_required(tmp_path):
         assert r.status_code == 401 and r.json()["reason"] == "Unauthorized"
         assert [n.metadata.name for n in cluster.core().list_node().items] == ["n-0"]
         assert "n-0" in cluster.kubectl("get", "nodes").stdout
+
+
+def test_status_subresource_eviction_lease_and_propagation(kube_cluster, ns):
+    core = kube_cluster.core()
+    core.create_namespaced_pod(ns, pod_body("st", scheduler="nobody"))
+    # status is written through /status only
+    core.patch_namespaced_pod_status("st", ns, {"status": {"conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "waiting for gang"}]}})
+    core.patch_namespaced_pod("st", ns, {"metadata": {"labels": {"x": "1"}}, "status": {"phase": "Running"}})
+    pod = core.read_namespaced_pod("st", ns)
+    assert pod.status.phase == "Pending" and pod.metadata.labels == {"x": "1"}
+    assert [(c.type, c.reason) for c in pod.status.conditions] == [("PodScheduled", "Unschedulable")]
+    # Eviction API: DisruptionTarget first, then graceful deletion
+    core.create_namespaced_pod(ns, pod_body("ev", annotations={C.ANNOTATION_SIM_DURATION: "100"}, grace=5))
+    wait_for(lambda: phase(core, ns, "ev") == "Running", what="running")
+    core.create_namespaced_pod_eviction("ev", ns, client.V1Eviction(metadata=client.V1ObjectMeta(name="ev", namespace=ns)),
+                                        _preload_content=False)
+    seen = core.read_namespaced_pod("ev", ns) if phase(core, ns, "ev") != "Gone" else None
+    if seen is not None:
+        cond = next(c for c in seen.status.conditions if c.type == C.CONDITION_DISRUPTION_TARGET)
+        assert cond.reason == C.REASON_EVICTION_BY_EVICTION_API
+    wait_for(lambda: phase(core, ns, "ev") == "Gone", what="evicted pod removed")
+    # leases (leader election): optimistic concurrency
+    coord = client.CoordinationV1Api(kube_cluster.api_client())
+    lease = coord.create_namespaced_lease(ns, {"metadata": {"name": "leader"}, "spec": {"holderIdentity": "a",
+                                                                                      "leaseDurationSeconds": 15}})
+    lease.spec.holder_identity = "b"
+    coord.replace_namespaced_lease("leader", ns, lease)
+    lease.spec.holder_identity = "c"
+    with pytest.raises(ApiException) as err:
+        coord.replace_namespaced_lease("leader", ns, lease)
+    assert err.value.status == 409
+    # propagationPolicy: Orphan keeps dependents (without the ownerReference), Foreground deletes them first
+    for policy in ("Orphan", "Foreground"):
+        owner = core.create_namespaced_config_map(ns, {"metadata": {"name": f"own-{policy.lower()}"}})
+        ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": owner.metadata.name, "uid": owner.metadata.uid}
+        core.create_namespaced_secret(ns, {"metadata": {"name": f"dep-{policy.lower()}", "ownerReferences": [ref]}})
+        core.delete_namespaced_config_map(owner.metadata.name, ns, propagation_policy=policy)
+    wait_for(lambda: not [s for s in core.list_namespaced_secret(ns).items if s.metadata.name == "dep-foreground"],
+             what="foreground deletion of the dependent")
+    orphan = core.read_namespaced_secret("dep-orphan", ns)
+    assert not orphan.metadata.owner_references
+    wait_for(lambda: [c.metadata.name for c in core.list_namespaced_config_map(ns).items
+                      if c.metadata.name.startswith("own-")] == [], what="owners gone")
+
+
+def test_init_containers_and_services_and_secrets_env(kube_cluster, ns):
+    core = kube_cluster.core()
+    core.create_namespaced_secret(ns, {"metadata": {"name": "creds"}, "stringData": {"token": "abc"}})
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "cfg"}, "data": {"MODE": "fast"}})
+    svc = core.create_namespaced_service(ns, {"metadata": {"name": "job-1"}, "spec": {
+        "clusterIP": "None", "selector": {"job": "1"}, "ports": [{"port": 29500}]}})
+    assert svc.spec.cluster_ip == "None" and svc.spec.ports[0].target_port == 29500
+    script = "import os; print(os.environ['TOKEN'], os.environ['MODE'], open('init.txt').read())"
+    core.create_namespaced_pod(ns, pod_body(
+        "withinit", ["python", "-c", script],
+        initContainers=[{"name": "init", "image": "busybox", "command": ["python", "-c", "open('init.txt','w').write('initialised')"]}],
+        containers=[{"name": "main", "image": "x", "command": ["python", "-c", script],
+                     "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}}],
+                     "envFrom": [{"configMapRef": {"name": "cfg"}}]}]))
+    wait_for(lambda: phase(core, ns, "withinit") == "Succeeded", what="pod with init container")
+    assert pod_log(core, ns, "withinit") == "abc fast initialised\n"
+    pod = core.read_namespaced_pod("withinit", ns)
+    assert pod.status.init_container_statuses[0].state.terminated.exit_code == 0

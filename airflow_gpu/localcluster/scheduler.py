@@ -61,7 +61,7 @@ class DefaultScheduler:
             return
         pending.sort(key=lambda p: (-(p["spec"].get("priority") or 0), p["metadata"]["creationTimestamp"]))
         nodes = {n["metadata"]["name"]: n for n in self.store.values(NODE_KEY)}
-        free = {name: self._free(node) for name, node in nodes.items()}
+        free = self._free(nodes)
         for pod in pending:
             requests = pod_requests(pod)
             chosen, reasons = None, {}
@@ -86,14 +86,18 @@ class DefaultScheduler:
                             f"Successfully assigned {pod['metadata']['namespace']}/{pod['metadata']['name']} to {chosen}",
                             component=DEFAULT_SCHEDULER)
 
-    def _free(self, node: dict) -> dict:
-        alloc = {k: quantity(v) for k, v in ((node.get("status") or {}).get("allocatable") or {}).items()}
+    def _free(self, nodes: dict[str, dict]) -> dict[str, dict]:
+        """Allocatable minus the requests of the pods bound to each node (one pass over pods)."""
+        free = {name: {k: quantity(v) for k, v in ((node.get("status") or {}).get("allocatable") or {}).items()}
+                for name, node in nodes.items()}
         for pod in self.store.values(POD_KEY):
-            if pod["spec"].get("nodeName") == node["metadata"]["name"] and not is_terminal(pod):
-                for k, v in pod_requests(pod).items():
-                    alloc[k] = alloc.get(k, 0) - v
-                alloc["pods"] = alloc.get("pods", 0) - 1
-        return alloc
+            alloc = free.get(pod["spec"].get("nodeName") or "")
+            if alloc is None or is_terminal(pod):
+                continue
+            for k, v in pod_requests(pod).items():
+                alloc[k] = alloc.get(k, 0) - v
+            alloc["pods"] = alloc.get("pods", 0) - 1
+        return free
 
     @staticmethod
     def _filter(pod: dict, node: dict, requests: dict, free: dict) -> str | None:

@@ -1,0 +1,108 @@
+"""Pure pieces of the local cluster: spec validation and node labels, selectors, patches, schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_gpu import constants as C
+from airflow_gpu.localcluster.errors import ApiError
+from airflow_gpu.localcluster.patch import merge_patch, strategic_merge
+from airflow_gpu.localcluster.resources import Registry
+from airflow_gpu.localcluster.schema import decode_object
+from airflow_gpu.localcluster.selectors import labels_match, parse_field_selector, parse_label_selector
+from airflow_gpu.localcluster.spec import SpecError, initial_nodes, load_spec, parse_spec
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def test_seed_example_nodes():
+    spec = load_spec(EXAMPLES / "cluster-seed.yaml")
+    nodes = {n["metadata"]["name"]: n for n in initial_nodes(spec)}
+    assert len(nodes) == 11
+    od, spot, mig = nodes["a100-od-0"], nodes["a100-spot-3"], nodes["a100-mig-0"]
+    assert od["status"]["capacity"][C.RESOURCE_GPU] == "8"
+    assert od["metadata"]["labels"][C.NODE_GPU_MEMORY] == "81920"
+    assert od["metadata"]["labels"][C.NODE_MIG_STRATEGY] == "none"
+    assert [n["metadata"]["labels"][C.NODE_GPU_CLIQUE] for k, n in sorted(nodes.items()) if k.startswith("a100-od")] == \
+        ["clique-a1", "clique-a1", "clique-a2", "clique-a2"]
+    assert spot["metadata"]["labels"][C.NODE_CAPACITY_TYPE_KARPENTER] == "spot"
+    assert spot["spec"]["taints"] == [{"key": C.TAINT_SPOT, "value": "true", "effect": "NoSchedule"}]
+    assert "taints" not in od["spec"]
+    assert mig["metadata"]["labels"][C.NODE_MIG_STRATEGY] == "mixed"
+    assert mig["status"]["allocatable"][C.RESOURCE_GPU] == "4"
+    assert mig["status"]["allocatable"][C.RESOURCE_MIG_PREFIX + "1g.10gb"] == "28"
+    mixed = nodes["a100-mig-mixed-0"]["status"]["allocatable"]
+    assert (mixed[C.RESOURCE_GPU], mixed[C.RESOURCE_MIG_PREFIX + "3g.40gb"], mixed[C.RESOURCE_MIG_PREFIX + "1g.10gb"]) == ("6", "2", "4")
+
+
+def test_eks_and_gke_capacity_labels():
+    for provider, key, value in (("eks", C.NODE_CAPACITY_TYPE_EKS, "SPOT"), ("gke", C.NODE_GKE_SPOT, "true")):
+        spec = parse_spec({"provider": provider, "pools": [{"name": "s", "count": 1, "capacityType": "spot"}]})
+        assert initial_nodes(spec)[0]["metadata"]["labels"][key] == value
+
+
+@pytest.mark.parametrize("pools, message", [
+    ([{"name": "a", "count": 1, "gpu": {"count": 8, "mig": {"gpus": 1, "devices": [{"profile": "3g.40gb", "count": 3}]}}}],
+     "compute slices"),
+    ([{"name": "a", "count": 1, "gpu": {"count": 8, "mig": {"gpus": 1, "devices": [
+        {"profile": "3g.40gb", "count": 2}, {"profile": "1g.10gb", "count": 1}]}}}], "memoryMiB"),
+    ([{"name": "a", "count": 1, "gpu": {"count": 1, "mig": {"gpus": 2, "devices": [{"profile": "1g.10gb", "count": 1}]}}}],
+     "mig.gpus=2 is more than gpu.count=1"),
+    ([{"name": "a", "count": 1, "gpu": {"mig": {"gpus": 1, "devices": [{"profile": "big", "count": 1}]}}}], "1g.10gb"),
+    ([{"name": "A_b", "count": 1}], "pools.0.name"),
+    ([{"name": "a", "count": 1, "memory": "lots"}], "not a Kubernetes quantity"),
+    ([{"name": "a", "count": 1}, {"name": "a", "count": 2}], "repeated: a"),
+    ([{"name": "a", "count": 1, "colour": "red"}], "pools.0.colour"),
+])
+def test_bad_specs_name_the_field(pools, message):
+    with pytest.raises(SpecError) as err:
+        parse_spec({"pools": pools})
+    assert message in str(err.value)
+
+
+def test_label_selectors():
+    reqs = parse_label_selector("team in (a, b),tier!=x,!legacy,gpu")
+    assert labels_match(reqs, {"team": "a", "tier": "y", "gpu": "1"})
+    assert not labels_match(reqs, {"team": "c", "gpu": "1"})
+    assert not labels_match(reqs, {"team": "a", "gpu": "1", "legacy": "1"})
+    assert not labels_match(reqs, {"team": "a", "tier": "x", "gpu": "1"})
+    with pytest.raises(ApiError) as err:
+        parse_label_selector("team in a")
+    assert err.value.code == 400
+
+
+def test_field_selectors_allowed_per_kind():
+    assert parse_field_selector("spec.nodeName=n1,status.phase!=Failed", "Pod") == (
+        ("spec.nodeName", False, "n1"), ("status.phase", True, "Failed"))
+    with pytest.raises(ApiError) as err:
+        parse_field_selector("spec.nodeName=n1", "ConfigMap")
+    assert "field label not supported: spec.nodeName" in err.value.message
+
+
+def test_strategic_merge_by_keys_and_directives():
+    pod = {"spec": {"containers": [{"name": "a", "image": "1", "env": [{"name": "X", "value": "1"}]},
+                                   {"name": "b", "image": "2"}],
+                    "tolerations": [{"key": "t1"}]},
+           "metadata": {"finalizers": ["f1"]}}
+    patch = {"spec": {"$setElementOrder/containers": [{"name": "a"}, {"name": "b"}],
+                      "containers": [{"name": "a", "env": [{"name": "Y", "value": "2"}]}, {"name": "b", "$patch": "delete"}],
+                      "tolerations": [{"key": "t2"}]},
+             "metadata": {"finalizers": ["f2"]}}
+    out = strategic_merge(pod, patch)
+    assert out["spec"]["containers"] == [{"name": "a", "image": "1", "env": [{"name": "X", "value": "1"}, {"name": "Y", "value": "2"}]}]
+    assert out["spec"]["tolerations"] == [{"key": "t2"}]  # atomic list: replaced
+    assert out["metadata"]["finalizers"] == ["f1", "f2"]
+    assert merge_patch({"a": {"b": 1, "c": 2}}, {"a": {"b": None, "d": 3}}) == {"a": {"c": 2, "d": 3}}
+
+
+def test_decode_normalises_quantities_and_reports_unknown_fields():
+    pods = Registry().by_key("/pods")
+    obj, warnings = decode_object(pods, "v1", {"metadata": {"name": "p"}, "spec": {"containers": [
+        {"name": "c", "image": "i", "resources": {"limits": {"nvidia.com/gpu": 1, "cpu": 0.5}}, "extra": True}]}}, "Warn")
+    assert obj["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1", "cpu": "0.5"}
+    assert "extra" not in obj["spec"]["containers"][0] and warnings == ['unknown field "spec.containers[0].extra"']
+    with pytest.raises(ApiError) as err:
+        decode_object(pods, "v1", {"metadata": {"name": "p"}, "spec": {"containers": "no"}}, "Warn")
+    assert err.value.code == 400 and "spec.containers" in err.value.message
