@@ -3,6 +3,8 @@ dry run, create, no change, update one, delete one, unmanaged pools untouched, b
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -158,3 +160,31 @@ def test_fresh_airflow_home_dry_run_lists_creates_and_sync_needs_migrate(tmp_pat
     out = sync(db, config)
     assert out.returncode == 1
     assert "has no Airflow schema; run `airflow db migrate` first" in out.stderr
+
+
+RACE_SCRIPT = """
+import sys
+from airflow_gpu.config import load_config
+from airflow_gpu.pools.backends import DatabaseBackend, PoolBackendError
+from airflow_gpu.pools.sync import plan_sync
+
+backend = DatabaseBackend()
+plan = plan_sync(load_config(sys.argv[1]), backend)
+# someone creates an unmanaged pool with a wanted name between plan and apply
+from airflow.models.pool import Pool
+Pool.create_or_update_pool("gpu.nlp.a100-80gb", 1, "by hand", False)
+try:
+    backend.apply(plan.changes)
+except PoolBackendError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_pool_created_between_plan_and_apply_is_not_overwritten(sqlite_airflow_db, tmp_path):
+    db = sqlite_airflow_db
+    out = subprocess.run([sys.executable, "-c", RACE_SCRIPT, str(write_config(tmp_path / "q.yaml"))],
+                         env=db.env(), capture_output=True, text=True, timeout=120)
+    assert "refused: pool 'gpu.nlp.a100-80gb' changed while the sync was planned" in out.stdout, out.stderr
+    pools = db.pools()
+    assert set(pools) == {"default_pool", "gpu.nlp.a100-80gb"}  # the transaction wrote nothing
+    assert (pools["gpu.nlp.a100-80gb"]["slots"], pools["gpu.nlp.a100-80gb"]["description"]) == (1, "by hand")

@@ -69,6 +69,15 @@ class DatabaseBackend:
         from airflow.models.pool import Pool
 
         with self._session() as session:
+            # optimistic check inside the write transaction: a pool created or edited by someone else
+            # since the plan was made (e.g. an unmanaged pool with a wanted name) is never overwritten
+            now = {p.pool: p for p in Pool.get_pools(session=session)}
+            for change in changes:
+                row = now.get(change.name)
+                state = row and _state(row.pool, row.slots, row.description, row.include_deferred, row.team_name)
+                if state != change.old:
+                    raise PoolBackendError(f"pool {change.name!r} changed while the sync was planned; "
+                                           "nothing written, run the sync again")
             for change in changes:
                 if change.action == "delete":
                     Pool.delete_pool(change.name, session=session)
