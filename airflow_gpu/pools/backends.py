@@ -118,7 +118,9 @@ class RestBackend:
     """A remote Airflow over REST API v2: GET /api/v2/pools (paged), POST, PATCH, DELETE per pool.
 
     PATCH /api/v2/pools/{name} is sent with the full body: the server requires `name` and
-    `include_deferred` in it even for a partial update (PLATFORM.md)."""
+    `include_deferred` in it even for a partial update (PLATFORM.md). Changes go one request at a
+    time, so unlike the database backend a failure midway leaves the earlier ones applied; the sync is
+    idempotent, so running it again finishes the job."""
 
     def __init__(self, api_url: str, token: str | None = None, username: str | None = None,
                  password: str | None = None, multi_team: bool | None = None):
