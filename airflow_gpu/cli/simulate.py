@@ -1,11 +1,106 @@
-"""`airflow-gpu simulate`: not built yet."""
+"""`airflow-gpu simulate`: trace simulation on the same core/ placement code as the scheduler.
+
+    airflow-gpu simulate inflation --nodes CSV --pods CSV --policy NAME --seed N [--ratio 1.3]
+                                   [--json] [--assignments FILE]
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+from airflow_gpu.core.policies import DEFAULT_POLICY, POLICIES
+
+ANCHOR_POINTS = (100, 110, 120, 130)
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("simulate", help="(not built yet)")
-    parser.set_defaults(func=_not_built)
+    parser = subparsers.add_parser("simulate", help="replay a GPU trace through the placement policies")
+    modes = parser.add_subparsers(dest="mode", required=True, metavar="MODE")
+    inflation = modes.add_parser(
+        "inflation",
+        help="the FGD artifact's allocation experiment: arrive pods up to ratio x GPU capacity, no departures",
+    )
+    inflation.add_argument("--nodes", required=True, type=Path, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)")
+    inflation.add_argument("--pods", required=True, type=Path, help="pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli,...)")
+    inflation.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICIES, help=f"placement policy (default {DEFAULT_POLICY})")
+    inflation.add_argument("--seed", type=int, default=42, help="shuffle/sampling/tie-order seed (the artifact uses 42..51)")
+    inflation.add_argument("--ratio", type=float, default=1.3, help="arrived GPU demand as a multiple of capacity (default 1.3)")
+    inflation.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    inflation.add_argument("--assignments", type=Path, help="write the final placement as CSV to this file")
+    inflation.set_defaults(func=_inflation)
 
 
-def _not_built(args) -> int:
-    print("airflow-gpu simulate: not built yet")
-    return 2
+def _inflation(args) -> int:
+    from airflow_gpu.sim.inflation import run_inflation
+    from airflow_gpu.sim.traces import TraceError, load_nodes, load_pods, trace_name
+
+    if not 0 < args.ratio <= 10:
+        print(f"--ratio must be in (0, 10], got {args.ratio}; the artifact uses 1.3", file=sys.stderr)
+        return 2
+    try:
+        nodes = load_nodes(args.nodes)
+        pods = [p.request for p in load_pods(args.pods)]
+    except TraceError as exc:
+        print(f"airflow-gpu simulate: {exc}", file=sys.stderr)
+        return 2
+
+    if sys.stderr.isatty():
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            task = bar.add_task(f"{args.policy} seed {args.seed}", total=None)
+            result = run_inflation(
+                nodes, pods, args.policy, args.seed, args.ratio,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )
+    else:
+        result = run_inflation(nodes, pods, args.policy, args.seed, args.ratio)
+
+    if args.assignments:
+        write_assignments(args.assignments, result.placements)
+    summary = {
+        "policy": args.policy,
+        "trace": trace_name(args.pods),
+        "nodes": trace_name(args.nodes),
+        "seed": args.seed,
+        "ratio": args.ratio,
+        "gpu_allocation_pct": round(result.gpu_allocation_pct, 4),
+        "allocation_at_pct": {str(x): round(result.allocation_at(x), 4) for x in ANCHOR_POINTS},
+        "curve": result.curve(),
+        "unallocated_gpus": round(result.unallocated_gpus, 3),
+        "total_gpus": result.total_gpu_milli // 1000,
+        "pods": len(result.pods),
+        "placed_pods": len(result.placements),
+        "failed_pods": len(result.failed_pods),
+        "seconds": round(result.seconds, 3),
+    }
+    if args.assignments:
+        summary["assignments"] = str(args.assignments)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"{summary['trace']} policy={args.policy} seed={args.seed} ratio={args.ratio}: "
+            f"GPU allocation {summary['gpu_allocation_pct']:.2f}% "
+            f"({summary['unallocated_gpus']:.1f} of {summary['total_gpus']} GPUs unallocated), "
+            f"{summary['failed_pods']} of {summary['pods']} pods failed, {summary['seconds']:.1f}s"
+        )
+        print("  at arrived " + ", ".join(f"{k}%: {v:.2f}%" for k, v in summary["allocation_at_pct"].items()))
+    return 0
+
+
+ASSIGNMENT_COLUMNS = ("pod", "node", "gpu_shares", "cpu_milli", "memory_mib")
+
+
+def write_assignments(path: Path, placements) -> None:
+    """One row per placed pod; gpu_shares is 'index:milli' joined by ';' (empty for CPU-only pods)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(ASSIGNMENT_COLUMNS)
+        for p in placements:
+            shares = ";".join(f"{g}:{m}" for g, m in p.gpu_shares)
+            writer.writerow((p.pod, p.node, shares, p.cpu_milli, p.memory_mib))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -26,10 +26,11 @@ from airflow_gpu.core.snapshot import Snapshot
 @dataclass(frozen=True)
 class FilterResult:
     """ok[i]: node i passes. reason: the label for rejected nodes, or an array of labels (one per
-    node, read only where ok is False) when one plugin has several reasons."""
+    node, read only where ok is False) when one plugin has several reasons, or a zero-argument
+    callable returning that array (computed only if someone reads the diagnosis)."""
 
     ok: np.ndarray
-    reason: str | np.ndarray
+    reason: str | np.ndarray | Callable[[], np.ndarray]
 
 
 @runtime_checkable
@@ -55,14 +56,32 @@ class GpuChooser(Protocol):
     def choose_gpus(self, snap: Snapshot, pod: PodRequest, node: int) -> tuple[tuple[int, int], ...]: ...
 
 
-@dataclass(frozen=True)
 class FilterDiagnosis:
     """Why nodes were rejected, counted per reason (each node counted once, under its first failing
-    filter, as kube-scheduler reports it)."""
+    filter, as kube-scheduler reports it). Counting happens on first read: the simulator never
+    reads it, a scheduler reads it only for pods that wait."""
 
-    total: int
-    feasible: int
-    reasons: tuple[tuple[str, int], ...] = ()
+    __slots__ = ("total", "feasible", "_parts", "_reasons")
+
+    def __init__(self, total: int, feasible: int, reasons=None, parts=()):
+        self.total = total
+        self.feasible = feasible
+        self._parts = parts  # (newly rejected mask, reason) per filter, in order
+        self._reasons = tuple(reasons) if reasons is not None else None
+
+    @property
+    def reasons(self) -> tuple[tuple[str, int], ...]:
+        if self._reasons is None:
+            counts: Counter[str] = Counter()
+            for newly, reason in self._parts:
+                if isinstance(reason, str):
+                    counts[reason] += int(newly.sum())
+                else:
+                    labels = reason() if callable(reason) else reason
+                    counts.update(np.asarray(labels)[newly].tolist())
+            self._reasons = tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+            self._parts = ()
+        return self._reasons
 
     def message(self) -> str:
         """'0/12 nodes are available: 8 insufficient nvidia.com/gpu, 4 untolerated taint ...'."""
@@ -73,6 +92,9 @@ class FilterDiagnosis:
 
     def __str__(self) -> str:
         return self.message()
+
+    def __repr__(self) -> str:
+        return f"FilterDiagnosis({self.message()!r})"
 
 
 @dataclass
@@ -95,21 +117,17 @@ class Profile:
 
 
 def run_filters(snap: Snapshot, pod: PodRequest, filters) -> tuple[np.ndarray, FilterDiagnosis]:
-    """Every filter over every node: the feasible mask, and the reason counts for the rest."""
+    """Every filter over every node: the feasible mask, and the reasons for the rest."""
     n = len(snap)
     ok = np.ones(n, dtype=bool)
-    counts: Counter[str] = Counter()
+    parts = []
     for plugin in filters:
         result = plugin.filter(snap, pod)
         newly = ok & ~result.ok  # attribute a node to its first failing filter only
         if newly.any():
-            if isinstance(result.reason, str):
-                counts[result.reason] += int(newly.sum())
-            else:
-                counts.update(np.asarray(result.reason)[newly].tolist())
+            parts.append((newly, result.reason))
             ok &= result.ok
-    reasons = tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
-    return ok, FilterDiagnosis(total=n, feasible=int(ok.sum()), reasons=reasons)
+    return ok, FilterDiagnosis(total=n, feasible=int(ok.sum()), parts=tuple(parts))
 
 
 def total_scores(snap: Snapshot, pod: PodRequest, profile: Profile, nodes: np.ndarray) -> np.ndarray:

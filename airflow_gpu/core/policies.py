@@ -1,7 +1,11 @@
 """Named placement policies: a Profile per name, the same in the simulator and the scheduler.
 
 Baselines from the FGD artifact (random, dotprod, gpuclustering, gpupacking, bestfit), FGD itself,
-and the project's default (see plugins/lookahead.py).
+and the project's default, fgd-strand: FGD whose fragmentation also counts the GPU milli a node's
+free CPU cannot feed at the workload's CPU-per-GPU ratio (FragModel.stranded). FGD asks whether ONE
+typical pod still fits a node; a node with 8 free GPUs and CPU for one pod passes that test and then
+strands 7 GPUs. Counting the stranded milli steers CPU-heavy and CPU-only pods away from GPU-rich,
+CPU-poor nodes.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ from airflow_gpu.core.plugins.scores import (
     RandomScore,
 )
 
-DEFAULT_POLICY = "fgd-lookahead"
+DEFAULT_POLICY = "fgd-strand"
+# fgd-strand: weight of the stranded milli against FGD fragmentation, and the sigmoid scale (milli)
+STRANDING_WEIGHT = 1.0
+STRANDING_DIVISOR = 500.0
 BASELINES = ("random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd")
 POLICIES = BASELINES + (DEFAULT_POLICY,)
 # the anchors' policy labels (../shared/anchors/fgd_gpu_allocation.csv)
@@ -62,8 +69,7 @@ def make_profile(
             raise ValueError(f"policy {name} needs the workload's typical pods (TypicalPods.from_pods)")
         if name == "fgd":
             fgd = FGDScore(typical)
-            return Profile(name, filters, ((fgd, 1.0),), fgd, tie_rank)
-        from airflow_gpu.core.plugins.lookahead import make_default_profile
-
-        return make_default_profile(typical, filters, tie_rank)
+        else:
+            fgd = FGDScore(typical, stranding_weight=STRANDING_WEIGHT, divisor=STRANDING_DIVISOR)
+        return Profile(name, filters, ((fgd, 1.0),), fgd, tie_rank)
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")

@@ -35,8 +35,10 @@ class ResourceFit:
         if ok.all():
             return FilterResult(ok, "")
         gpu_reason = f"insufficient {RESOURCE_MIG_PREFIX}{pod.mig_profile}" if pod.mig_profile else REASON_GPU
-        # GPU first: on a GPU cluster "no GPU" is the actionable part of the message
-        reason = np.where(~gpu_ok, gpu_reason, np.where(~cpu_ok, REASON_CPU, REASON_MEMORY))
+
+        def reason():  # GPU first: on a GPU cluster "no GPU" is the actionable part of the message
+            return np.where(~gpu_ok, gpu_reason, np.where(~cpu_ok, REASON_CPU, REASON_MEMORY))
+
         return FilterResult(ok, reason)
 
 

@@ -1,0 +1,163 @@
+"""Placement policies on the Alibaba openb trace, FGD's inflation method, against the published numbers.
+
+Every pod list in ../shared/traces/openb/ on the GPU-node list, every policy, seeds 42..51, two worker
+processes. Prints, per trace and policy, the mean GPU allocation at 130 % arrived demand next to the
+artifact's published mean (../shared/anchors/fgd_gpu_allocation.csv), then the acceptance checks,
+then timing of single runs in fresh processes (seconds and peak RSS), and writes the Fig. 9a-style
+plot to build/bench/placement_allocation.png.
+
+Narrow it with env vars: BENCH_PLACEMENT_SEEDS=42,43  BENCH_PLACEMENT_TRACES=default,cpu050
+BENCH_PLACEMENT_POLICIES=bestfit,fgd,fgd-strand
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("AIRFLOW_GPU_SHARED", REPO.parent / "shared")).resolve()
+TRACES = SHARED / "traces" / "openb"
+NODE_LIST = TRACES / "openb_node_list_gpu_node.csv"
+ANCHORS = SHARED / "anchors" / "fgd_gpu_allocation.csv"
+OUT = REPO / "build" / "bench"
+SEEDS = tuple(range(42, 52))
+WORKERS = 2  # the machine has two cores shared by the team
+
+
+@functools.lru_cache(maxsize=None)
+def _load(pods_path: str):
+    from airflow_gpu.sim.traces import load_nodes, load_pods
+
+    return load_nodes(NODE_LIST), [p.request for p in load_pods(pods_path)]
+
+
+def _run(job):
+    from airflow_gpu.sim.inflation import run_inflation
+    from airflow_gpu.sim.plot import on_grid
+
+    pods_path, policy, seed = job
+    nodes, pods = _load(pods_path)
+    r = run_inflation(nodes, pods, policy, seed)
+    total = r.total_gpu_milli
+    return {
+        "trace": Path(pods_path).stem,
+        "policy": policy,
+        "seed": seed,
+        "at": {x: r.allocation_at(x) for x in (100, 110, 120, 130)},
+        "final": r.gpu_allocation_pct,
+        "grid": on_grid(100.0 * r.arrived / total, 100.0 * r.allocated / total),
+        "seconds": r.seconds,
+    }
+
+
+def load_anchors(path: Path = ANCHORS) -> dict[tuple[str, str], float]:
+    """(trace, anchor policy label) -> published mean allocation at 130 %."""
+    with path.open(newline="") as fh:
+        return {(row["trace"], row["policy"]): float(row["mean_alloc_pct_at_130"]) for row in csv.DictReader(fh)}
+
+
+def _env_list(name: str, default):
+    raw = os.environ.get(name, "").strip()
+    return tuple(x.strip() for x in raw.split(",") if x.strip()) if raw else tuple(default)
+
+
+def _timed_single_run(policy: str, pods: Path) -> dict:
+    """One CLI run in a fresh process: its own seconds and peak RSS (what a user would see)."""
+    code = (
+        "import json, resource, subprocess, sys\n"
+        "from airflow_gpu.cli import main\n"
+        "import io, contextlib\n"
+        "buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf):\n"
+        f"    main(['simulate', 'inflation', '--nodes', {str(NODE_LIST)!r}, '--pods', {str(pods)!r},"
+        f" '--policy', {policy!r}, '--seed', '42', '--json'])\n"
+        "out = json.loads(buf.getvalue())\n"
+        "out['max_rss_mb'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+        "print(json.dumps({k: out[k] for k in ('policy', 'gpu_allocation_pct', 'seconds', 'max_rss_mb')}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    from airflow_gpu.core.policies import ANCHOR_LABELS, DEFAULT_POLICY, POLICIES
+    from airflow_gpu.sim.plot import plot_allocation
+
+    seeds = tuple(int(s) for s in _env_list("BENCH_PLACEMENT_SEEDS", SEEDS))
+    wanted = _env_list("BENCH_PLACEMENT_TRACES", ())
+    traces = sorted(
+        p for p in TRACES.glob("openb_pod_list_*.csv") if not wanted or p.stem.removeprefix("openb_pod_list_") in wanted
+    )
+    policies = _env_list("BENCH_PLACEMENT_POLICIES", POLICIES)
+    anchors = load_anchors()
+    jobs = [(str(t), pol, s) for t in traces for pol in policies for s in seeds]
+    print(f"{len(traces)} traces x {len(policies)} policies x {len(seeds)} seeds = {len(jobs)} runs, {WORKERS} workers",
+          flush=True)
+    start = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=WORKERS) as pool:
+        results = list(pool.map(_run, jobs))
+    wall = time.perf_counter() - start
+
+    by = defaultdict(list)
+    for r in results:
+        by[(r["trace"], r["policy"])].append(r)
+    print(f"\nGPU allocation at 130 % arrived, mean over seeds {seeds[0]}..{seeds[-1]} (published: FGD artifact)")
+    print(f"{'trace':28s} {'policy':14s} {'ours':>7s} {'min':>7s} {'max':>7s} {'published':>9s} {'diff':>6s} {'s/run':>6s}")
+    for t in traces:
+        for pol in policies:
+            runs = by[(t.stem, pol)]
+            vals = np.array([r["at"][130] for r in runs])
+            pub = anchors.get((t.stem, ANCHOR_LABELS.get(pol, "")))
+            pub_s = f"{pub:9.2f}" if pub is not None else f"{'-':>9s}"
+            diff = f"{vals.mean() - pub:+6.2f}" if pub is not None else f"{'':>6s}"
+            secs = np.mean([r["seconds"] for r in runs])
+            print(f"{t.stem:28s} {pol:14s} {vals.mean():7.2f} {vals.min():7.2f} {vals.max():7.2f} {pub_s} {diff} {secs:6.2f}")
+    print(f"(all runs: {wall:.0f} s wall)")
+
+    print("\nAcceptance")
+    for t in traces:
+        for pol in ("bestfit", "fgd"):
+            if pol in policies and (t.stem, ANCHOR_LABELS[pol]) in anchors:
+                ours = np.mean([r["at"][130] for r in by[(t.stem, pol)]])
+                pub = anchors[(t.stem, ANCHOR_LABELS[pol])]
+                print(f"  fidelity {pol:8s} {t.stem:28s} |{ours:.2f} - {pub:.2f}| = {abs(ours - pub):.2f} "
+                      f"{'OK' if abs(ours - pub) <= 1.0 else 'OUTSIDE 1.0'}")
+        if DEFAULT_POLICY in policies and (t.stem, "06-FGD") in anchors:
+            ours = np.mean([r["at"][130] for r in by[(t.stem, DEFAULT_POLICY)]])
+            pub = anchors[(t.stem, "06-FGD")]
+            gpus = (ours - pub) / 100 * 6212
+            print(f"  {DEFAULT_POLICY} vs published FGD {t.stem:28s} {ours:.2f} vs {pub:.2f} ({gpus:+.0f} GPUs) "
+                  f"{'BEATS' if ours > pub else 'DOES NOT BEAT'}")
+    if DEFAULT_POLICY in policies and any(t.stem == "openb_pod_list_default" for t in traces):
+        ours = np.mean([r["at"][130] for r in by[("openb_pod_list_default", DEFAULT_POLICY)]])
+        print(f"  {DEFAULT_POLICY} on default trace: {ours:.2f} % (target >= 96.00) {'OK' if ours >= 96.0 else 'MISSED'}")
+
+    curves = defaultdict(dict)
+    for (trace, pol), runs in by.items():
+        curves[trace][pol] = [r["grid"] for r in runs]
+    png = plot_allocation(curves, OUT / "placement_allocation.png")
+    print(f"\nplot: {png}")
+
+    default_trace = TRACES / "openb_pod_list_default.csv"
+    if default_trace.is_file():
+        print("\nSingle runs in fresh processes (default trace, GPU nodes, seed 42; targets: fgd <= 5 s, "
+              f"{DEFAULT_POLICY} <= 10 s, memory < 1 GB)")
+        for pol in ("bestfit", "fgd", DEFAULT_POLICY):
+            t = _timed_single_run(pol, default_trace)
+            print(f"  {pol:14s} {t['seconds']:6.2f} s  peak RSS {t['max_rss_mb']:6.0f} MB  "
+                  f"allocation {t['gpu_allocation_pct']:.2f} %")
+
+
+if __name__ == "__main__":
+    main()
