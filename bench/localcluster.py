@@ -81,7 +81,6 @@ def _watchers(server: str, namespace: str, n: int, expected: int, ready, out) ->
 
 def main() -> None:
     import psutil
-    from kubernetes import client
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from fixtures.kube import start_kube_cluster

@@ -166,10 +166,12 @@ def test_sigkill_after_grace_period(kube_cluster, ns):
     core.create_namespaced_pod(ns, pod_body("stubborn", ["python", "-c", script], grace=30))
     wait_for(lambda: phase(core, ns, "stubborn") == "Running", what="running")
     w = watch.Watch()
+    rv = core.read_namespaced_pod("stubborn", ns).metadata.resource_version
     started = time.monotonic()
     core.delete_namespaced_pod("stubborn", ns, grace_period_seconds=1)
     final = None
-    for event in w.stream(core.list_namespaced_pod, ns, field_selector="metadata.name=stubborn", timeout_seconds=15):
+    for event in w.stream(core.list_namespaced_pod, ns, field_selector="metadata.name=stubborn", resource_version=rv,
+                          timeout_seconds=15):
         if event["object"].status.container_statuses and event["object"].status.container_statuses[0].state.terminated:
             final = event["object"].status.container_statuses[0].state.terminated
         if event["type"] == "DELETED":
@@ -478,3 +480,18 @@ def test_init_containers_and_services_and_secrets_env(kube_cluster, ns):
     assert pod_log(core, ns, "withinit") == "abc fast initialised\n"
     pod = core.read_namespaced_pod("withinit", ns)
     assert pod.status.init_container_statuses[0].state.terminated.exit_code == 0
+
+
+def test_log_options_timestamps_tail_stderr_previous(kube_cluster, ns):
+    core = kube_cluster.core()
+    script = "import sys; print('out 1'); print('err 1', file=sys.stderr); print('out 2'); sys.exit(1)"
+    core.create_namespaced_pod(ns, pod_body("logs", ["python", "-c", script], restart="OnFailure"))
+    wait_for(lambda: (core.read_namespaced_pod("logs", ns).status.container_statuses or [None])[0] is not None
+             and core.read_namespaced_pod("logs", ns).status.container_statuses[0].restart_count >= 1, what="a restart")
+    raw = lambda **kw: core.read_namespaced_pod_log("logs", ns, _preload_content=False, **kw).data.decode()  # noqa: E731
+    previous = raw(previous=True)
+    assert sorted(previous.splitlines()) == ["err 1", "out 1", "out 2"]
+    assert raw(previous=True, tail_lines=1) in ("out 2\n", "err 1\n")
+    stamped = raw(previous=True, timestamps=True).splitlines()
+    assert all(len(line.split(" ", 1)[0]) == 30 and line.split(" ", 1)[0].endswith("Z") for line in stamped)
+    assert raw(previous=True, since_seconds=3600) == previous

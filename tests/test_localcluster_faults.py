@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from kubernetes import client, watch
+from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
 from airflow_gpu import constants as C
@@ -110,7 +110,7 @@ def test_spot_interruption_eviction_mode(kube_cluster, ns):
         core.create_namespaced_pod(ns, spot_pod(f"train-{i}", "spot-0"))
     wait_for(lambda: all(running(core, ns, f"train-{i}") for i in range(2)), what="pods running")
     workdirs = {f"train-{i}": next(kube_cluster.state_dir.glob(f"pods/{ns}/train-{i}-*")) for i in range(2)}
-    wait_for(lambda: all((d / "main.0.log").read_text().startswith("ready") for d in workdirs.values()), what="ready")
+    wait_for(lambda: all(" stdout F ready" in (d / "main.0.log").read_text() for d in workdirs.values()), what="ready")
     clock = ConditionClock(core, ns)
     result = kube_cluster.interrupt("spot-0", notice=1.0, replace_after=1.5)
     assert sorted(result["pods"]) == [f"{ns}/train-0", f"{ns}/train-1"]

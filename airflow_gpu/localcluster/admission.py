@@ -109,7 +109,7 @@ def validate(rt: ResourceType, obj: dict, creating: bool) -> None:
             causes.append(("metadata.name", "FieldValueInvalid", f'Invalid value: "{name}": {msg}'))
     for key, value in (meta.get("labels") or {}).items():
         if not isinstance(value, str) or len(value) > 63 or not LABEL_VALUE.match(value):
-            causes.append((f"metadata.labels", "FieldValueInvalid",
+            causes.append(("metadata.labels", "FieldValueInvalid",
                            f'Invalid value: "{value}": a valid label must be an empty string or consist of '
                            "alphanumeric characters, '-', '_' or '.', and must start and end with an "
                            "alphanumeric character, at most 63 characters"))
@@ -176,7 +176,7 @@ def _resource_causes(res: dict, where: str) -> list[tuple[str, str, str]]:
                                f'Invalid value: "{value}": must be less than or equal to {name} limit of {limits[name]}'))
         elif name not in limits:
             causes.append((f"{where}.limits", "FieldValueRequired",
-                           f"Required value: Limit must be set for non overcommitable resources"))
+                           "Required value: Limit must be set for non overcommitable resources"))
         elif quantity(value) != quantity(limits[name]):
             causes.append((f"{where}.requests", "FieldValueInvalid",
                            f'Invalid value: "{value}": must be equal to {name} limit of {limits[name]}'))

@@ -10,27 +10,25 @@ ANNOTATION_SIM_EXIT_CODE. Deletion follows the kubelet: SIGTERM, the grace perio
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import os
-import re
 import shutil
 import signal
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from airflow_gpu import constants as C
 from airflow_gpu.localcluster import errors
+from airflow_gpu.localcluster.containerlog import LogReader, LogWriter
 from airflow_gpu.localcluster.events import Recorder
 from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
-from airflow_gpu.localcluster.podutil import container_requests, is_terminal, now_iso, pod_requests, quantity, set_condition
+from airflow_gpu.localcluster.podenv import VAR_REF, PodEnv
+from airflow_gpu.localcluster.podutil import is_terminal, now_iso, pod_requests, quantity, set_condition
 from airflow_gpu.localcluster.store import Store
 
 log = logging.getLogger(__name__)
 POD_KEY = "/pods"
 NODE_KEY = "/nodes"
-VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
 
 
@@ -80,6 +78,7 @@ class Kubelet:
         self.pods_dir = state_dir / "pods"
         self.api_address = api_address
         self.sim_default_seconds = sim_default_seconds
+        self.env = PodEnv(store, api_address)
         self.runs: dict[str, PodRun] = {}  # by pod uid
         self.unresponsive: set[str] = set()  # nodes whose kubelet does not talk to the API (NotReady fault)
         self.free_gpus: dict[str, list[str]] = {}
@@ -396,101 +395,27 @@ class Kubelet:
         except asyncio.TimeoutError:
             pass
 
-    def _env(self, run: PodRun, c: ContainerRun, pod: dict) -> dict[str, str]:
-        env = {
-            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-            "HOME": str(run.workdir), "HOSTNAME": run.name, "LANG": os.environ.get("LANG", "C.UTF-8"),
-            "KUBERNETES_SERVICE_HOST": self.api_address.split(":")[0],
-            "KUBERNETES_SERVICE_PORT": self.api_address.split(":")[1],
-        }
-        if run.gpus:
-            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(run.gpus)
-        for src in c.spec.get("envFrom") or []:
-            prefix = src.get("prefix", "")
-            data = self._source_data(run.namespace, src.get("configMapRef"), src.get("secretRef"))
-            for k, v in data.items():
-                env[prefix + k] = v
-        for item in c.spec.get("env") or []:
-            name = item.get("name")
-            if "value" in item:
-                env[name] = VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), str(item.get("value") or ""))
-            elif item.get("valueFrom"):
-                value = self._value_from(item["valueFrom"], run, c, pod)
-                if value is not None:
-                    env[name] = value
-        return env
-
-    def _source_data(self, ns: str, cm_ref: dict | None, secret_ref: dict | None) -> dict[str, str]:
-        if cm_ref:
-            cm = self.store.get("/configmaps", ns, cm_ref.get("name", ""))
-            return dict((cm or {}).get("data") or {})
-        if secret_ref:
-            secret = self.store.get("/secrets", ns, secret_ref.get("name", ""))
-            data = {k: base64.b64decode(v).decode(errors="replace") for k, v in ((secret or {}).get("data") or {}).items()}
-            data.update((secret or {}).get("stringData") or {})
-            return data
-        return {}
-
-    def _value_from(self, source: dict, run: PodRun, c: ContainerRun, pod: dict) -> str | None:
-        if "fieldRef" in source:
-            path = source["fieldRef"].get("fieldPath", "")
-            current = self.store.get(POD_KEY, run.namespace, run.name) or pod
-            m = re.match(r"^metadata\.(labels|annotations)\['(.+)'\]$", path)
-            if m:
-                return (current["metadata"].get(m.group(1)) or {}).get(m.group(2), "")
-            if path in ("metadata.labels", "metadata.annotations"):
-                items = current["metadata"].get(path.split(".")[1]) or {}
-                return "\n".join(f'{k}="{v}"' for k, v in sorted(items.items()))
-            simple = {"metadata.name": current["metadata"]["name"], "metadata.namespace": current["metadata"]["namespace"],
-                      "metadata.uid": current["metadata"]["uid"], "spec.nodeName": current["spec"].get("nodeName", ""),
-                      "spec.serviceAccountName": current["spec"].get("serviceAccountName", ""),
-                      "status.podIP": (current.get("status") or {}).get("podIP", ""),
-                      "status.hostIP": (current.get("status") or {}).get("hostIP", ""),
-                      "status.podIPs": (current.get("status") or {}).get("podIP", ""),
-                      "status.hostIPs": (current.get("status") or {}).get("hostIP", "")}
-            return simple.get(path, "")
-        if "resourceFieldRef" in source:
-            ref = source["resourceFieldRef"]
-            target = run.containers.get(ref.get("containerName") or c.name, c)
-            kind, _, res = ref.get("resource", "").partition(".")
-            values = (target.spec.get("resources") or {}).get(kind) or {}
-            if res not in values:
-                if kind == "limits":  # unset limit -> node allocatable
-                    node = self.store.get(NODE_KEY, "", run.node) or {}
-                    values = (node.get("status") or {}).get("allocatable") or {}
-                else:
-                    return "0"
-            divisor = quantity(ref.get("divisor") or "1")
-            value = quantity(values.get(res, "0")) / divisor
-            return str(int(-(-value // 1)))  # ceiling, as the kubelet does
-        if "configMapKeyRef" in source or "secretKeyRef" in source:
-            ref = source.get("configMapKeyRef") or source.get("secretKeyRef")
-            data = self._source_data(run.namespace, source.get("configMapKeyRef") and ref, source.get("secretKeyRef") and ref)
-            if ref.get("key") not in data and not ref.get("optional"):
-                return ""
-            return data.get(ref.get("key"))
-        return None
-
     async def _run_container(self, run: PodRun, c: ContainerRun, pod: dict) -> None:
         c.done = asyncio.Event()
         c.stop = asyncio.Event()
         c.reason = c.message = None
         c.log_path = run.workdir / f"{c.name}.{c.restarts}.log"
         command = list(c.spec.get("command") or []) + list(c.spec.get("args") or [])
-        env = self._env(run, c, pod)
+        env = self.env.build(run, c, pod)
         command = [VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), str(a)) for a in command]
         image = c.spec.get("image", "")
         self.events.pod(pod, "Normal", "Pulled", f'Container image "{image}" already present on machine',
                         field_path=f"spec.containers{{{c.name}}}")
         c.started_at = now_iso()
+        log = LogWriter(c.log_path)
+        pumps = []
         if command:
-            logf = open(c.log_path, "ab")
             try:
                 c.proc = await asyncio.create_subprocess_exec(
-                    *command, cwd=str(run.workdir), env=env, stdin=asyncio.subprocess.DEVNULL, stdout=logf,
-                    stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+                    *command, cwd=str(run.workdir), env=env, stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
             except OSError as exc:
-                logf.close()
+                log.close()
                 c.exit_code, c.reason = 128, "StartError"
                 c.message = f'failed to create task for container: exec: "{command[0]}": {exc.strerror}'
                 c.finished_at = now_iso()
@@ -498,9 +423,11 @@ class Kubelet:
                 self.events.pod(pod, "Warning", "Failed", f"Error: {c.message}", field_path=f"spec.containers{{{c.name}}}")
                 self._refresh_statuses(run)
                 return
-            logf.close()
+            loop = asyncio.get_running_loop()
+            pumps = [loop.create_task(log.pump(c.proc.stdout, b"stdout")),
+                     loop.create_task(log.pump(c.proc.stderr, b"stderr"))]
         else:
-            c.log_path.write_text(f"simulated container {c.name} (image {image}) started at {c.started_at}\n")
+            log.write(b"stdout", f"simulated container {c.name} (image {image}) started".encode())
             c.proc = None
         self.events.pod(pod, "Normal", "Created", f"Created container {c.name}", field_path=f"spec.containers{{{c.name}}}")
         self.events.pod(pod, "Normal", "Started", f"Started container {c.name}", field_path=f"spec.containers{{{c.name}}}")
@@ -516,6 +443,10 @@ class Kubelet:
         if c.proc is not None:
             code = await c.proc.wait()
             c.exit_code = 128 - code if code < 0 else code  # killed by signal N -> 128+N
+            # drain the pipes; a leftover grandchild holding them open does not keep the container alive
+            _, left = await asyncio.wait(pumps, timeout=0.5)
+            for task in left:
+                task.cancel()
         else:
             annotations = pod["metadata"].get("annotations") or {}
             seconds = annotations.get(C.ANNOTATION_SIM_DURATION)
@@ -525,8 +456,8 @@ class Kubelet:
                 c.exit_code = 128 + signal.SIGTERM
             except asyncio.TimeoutError:
                 c.exit_code = int(annotations.get(C.ANNOTATION_SIM_EXIT_CODE, "0") or 0)
-            with open(c.log_path, "a") as fh:
-                fh.write(f"simulated container {c.name} exited with code {c.exit_code}\n")
+            log.write(b"stdout", f"simulated container {c.name} exited with code {c.exit_code}".encode())
+        log.close()
         c.running = False
         c.finished_at = now_iso()
         c.done.set()
@@ -656,21 +587,5 @@ class Kubelet:
         if path is None or not path.exists():
             raise errors.bad_request(f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating')
         follow = options.get("follow") in ("true", "1", "True")
-        tail = options.get("tailLines")
-        with open(path, "rb") as fh:
-            data = fh.read()
-            if tail not in (None, ""):
-                lines = data.splitlines(keepends=True)
-                data = b"".join(lines[-int(tail):]) if int(tail) > 0 else b""
-            yield data
-            while follow:
-                chunk = fh.read()
-                if chunk:
-                    yield chunk
-                    continue
-                if c is None or c.done.is_set():
-                    rest = fh.read()
-                    if rest:
-                        yield rest
-                    break
-                await asyncio.sleep(0.1)
+        async for chunk in LogReader(path, options).stream(follow, lambda: c is None or c.done.is_set()):
+            yield chunk

@@ -116,4 +116,4 @@ def apply_patch(obj: dict, patch_body, content_type: str, strategic_ok: bool) ->
             raise ApiError(415, "UnsupportedMediaType",
                            "strategic merge patch is not supported for custom resources; use a merge patch")
         return strategic_merge(obj, patch_body) if strategic_ok else merge_patch(obj, patch_body)
-    raise ApiError(415, "UnsupportedMediaType", f'the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json')
+    raise ApiError(415, "UnsupportedMediaType", 'the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json')
