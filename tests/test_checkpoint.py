@@ -22,29 +22,18 @@ from airflow_gpu.checkpoint import (
 from airflow_gpu.checkpoint.layout import DATA, manifest_key, new_save_id
 
 
-@pytest.fixture(params=["file", "s3"])
-def store_uri(request, tmp_path, monkeypatch) -> str:
-    """A fresh empty store; for s3 the standard AWS environment points at the session's SeaweedFS."""
-    if request.param == "file":
-        return f"file://{tmp_path / 'ckpt'}"
-    server = request.getfixturevalue("seaweedfs")
-    for name, value in server.env().items():
-        monkeypatch.setenv(name, value)
-    return f"s3://{request.getfixturevalue('s3_bucket')}/runs/r1"
-
-
 def writer(uri: str, attempt: int = 1, **kw) -> Checkpointer:
     kw.setdefault("part_size", 5 << 20)
     return Checkpointer(uri, attempt=attempt, handle_sigterm=False, **kw)
 
 
-def test_every_data_kind_round_trips(store_uri, tmp_path):
+def test_every_data_kind_round_trips(checkpoint_store_uri, tmp_path):
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)
     (src / "model.bin").write_bytes(os.urandom(3000))
     (src / "sub" / "opt.bin").write_bytes(b"")
     state = {"w": np.arange(12.0).reshape(3, 4), "epoch": 7, "lr": 0.5, "name": "mlp", "inner": {"v": np.ones(2, np.float32)}}
-    with writer(store_uri) as ckpt:
+    with writer(checkpoint_store_uri) as ckpt:
         assert ckpt.resume() is None
         c0 = ckpt.save(0, b"raw bytes", metadata={"note": "bytes"})
         c1 = ckpt.save(1, src, metadata={"note": "dir"})
@@ -58,7 +47,7 @@ def test_every_data_kind_round_trips(store_uri, tmp_path):
     got = restored.data
     assert np.array_equal(got["w"], state["w"]) and got["inner"]["v"].dtype == np.float32
     assert (got["epoch"], got["lr"], got["name"]) == (7, 0.5, "mlp") and isinstance(got["epoch"], int)
-    with CheckpointStore(store_uri) as reader:
+    with CheckpointStore(checkpoint_store_uri) as reader:
         dest = reader.restore_files(reader.load(c1.key), tmp_path / "out")
         assert (dest / "model.bin").read_bytes() == (src / "model.bin").read_bytes()
         assert (dest / "sub" / "opt.bin").read_bytes() == b""
@@ -66,9 +55,9 @@ def test_every_data_kind_round_trips(store_uri, tmp_path):
         assert reader.latest(verify="checksums").step == 3
 
 
-def test_multipart_object_and_corrupt_part_falls_back(store_uri, caplog):
+def test_multipart_object_and_corrupt_part_falls_back(checkpoint_store_uri, caplog):
     big = os.urandom(11 << 20)  # three 5 MiB parts
-    with writer(store_uri) as ckpt:
+    with writer(checkpoint_store_uri) as ckpt:
         ckpt.save(1, big)
         second = ckpt.save(2, big[::-1])
         assert len(second.objects[0].parts) == 3
@@ -86,8 +75,8 @@ def test_multipart_object_and_corrupt_part_falls_back(store_uri, caplog):
     assert "part 2 fails its sha256 checksum" in caplog.text
 
 
-def test_incomplete_and_unreadable_checkpoints_are_skipped(store_uri, caplog):
-    with writer(store_uri, keep_last=10) as ckpt:
+def test_incomplete_and_unreadable_checkpoints_are_skipped(checkpoint_store_uri, caplog):
+    with writer(checkpoint_store_uri, keep_last=10) as ckpt:
         for step in range(3):
             ckpt.save(step, f"step {step}".encode())
         newest = ckpt.store.latest()
@@ -108,8 +97,8 @@ def test_latest_falls_back_past_a_full_page_of_broken_manifests(tmp_path):
         assert ckpt.store.latest().step == 1
 
 
-def test_retention_keeps_last_n_plus_every_kth_and_collects_garbage(store_uri):
-    with writer(store_uri, keep_last=3, keep_every=5, gc_grace_seconds=0, gc_every=1) as ckpt:
+def test_retention_keeps_last_n_plus_every_kth_and_collects_garbage(checkpoint_store_uri):
+    with writer(checkpoint_store_uri, keep_last=3, keep_every=5, gc_grace_seconds=0, gc_every=1) as ckpt:
         # data of saves that never committed: own attempt, an older attempt, a newer attempt
         backend = ckpt.store.backend
         orphans = {a: new_save_id(a, 1000) for a in (0, 1, 2)}
@@ -134,21 +123,21 @@ def test_gc_grace_protects_recent_saves_of_earlier_attempts(tmp_path):
         assert old in ckpt.store.backend.list_dirs(DATA)
 
 
-def test_same_step_twice(store_uri):
-    with writer(store_uri) as ckpt:
+def test_same_step_twice(checkpoint_store_uri):
+    with writer(checkpoint_store_uri) as ckpt:
         first = ckpt.save(4, b"a")
         assert ckpt.save(4, b"a") == first  # e.g. the SIGTERM save right after an epoch save
-    with writer(store_uri) as again:  # same attempt, new process (container restart)
+    with writer(checkpoint_store_uri) as again:  # same attempt, new process (container restart)
         with pytest.raises(CheckpointExistsError, match="already committed step 4"):
             again.save(4, b"b")
         assert again.save(5, b"c").step == 5
 
 
-def test_status_record(store_uri):
-    with writer(store_uri, attempt=3, interruptions=2) as ckpt:
+def test_status_record(checkpoint_store_uri):
+    with writer(checkpoint_store_uri, attempt=3, interruptions=2) as ckpt:
         assert ckpt.store.read_status() is None
         saved = ckpt.save(12, b"x" * 10)
-        status = CheckpointStore(store_uri).read_status()
+        status = CheckpointStore(checkpoint_store_uri).read_status()
     assert status["step"] == 12 and status["attempt"] == 3 and status["interruptions"] == 2
     assert status["checkpoint_uri"] == saved.uri and status["bytes"] == 10
     assert abs(status["time"] - saved.created_at) < 1e-6 and status["stop_requested_at"] is None

@@ -20,25 +20,15 @@ from airflow_gpu.checkpoint import Checkpointer, StaleAttemptError
 KILL_TEST = Path(__file__).with_name("test_checkpoint_kill.py")
 
 
-@pytest.fixture(params=["file", "s3"])
-def store_uri(request, tmp_path, monkeypatch) -> str:
-    if request.param == "file":
-        return f"file://{tmp_path / 'ckpt'}"
-    server = request.getfixturevalue("seaweedfs")
-    for name, value in server.env().items():
-        monkeypatch.setenv(name, value)
-    return f"s3://{request.getfixturevalue('s3_bucket')}/fenced"
-
-
 def writer(uri: str, attempt: int, **kw) -> Checkpointer:
     return Checkpointer(uri, attempt=attempt, handle_sigterm=False, part_size=5 << 20, keep_last=50, **kw)
 
 
-def test_zombie_process_is_rejected_and_newer_attempt_wins(store_uri):
+def test_zombie_process_is_rejected_and_newer_attempt_wins(checkpoint_store_uri):
     import os
 
     zombie = subprocess.Popen(
-        [sys.executable, str(KILL_TEST), "writer", store_uri, "1"],
+        [sys.executable, str(KILL_TEST), "writer", checkpoint_store_uri, "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
     )
     try:
@@ -49,7 +39,7 @@ def test_zombie_process_is_rejected_and_newer_attempt_wins(store_uri):
                 committed.append(int(step))
                 if len(committed) == 4:
                     break
-        newer = writer(store_uri, attempt=2)
+        newer = writer(checkpoint_store_uri, attempt=2)
         newer.claim()  # the operator started attempt 2: from here attempt 1 cannot commit
         resumed_from = newer.store.latest()
         assert resumed_from.attempt == 1
@@ -63,14 +53,14 @@ def test_zombie_process_is_rejected_and_newer_attempt_wins(store_uri):
     # ordering is (attempt, step): attempt 2's step 1 beats every step attempt 1 ever wrote
     latest = newer.store.latest(verify="checksums")
     assert (latest.attempt, latest.step) == (2, 1) and latest.key == mine.key
-    stale = writer(store_uri, attempt=1)
+    stale = writer(checkpoint_store_uri, attempt=1)
     with pytest.raises(StaleAttemptError, match=r"attempt 1 is stale: attempt 2 has claimed .* \(at claim\)"):
         stale.save(100, b"zombie")
     assert newer.store.latest().key == mine.key
 
 
-def test_claim_racing_a_commit_withdraws_the_zombies_manifest(store_uri):
-    zombie, newer = writer(store_uri, 1), writer(store_uri, 2)
+def test_claim_racing_a_commit_withdraws_the_zombies_manifest(checkpoint_store_uri):
+    zombie, newer = writer(checkpoint_store_uri, 1), writer(checkpoint_store_uri, 2)
     zombie.save(1, b"before the newer attempt")
     commit = zombie._commit
 
