@@ -35,7 +35,7 @@ spec:
 @pytest.fixture
 def ns(kube_cluster):
     name = f"k-{uuid.uuid4().hex[:8]}"
-    kube_cluster.kubectl("create", "-f", "-", input=f"apiVersion: v1\nkind: Namespace\nmetadata: {{name: {name}}}\n")
+    kube_cluster.kubectl("create", "namespace", name)  # kubectl sends this one as protobuf
     return name
 
 
@@ -157,3 +157,17 @@ def test_podgroups_and_other_crds(kube_cluster, ns, tmp_path):
                      "spec:\n  weight: 2\n")
     wait_for(lambda: kube_cluster.kubectl("apply", "-f", str(queue), check=False).returncode == 0, what="Queue served")
     assert "team-a" in kube_cluster.kubectl("get", "queues.scheduling.volcano.sh").stdout
+
+
+def test_imperative_creates_protobuf_bodies(kube_cluster, ns):
+    k = kube_cluster.kubectl
+    k("create", "configmap", "cm", "--from-literal=a=b", "-n", ns)
+    k("create", "secret", "generic", "s", "--from-literal=k=v", "-n", ns)
+    k("create", "quota", "gpus", "--hard=requests.nvidia.com/gpu=8,pods=20", "-n", ns)
+    k("create", "priorityclass", f"pc-{ns}", "--value=1000", "--preemption-policy=Never")
+    k("create", "serviceaccount", "robot", "-n", ns)
+    assert json.loads(k("get", "cm", "cm", "-n", ns, "-o", "jsonpath={.data}").stdout) == {"a": "b"}
+    assert json.loads(k("get", "secret", "s", "-n", ns, "-o", "jsonpath={.data}").stdout) == {"k": "dg=="}
+    assert json.loads(k("get", "quota", "gpus", "-n", ns, "-o", "jsonpath={.spec.hard}").stdout) == \
+        {"requests.nvidia.com/gpu": "8", "pods": "20"}
+    assert k("get", "pc", f"pc-{ns}", "-o", "jsonpath={.value} {.preemptionPolicy}").stdout == "1000 Never"

@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, unquote
 import msgspec
 import yaml
 
-from airflow_gpu.localcluster import discovery, errors
+from airflow_gpu.localcluster import discovery, errors, protobuf
 from airflow_gpu.localcluster.errors import ApiError
 from airflow_gpu.localcluster.objects import ObjectAPI
 from airflow_gpu.localcluster.resources import Registry, ResourceType
@@ -44,7 +44,9 @@ class Request:
 
     def json(self):
         ctype = self.headers.get("content-type", "application/json").split(";")[0].strip()
-        if "protobuf" in ctype or "cbor" in ctype:
+        if "protobuf" in ctype:
+            return protobuf.decode_body(self.body, "")
+        if "cbor" in ctype:
             raise errors.unsupported_media_type(ctype)
         if not self.body.strip():
             raise errors.bad_request("the request body is empty; send a JSON object")

@@ -1,0 +1,143 @@
+"""Kubernetes protobuf request bodies for the few kinds kubectl's imperative generators send that way
+(`kubectl create namespace|configmap|secret|quota|priorityclass|serviceaccount`). Everything else
+kubectl and the Python clients send is JSON; other protobuf bodies get 415 as before.
+
+Wire format: "k8s\\0" + runtime.Unknown{typeMeta{apiVersion, kind}, raw}; raw is the object's
+message. Field numbers are those of k8s.io/api's generated.proto (stable across releases).
+"""
+
+from __future__ import annotations
+
+import base64
+
+from airflow_gpu.localcluster import errors
+
+MAGIC = b"k8s\x00"
+
+# message schemas: field number -> (json name, type); types: str, int, bool, bytes, msg:<name>,
+# map:str, map:bytes, map:quantity, list:str, list:msg:<name>
+SCHEMAS: dict[str, dict[int, tuple[str, str]]] = {
+    "Unknown": {1: ("typeMeta", "msg:TypeMeta"), 2: ("raw", "bytes"), 3: ("contentEncoding", "str"),
+                4: ("contentType", "str")},
+    "TypeMeta": {1: ("apiVersion", "str"), 2: ("kind", "str")},
+    "ObjectMeta": {1: ("name", "str"), 2: ("generateName", "str"), 3: ("namespace", "str"),
+                   11: ("labels", "map:str"), 12: ("annotations", "map:str"), 14: ("finalizers", "list:str")},
+    "Namespace": {1: ("metadata", "msg:ObjectMeta"), 2: ("spec", "msg:NamespaceSpec")},
+    "NamespaceSpec": {1: ("finalizers", "list:str")},
+    "ConfigMap": {1: ("metadata", "msg:ObjectMeta"), 2: ("data", "map:str"), 3: ("binaryData", "map:bytes"),
+                  4: ("immutable", "bool")},
+    "Secret": {1: ("metadata", "msg:ObjectMeta"), 2: ("data", "map:bytes"), 3: ("type", "str"),
+               4: ("stringData", "map:str"), 5: ("immutable", "bool")},
+    "ServiceAccount": {1: ("metadata", "msg:ObjectMeta")},
+    "ResourceQuota": {1: ("metadata", "msg:ObjectMeta"), 2: ("spec", "msg:ResourceQuotaSpec")},
+    "ResourceQuotaSpec": {1: ("hard", "map:quantity"), 2: ("scopes", "list:str"), 3: ("scopeSelector", "msg:ScopeSelector")},
+    "ScopeSelector": {1: ("matchExpressions", "list:msg:ScopedResourceSelectorRequirement")},
+    "ScopedResourceSelectorRequirement": {1: ("scopeName", "str"), 2: ("operator", "str"), 3: ("values", "list:str")},
+    "Quantity": {1: ("string", "str")},
+    "PriorityClass": {1: ("metadata", "msg:ObjectMeta"), 2: ("value", "int"), 3: ("globalDefault", "bool"),
+                      4: ("description", "str"), 5: ("preemptionPolicy", "str")},
+}
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("truncated varint")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(data: bytes):
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(data, pos)
+        elif wire == 2:
+            length, pos = _varint(data, pos)
+            value, pos = data[pos:pos + length], pos + length
+        elif wire == 1:
+            value, pos = data[pos:pos + 8], pos + 8
+        elif wire == 5:
+            value, pos = data[pos:pos + 4], pos + 4
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+        yield number, wire, value
+
+
+def _is_zero(wire: int, raw) -> bool:
+    if wire == 0:
+        return raw == 0
+    if wire in (1, 5):
+        return not any(raw)
+    if not raw:
+        return True
+    try:
+        return all(_is_zero(w, r) for _, w, r in _fields(raw))
+    except ValueError:
+        return False
+
+
+def _map_entry(data: bytes) -> tuple[bytes, bytes]:
+    key = value = b""
+    for number, _, raw in _fields(data):
+        if number == 1:
+            key = raw
+        elif number == 2:
+            value = raw
+    return key, value
+
+
+def decode_message(data: bytes, schema: str) -> dict:
+    fields = SCHEMAS[schema]
+    out: dict = {}
+    for number, wire, raw in _fields(data):
+        if number not in fields:
+            if _is_zero(wire, raw):  # Go's marshaller writes zero values of non-pointer fields
+                continue
+            raise ValueError(f"{schema} field {number} is not understood by the local cluster")
+        name, typ = fields[number]
+        if typ == "str":
+            out[name] = raw.decode()
+        elif typ == "bytes":
+            out[name] = raw
+        elif typ == "int":
+            out[name] = raw - (1 << 64) if raw >= 1 << 63 else raw
+        elif typ == "bool":
+            out[name] = bool(raw)
+        elif typ.startswith("msg:"):
+            out[name] = decode_message(raw, typ[4:])
+        elif typ.startswith("map:"):
+            key, value = _map_entry(raw)
+            kind = typ[4:]
+            decoded = (base64.b64encode(value).decode() if kind == "bytes" else
+                       decode_message(value, "Quantity").get("string", "0") if kind == "quantity" else value.decode())
+            out.setdefault(name, {})[key.decode()] = decoded
+        elif typ == "list:str":
+            out.setdefault(name, []).append(raw.decode())
+        elif typ.startswith("list:msg:"):
+            out.setdefault(name, []).append(decode_message(raw, typ[9:]))
+    return out
+
+
+def decode_body(body: bytes, expected_kind: str) -> dict:
+    """The JSON-shaped object of a protobuf request body; 415 for kinds this decoder does not know."""
+    if not body.startswith(MAGIC):
+        raise errors.bad_request("protobuf body without the k8s\\0 prefix")
+    try:
+        envelope = decode_message(body[len(MAGIC):], "Unknown")
+        kind = envelope.get("typeMeta", {}).get("kind") or expected_kind
+        if kind not in SCHEMAS or "metadata" not in SCHEMAS[kind].get(1, ("",))[0]:
+            raise errors.unsupported_media_type(f"application/vnd.kubernetes.protobuf ({kind}); send JSON")
+        obj = decode_message(envelope.get("raw", b""), kind)
+    except ValueError as exc:
+        raise errors.unsupported_media_type(f"application/vnd.kubernetes.protobuf ({exc}); send JSON") from None
+    obj["apiVersion"] = envelope.get("typeMeta", {}).get("apiVersion", "")
+    obj["kind"] = kind
+    return obj
