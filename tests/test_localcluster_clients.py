@@ -495,3 +495,24 @@ def test_log_options_timestamps_tail_stderr_previous(kube_cluster, ns):
     stamped = raw(previous=True, timestamps=True).splitlines()
     assert all(len(line.split(" ", 1)[0]) == 30 and line.split(" ", 1)[0].endswith("Z") for line in stamped)
     assert raw(previous=True, since_seconds=3600) == previous
+
+
+def test_namespace_deletion_stops_its_pods(kube_cluster):
+    core = kube_cluster.core()
+    name = f"gone-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": name}})
+    script = ("import signal,sys,time,pathlib\n"  # takes 1.5 s to stop, so the namespace is seen Terminating
+              "signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path('bye').write_text('1'), time.sleep(1.5), sys.exit(0)))\n"
+              "print('ready', flush=True)\ntime.sleep(60)\n")
+    core.create_namespaced_pod(name, pod_body("worker", ["python", "-c", script]))
+    core.create_namespaced_config_map(name, {"metadata": {"name": "cfg"}})
+    wait_for(lambda: phase(core, name, "worker") == "Running" and "ready" in pod_log(core, name, "worker"),
+             what="handler installed")
+    workdir = next(kube_cluster.state_dir.glob(f"pods/{name}/worker-*"))
+    core.delete_namespace(name)
+    assert core.read_namespace(name).status.phase == "Terminating"
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_config_map(name, {"metadata": {"name": "late"}})
+    assert err.value.status == 403
+    wait_for(lambda: name not in [n.metadata.name for n in core.list_namespace().items], what="namespace removed")
+    assert (workdir / "bye").read_text() == "1"

@@ -1,6 +1,6 @@
 """`airflow-gpu cluster`: the local GPU cluster (a Kubernetes API on 127.0.0.1 with simulated GPU nodes).
 
-  cluster up --spec FILE [--port N] [--state-dir DIR] [--token T]
+  cluster up --spec FILE [--port N] [--state-dir DIR] [--token T] [--fresh]
       runs in the foreground; prints the kubeconfig path once the API answers; SIGTERM/SIGINT stop it
       and every pod process.
   cluster interrupt NODE [--notice S] [--replace-after S] [--mode eviction|shutdown] [--kubeconfig F]
@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -31,6 +32,9 @@ def register(subparsers) -> None:
     up.add_argument("--token", default=os.environ.get("AIRFLOW_GPU_CLUSTER_TOKEN"),
                     help="require this bearer token (default: $AIRFLOW_GPU_CLUSTER_TOKEN, else none)")
     up.add_argument("--bookmark-seconds", type=float, default=5.0, help="interval of watch BOOKMARK events")
+    up.add_argument("--fresh", action="store_true",
+                    help="start empty: delete the state dir's stored objects and pod dirs first "
+                         "(without it a state dir's objects are restored and the spec adds no nodes)")
     up.set_defaults(func=_up)
 
     kube = argparse.ArgumentParser(add_help=False)
@@ -67,6 +71,13 @@ def _up(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     state_dir = Path(args.state_dir or Path.home() / ".cache" / "airflow-gpu" / f"cluster-{spec.name}")
+    if args.fresh:
+        for name in ("store.log", "pods", "used-node-names"):
+            target = state_dir / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink(missing_ok=True)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         import uvloop
