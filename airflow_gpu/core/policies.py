@@ -49,8 +49,8 @@ def make_profile(
     rng: np.random.Generator | None = None,
     tie_rank: np.ndarray | None = None,
 ) -> Profile:
-    """The Profile for policy `name`. FGD-based policies need `typical` (the workload's typical pods);
-    random needs `rng`. `tie_rank` orders nodes among equal scores (None: node list order)."""
+    """The Profile for policy `name`. FGD-based policies use `typical` (the workload's typical pods)
+    or, when None, learn it online from the pods they are asked to place; random uses `rng`. `tie_rank` orders nodes among equal scores (None: node list order)."""
     name = name.lower()
     filters = default_filters()
     if name == "random":
@@ -65,8 +65,6 @@ def make_profile(
     if name == "bestfit":
         return Profile(name, filters, ((BestFitScore(), 1.0),), BestFitGpu(), tie_rank)
     if name in ("fgd", DEFAULT_POLICY):
-        if typical is None:
-            raise ValueError(f"policy {name} needs the workload's typical pods (TypicalPods.from_pods)")
         if name == "fgd":
             fgd = FGDScore(typical)
         else:

@@ -7,6 +7,8 @@ Method (the artifact's Simulate with shufflePod and workloadTuningConfig, seeds 
    pass ratio x cluster GPU capacity. Quirk kept on purpose: the stop test adds the candidate's
    per-GPU milli while the running total adds milli x GPU count (so a multi-GPU pod can overshoot);
 4. nodes get a seeded random order that breaks score ties (consistent first fit among equals);
+   (the seed feeds numpy, not Go's math/rand: per-seed sequences differ from the artifact's, the
+   distribution over seeds is the same)
 5. pods are placed one by one, never removed; a pod that fits nowhere fails and is skipped.
 The curve records allocated GPU milli against arrived (attempted) GPU milli, both over capacity.
 """
@@ -122,12 +124,14 @@ def run_inflation(
     if not pods:
         raise ValueError("inflation: the pod list is empty")
     start = time.perf_counter()
-    rng = np.random.default_rng(seed)
+    # one stream each for the arrival sequence, the node tie order and the policy (random), so a
+    # run at a smaller ratio is exactly the first part of a run at a larger one
+    seq_rng, tie_rng, policy_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
     typical = TypicalPods.from_pods(pods)
-    seq = inflate(pods, nodes, ratio, rng)
+    seq = inflate(pods, nodes, ratio, seq_rng)
     snap = Snapshot.from_nodes(sorted(nodes, key=lambda n: n.name))
-    tie_rank = rng.permutation(len(snap))
-    profile = make_profile(policy, typical=typical, rng=rng, tie_rank=tie_rank)
+    tie_rank = tie_rng.permutation(len(snap))
+    profile = make_profile(policy, typical=typical, rng=policy_rng, tie_rank=tie_rank)
     arrived = np.zeros(len(seq), dtype=np.int64)
     allocated = np.zeros(len(seq), dtype=np.int64)
     failed: list[str] = []

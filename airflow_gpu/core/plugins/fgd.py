@@ -77,7 +77,12 @@ class FragModel:
 
     def __init__(self, shape: ClusterShape, typical: TypicalPods, stranding_weight: float = 0.0):
         self.shape = shape
+        # typical None: learn it online from the pods this plugin is asked to place (a live
+        # scheduler has no trace); relearnt whenever the pods seen grew by a tenth
         self.typical = typical
+        self._learning = typical is None
+        self._seen: dict[str, tuple] = {}
+        self._learnt_at = 0
         self.stranding_weight = stranding_weight
         gpu = typical.milli * typical.count
         # CPU the workload's GPU pods bring per GPU milli (frequency-weighted)
@@ -134,18 +139,34 @@ class FGDScore:
 
     def __init__(
         self,
-        typical: TypicalPods,
+        typical: TypicalPods | None,
         stranding_weight: float = 0.0,
         divisor: float = 1000.0,
         exact_gpu_choice: bool = False,
     ):
+        # typical None: learn it online from the pods this plugin is asked to place (a live
+        # scheduler has no trace); relearnt whenever the pods seen grew by a tenth
         self.typical = typical
+        self._learning = typical is None
+        self._seen: dict[str, tuple] = {}
+        self._learnt_at = 0
         self.stranding_weight = stranding_weight
         self.divisor = divisor
         self.exact_gpu_choice = exact_gpu_choice
         self._model: FragModel | None = None
         self._before: tuple[np.ndarray, np.ndarray] | None = None  # (frag [N], version [N])
         self._cache: dict = {}  # shape -> (score [N], gpu [N], version [N])
+
+    def _learn(self, pod: PodRequest) -> None:
+        if pod.name not in self._seen:
+            if len(self._seen) >= 100_000:  # bounded memory for a long-running scheduler
+                self._seen.clear()
+                self._learnt_at = 0
+            self._seen[pod.name] = pod
+        if len(self._seen) >= max(1, int(self._learnt_at * 1.1)):
+            self.typical = TypicalPods.from_pods(self._seen.values())
+            self._learnt_at = len(self._seen)
+            self._model = None  # new distribution: drop the model and every cached score
 
     def _bind(self, snap: Snapshot) -> FragModel:
         if self._model is None or self._model.shape is not snap.shape:
@@ -166,6 +187,8 @@ class FGDScore:
         return frag
 
     def _entry(self, snap: Snapshot, pod: PodRequest, nodes: np.ndarray):
+        if self._learning:
+            self._learn(pod)
         model = self._bind(snap)
         key = pod_shape(pod)
         entry = self._cache.get(key)
