@@ -253,3 +253,22 @@ def test_sigterm_stops_cluster_and_every_pod_process_then_state_survives(tmp_pat
         names = sorted(p.metadata.name for p in again.core().list_namespaced_pod("default").items)
         assert names == ["a", "b"]
         assert Path(again.state_dir, "store.log").exists()
+
+
+def test_killed_cluster_leaves_no_pod_processes(tmp_path):
+    spec = {"name": "crash", "pools": [{"name": "n", "count": 1, "gpu": {"count": 1}}]}
+    with start_kube_cluster(tmp_path, spec) as cluster:
+        script = "import os,time,pathlib; pathlib.Path('pid').write_text(str(os.getpid())); time.sleep(300)"
+        cluster.core().create_namespaced_pod("default", {"metadata": {"name": "p"}, "spec": {"containers": [
+            {"name": "main", "image": "x", "command": [sys.executable, "-c", script]}]}})
+        pid_file = wait_for(lambda: next(cluster.state_dir.glob("pods/default/p-*/pid"), None), what="pid file")
+        pid = int(wait_for(lambda: pid_file.read_text(), what="pid"))
+        cluster.process.kill9()  # a crash: no shutdown code runs
+
+        def gone():
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+        wait_for(gone, timeout=5, what="pod process killed with its cluster")

@@ -10,6 +10,7 @@ ANNOTATION_SIM_EXIT_CODE. Deletion follows the kubelet: SIGTERM, the grace perio
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import shutil
@@ -30,6 +31,13 @@ log = logging.getLogger(__name__)
 POD_KEY = "/pods"
 NODE_KEY = "/nodes"
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the cluster process dies, as when a node vanishes,
+    so a crashed or killed cluster leaves no pod processes behind."""
+    _libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -413,7 +421,8 @@ class Kubelet:
             try:
                 c.proc = await asyncio.create_subprocess_exec(
                     *command, cwd=str(run.workdir), env=env, stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+                    preexec_fn=_die_with_parent)
             except OSError as exc:
                 log.close()
                 c.exit_code, c.reason = 128, "StartError"
