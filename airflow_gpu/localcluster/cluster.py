@@ -24,6 +24,7 @@ from airflow_gpu.localcluster.controllers import Controllers
 from airflow_gpu.localcluster.events import Recorder
 from airflow_gpu.localcluster.faults import Faults
 from airflow_gpu.localcluster.kubelet import Kubelet
+from airflow_gpu.localcluster.nodeagent import node_status
 from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
 from airflow_gpu.localcluster.resources import CRD_KEY, Registry
 from airflow_gpu.localcluster.scheduler import DefaultScheduler
@@ -84,7 +85,7 @@ class LocalCluster:
         self._bootstrap(restored)
         self.controllers.rebuild()
         for node in self.store.values("/nodes"):
-            self.kubelet._register_node(node)
+            self.kubelet.devices.register(node)
         self._recover_pods(restored)
         self.kubelet.resync()
         self.scheduler.start()
@@ -122,7 +123,7 @@ class LocalCluster:
 
     def add_node(self, manifest: dict, node_rt=None) -> dict:
         node_rt = node_rt or self.registry.by_key("/nodes")
-        manifest["status"] = self.kubelet.node_status(manifest)
+        manifest["status"] = node_status(manifest)
         node = self.objects.create(node_rt, manifest, admit=False)
         self.events.record(node, "Normal", "RegisteredNode", f"Node {node['metadata']['name']} event: Registered Node "
                            f"{node['metadata']['name']} in Controller", "node-controller")

@@ -20,6 +20,7 @@ import logging
 from airflow_gpu import constants as C
 from airflow_gpu.localcluster import errors
 from airflow_gpu.localcluster.kubelet import SHUTDOWN_MESSAGE
+from airflow_gpu.localcluster.nodeagent import node_status
 from airflow_gpu.localcluster.objects import deep_copy
 from airflow_gpu.localcluster.podutil import is_terminal, now_iso, set_condition
 
@@ -145,7 +146,7 @@ class Faults:
         kubelet = self.cluster.kubelet
         kubelet.unresponsive.discard(node)
         new = deep_copy(current)
-        new["status"] = kubelet.node_status(new)
+        new["status"] = node_status(new)
         new["spec"]["taints"] = [t for t in new["spec"].get("taints") or [] if t["key"] != UNREACHABLE]
         if not new["spec"]["taints"]:
             new["spec"].pop("taints")

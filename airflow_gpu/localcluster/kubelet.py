@@ -22,9 +22,10 @@ from airflow_gpu import constants as C
 from airflow_gpu.localcluster import errors
 from airflow_gpu.localcluster.containerlog import LogReader, LogWriter
 from airflow_gpu.localcluster.events import Recorder
+from airflow_gpu.localcluster.nodeagent import Devices, PodIPs, admit
 from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
 from airflow_gpu.localcluster.podenv import VAR_REF, PodEnv
-from airflow_gpu.localcluster.podutil import is_terminal, now_iso, pod_requests, quantity, set_condition
+from airflow_gpu.localcluster.podutil import is_terminal, now_iso, pod_requests, set_condition
 from airflow_gpu.localcluster.store import Store
 
 log = logging.getLogger(__name__)
@@ -89,16 +90,16 @@ class Kubelet:
         self.env = PodEnv(store, api_address)
         self.runs: dict[str, PodRun] = {}  # by pod uid
         self.unresponsive: set[str] = set()  # nodes whose kubelet does not talk to the API (NotReady fault)
-        self.free_gpus: dict[str, list[str]] = {}
+        self.devices = Devices()
         self._pending: set[tuple[str, str]] = set()
         self._closed = False
-        self._ip_counter: dict[str, int] = {}
+        self.pod_ips = PodIPs()
         store.listeners.append(self._on_event)
 
     # --- reconcile ---------------------------------------------------------------------------
     def _on_event(self, etype: str, key: str, obj: dict, old: dict | None) -> None:
         if key == NODE_KEY and etype == "ADDED":
-            self._register_node(obj)
+            self.devices.register(obj)
         if key != POD_KEY or self._closed:
             return
         if etype == "DELETED":
@@ -154,57 +155,13 @@ class Kubelet:
         if run is not None:
             self._release(run)
 
-    # --- nodes -------------------------------------------------------------------------------
-    def _register_node(self, node: dict) -> None:
-        name = node["metadata"]["name"]
-        count = int(node["metadata"].get("labels", {}).get(C.NODE_GPU_COUNT, "0") or 0)
-        mig = {k: int(v) for k, v in (node.get("status") or {}).get("allocatable", {}).items()
-               if k.startswith(C.RESOURCE_MIG_PREFIX)}
-        whole = int((node.get("status") or {}).get("allocatable", {}).get(C.RESOURCE_GPU, count) or 0)
-        devices = [f"GPU-{name}-{i}" for i in range(whole)]
-        for profile, n in mig.items():
-            devices += [f"MIG-{name}-{profile[len(C.RESOURCE_MIG_PREFIX):]}-{i}" for i in range(n)]
-        self.free_gpus[name] = devices
-
-    def node_status(self, node: dict, ready: bool = True) -> dict:
-        """Status a healthy kubelet reports for its node (conditions, addresses, nodeInfo)."""
-        status = dict(node.get("status") or {})
-        now = now_iso()
-        conditions = []
-        for ctype, reason, message in (
-            ("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
-            ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-            ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
-        ):
-            conditions.append({"type": ctype, "status": "False", "reason": reason, "message": message,
-                               "lastHeartbeatTime": now, "lastTransitionTime": now})
-        conditions.append({"type": "Ready", "status": "True" if ready else "Unknown",
-                           "reason": "KubeletReady" if ready else "NodeStatusUnknown",
-                           "message": "kubelet is posting ready status" if ready else "Kubelet stopped posting node status.",
-                           "lastHeartbeatTime": now, "lastTransitionTime": now})
-        status["conditions"] = conditions
-        status["addresses"] = [{"type": "InternalIP", "address": "127.0.0.1"},
-                               {"type": "Hostname", "address": node["metadata"]["name"]}]
-        status["nodeInfo"] = {"kubeletVersion": "v1.32.0", "kubeProxyVersion": "v1.32.0", "osImage": "airflow-gpu local",
-                              "kernelVersion": os.uname().release, "operatingSystem": "linux", "architecture": "amd64",
-                              "containerRuntimeVersion": "local-process://1", "machineID": "", "systemUUID": "",
-                              "bootID": ""}
-        status["daemonEndpoints"] = {"kubeletEndpoint": {"Port": 10250}}
-        status["phase"] = "Running"
-        return status
-
-    def _pod_ip(self, node: dict) -> str:
-        cidr = (node.get("spec") or {}).get("podCIDR", "127.100.0.0/24")
-        base = cidr.split("/")[0].rsplit(".", 1)[0]
-        n = self._ip_counter.get(base, 1) % 253 + 1
-        self._ip_counter[base] = n
-        return f"{base}.{n}"
-
     # --- pod start -----------------------------------------------------------------------------
     def _start(self, pod: dict) -> None:
         meta, spec = pod["metadata"], pod["spec"]
         node = self.store.get(NODE_KEY, "", spec["nodeName"])
-        rejection = self._admit(pod, node)
+        on_node = [self.store.get(POD_KEY, r.namespace, r.name) for r in self.runs.values()
+                   if r.node == spec["nodeName"] and not r.finished]
+        rejection = admit(pod, node, [p for p in on_node if p is not None])
         if rejection:
             reason, message = rejection
             new = deep_copy(pod)
@@ -219,42 +176,9 @@ class Kubelet:
             run.containers[c["name"]] = ContainerRun(c["name"], c, init=True)
         for c in spec.get("containers") or []:
             run.containers[c["name"]] = ContainerRun(c["name"], c)
-        wanted = int(sum(v for k, v in pod_requests(pod).items()
-                         if k == C.RESOURCE_GPU or k.startswith(C.RESOURCE_MIG_PREFIX)))
-        if wanted:
-            kinds = {k for k in pod_requests(pod) if k == C.RESOURCE_GPU or k.startswith(C.RESOURCE_MIG_PREFIX)}
-            free = self.free_gpus.get(run.node, [])
-            for kind in kinds:
-                need = int(pod_requests(pod)[kind])
-                prefix = f"GPU-{run.node}-" if kind == C.RESOURCE_GPU else f"MIG-{run.node}-{kind[len(C.RESOURCE_MIG_PREFIX):]}-"
-                take = [d for d in free if d.startswith(prefix)][:need]
-                for d in take:
-                    free.remove(d)
-                run.gpus += take
+        run.gpus = self.devices.allocate(run.node, pod_requests(pod))
         self.runs[run.uid] = run
         run.task = asyncio.get_running_loop().create_task(self._run_pod(run, node))
-
-    def _admit(self, pod: dict, node: dict) -> tuple[str, str] | None:
-        """The kubelet's own admission: a pod over the node's allocatable is rejected (OutOf<resource>)."""
-        allocatable = (node.get("status") or {}).get("allocatable") or {}
-        used: dict = {}
-        for run in self.runs.values():
-            if run.node == node["metadata"]["name"] and not run.finished:
-                other = self.store.get(POD_KEY, run.namespace, run.name)
-                if other is not None:
-                    for k, v in pod_requests(other).items():
-                        used[k] = used.get(k, 0) + v
-        for name, value in pod_requests(pod).items():
-            if name not in allocatable:
-                if name.startswith("nvidia.com/") and value > 0:
-                    return (f"OutOf{name}", f"Pod was rejected: Node didn't have enough resource: {name}, "
-                                            f"requested: {value}, used: 0, capacity: 0")
-                continue
-            cap = quantity(allocatable[name])
-            if used.get(name, 0) + value > cap:
-                return (f"OutOf{name}", f"Pod was rejected: Node didn't have enough resource: {name}, requested: "
-                                        f"{value}, used: {used.get(name, 0)}, capacity: {cap}")
-        return None
 
     def _write(self, run: PodRun, mutate) -> dict | None:
         """Apply mutate(status, pod) to a fresh copy of the pod and store it (no await in between)."""
@@ -330,7 +254,7 @@ class Kubelet:
                 self._finish_deletion(pod)
 
     async def _run_pod_inner(self, run: PodRun, node: dict) -> None:
-        pod_ip = self._pod_ip(node)
+        pod_ip = self.pod_ips.next(node)
 
         def started(status, pod):
             status.update(phase="Pending", hostIP="127.0.0.1", hostIPs=[{"ip": "127.0.0.1"}], podIP=pod_ip,
@@ -531,9 +455,8 @@ class Kubelet:
         self._refresh_statuses(run, final)
 
     def _release(self, run: PodRun) -> None:
-        if run.gpus:
-            self.free_gpus.setdefault(run.node, []).extend(run.gpus)
-            run.gpus = []
+        self.devices.release(run.node, run.gpus)
+        run.gpus = []
 
     def shutdown_node(self, node: str, grace_cap: float | None = None) -> list[PodRun]:
         """Graceful node shutdown: every pod is terminated and ends Failed/Terminated (pods stay)."""
@@ -555,7 +478,7 @@ class Kubelet:
             if run.task is not None:
                 run.task.cancel()
             self.runs.pop(run.uid, None)
-        self.free_gpus.pop(node, None)
+        self.devices.forget(node)
 
     async def close(self, timeout: float = 5.0) -> None:
         """Cluster shutdown: SIGTERM every pod process, SIGKILL after `timeout`."""
