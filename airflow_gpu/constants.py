@@ -98,3 +98,7 @@ TIER_BEST_EFFORT_TRAINING = "best-effort-training"
 TIER_INFERENCE = "inference"
 TIER_INTERACTIVE = "interactive"
 TIERS = (TIER_INTERACTIVE, TIER_PRODUCTION_TRAINING, TIER_INFERENCE, TIER_BEST_EFFORT_TRAINING)
+
+# --- local cluster (airflow_gpu/localcluster) ------------------------------------------------
+ENV_CLUSTER_TOKEN = "AIRFLOW_GPU_CLUSTER_TOKEN"  # bearer token `cluster up` requires (implies TLS)
+ENV_CLUSTER_GC_FREEZE = "AIRFLOW_GPU_CLUSTER_GC_FREEZE"  # "0" turns off GC freezing (benchmark comparison)
