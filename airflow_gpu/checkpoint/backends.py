@@ -12,10 +12,14 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Iterator, Protocol, TypeVar
 from urllib.parse import unquote, urlparse
 
 from airflow_gpu.checkpoint.errors import CheckpointError, ConfigError
+
+
+T = TypeVar("T")
+CHUNK = 1024 * 1024
 
 
 class ObjectMissing(CheckpointError, KeyError):
@@ -39,6 +43,7 @@ class Backend(Protocol):
 
     def put(self, key: str, data: bytes, *, create_only: bool = False) -> None: ...
     def get(self, key: str, start: int | None = None, length: int | None = None) -> bytes: ...
+    def read(self, key: str, consume: Callable[[Iterator[bytes]], T], start: int | None = None, length: int | None = None) -> T: ...
     def list(self, prefix: str, *, max_keys: int | None = None) -> list[ListedObject]: ...
     def list_dirs(self, prefix: str) -> list[str]: ...
     def delete(self, keys: list[str]) -> None: ...
@@ -127,14 +132,29 @@ class FileBackend:
             finally:
                 os.close(fd)
 
-    def get(self, key: str, start: int | None = None, length: int | None = None) -> bytes:
+    def read(self, key: str, consume: Callable[[Iterator[bytes]], T], start: int | None = None, length: int | None = None) -> T:
         try:
-            with open(self._path(key), "rb") as f:
-                if start:
-                    f.seek(start)
-                return f.read() if length is None else f.read(length)
+            f = open(self._path(key), "rb")
         except (FileNotFoundError, NotADirectoryError):
             raise ObjectMissing(f"{self.uri}/{key} does not exist") from None
+        with f:
+            if start:
+                f.seek(start)
+
+            def chunks() -> Iterator[bytes]:
+                todo = length
+                while todo is None or todo > 0:
+                    chunk = f.read(CHUNK if todo is None else min(CHUNK, todo))
+                    if not chunk:
+                        return
+                    if todo is not None:
+                        todo -= len(chunk)
+                    yield chunk
+
+            return consume(chunks())
+
+    def get(self, key: str, start: int | None = None, length: int | None = None) -> bytes:
+        return self.read(key, b"".join, start, length)
 
     def list(self, prefix: str, *, max_keys: int | None = None) -> list[ListedObject]:
         base, _, name_prefix = prefix.rpartition("/")

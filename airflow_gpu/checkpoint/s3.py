@@ -14,7 +14,7 @@ import os
 import random
 import time
 from datetime import datetime
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import urlparse
 
 import boto3
@@ -35,6 +35,7 @@ from airflow_gpu.checkpoint.errors import CheckpointError, ConfigError, StoreUna
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+CHUNK = 1024 * 1024  # streamed reads: hashed and written while the next chunk arrives
 MIN_PART_SIZE = 5 * 1024 * 1024  # S3 rejects smaller non-final multipart parts (EntityTooSmall)
 _RETRYABLE_EXC = (BotoConnectionError, ConnectionClosedError, ReadTimeoutError, IncompleteReadError, ResponseStreamingError)
 _RETRYABLE_CODES = {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed"}
@@ -137,18 +138,23 @@ class S3Backend:
                 raise AlreadyExists(f"{self.uri}/{key} already exists") from None
             raise self._client_error("PutObject", key, exc) from exc
 
-    def get(self, key: str, start: int | None = None, length: int | None = None) -> bytes:
+    def read(self, key: str, consume: Callable[[Iterator[bytes]], T], start: int | None = None, length: int | None = None) -> T:
+        """consume(chunks) over the object (or its byte range), streamed; on a network failure the
+        whole range is fetched again and consume is called afresh."""
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self.prefix + key}
         if length is not None:
             if length == 0:
-                return b""
+                return consume(iter(()))
             kwargs["Range"] = f"bytes={start or 0}-{(start or 0) + length - 1}"
         elif start:
             kwargs["Range"] = f"bytes={start}-"
 
-        def fetch() -> bytes:
-            response = self.client.get_object(**kwargs)
-            return response["Body"].read()
+        def fetch() -> T:
+            body = self.client.get_object(**kwargs)["Body"]
+            try:
+                return consume(body.iter_chunks(CHUNK))
+            finally:
+                body.close()
 
         try:
             return self._call(self._what("GetObject", key), fetch)
@@ -156,6 +162,9 @@ class S3Backend:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
                 raise ObjectMissing(f"{self.uri}/{key} does not exist") from None
             raise self._client_error("GetObject", key, exc) from exc
+
+    def get(self, key: str, start: int | None = None, length: int | None = None) -> bytes:
+        return self.read(key, b"".join, start, length)
 
     def list(self, prefix: str, *, max_keys: int | None = None) -> list[ListedObject]:
         found: list[ListedObject] = []

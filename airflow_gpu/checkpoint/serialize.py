@@ -70,15 +70,14 @@ def to_sources(data: object) -> tuple[str, list[Source], dict[str, Any]]:
 
 
 def _named_files(named: Mapping[str, Any]) -> tuple[str, list[Source], dict[str, Any]]:
-    sources = []
-    for name, value in named.items():
+    for name, value in named.items():  # validate everything before opening anything
         check_object_name(name)
-        if _is_bytes(value):
-            sources.append(Source.from_bytes(name, value))
-        elif Path(value).is_file():
-            sources.append(Source.from_file(name, Path(value)))
-        else:
+        if not _is_bytes(value) and not Path(value).is_file():
             raise ConfigError(f"save(data={{{name!r}: {str(value)!r}}}): not a file")
+    sources = [
+        Source.from_bytes(name, value) if _is_bytes(value) else Source.from_file(name, Path(value))
+        for name, value in named.items()
+    ]
     return "files", sources, {}
 
 

@@ -36,7 +36,7 @@ _FIRST_PAGE = 16  # manifests read by latest() before it falls back to a longer 
 class CheckpointStore:
     """Checkpoints under one URI (s3://bucket/prefix or file:///path)."""
 
-    def __init__(self, uri: str, *, workers: int = 8, backend: Backend | None = None, **backend_options: Any) -> None:
+    def __init__(self, uri: str, *, workers: int = 10, backend: Backend | None = None, **backend_options: Any) -> None:
         if workers < 1:
             raise ConfigError(f"workers must be >= 1, got {workers}")
         self.backend = backend or open_backend(uri, **backend_options)

@@ -11,7 +11,7 @@ import os
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from airflow_gpu.checkpoint.backends import Backend, ObjectMissing
 from airflow_gpu.checkpoint.errors import CorruptCheckpointError
@@ -65,6 +65,17 @@ def _run_all(futures: list[Future]) -> None:
             raise fut.exception()  # type: ignore[misc]
 
 
+MAX_PARTS = 10_000  # S3's limit on parts per multipart upload
+
+
+def part_size_for(size: int, part_size: int) -> int:
+    """part_size, grown in whole MiB for objects that would otherwise need more than MAX_PARTS parts."""
+    if size <= part_size * MAX_PARTS:
+        return part_size
+    mib = 1024 * 1024
+    return -(-size // MAX_PARTS // mib) * mib + mib
+
+
 def upload(
     backend: Backend, pool: ThreadPoolExecutor, sources: list[Source], key_of: Callable[[str], str], part_size: int
 ) -> list[ObjectEntry]:
@@ -79,14 +90,15 @@ def upload(
         backend.put(key_of(src.name), data)
 
     def put_part(src: Source, index: int) -> None:
-        offset = index * part_size
-        data = src.read(offset, min(part_size, src.size - offset))
+        offset = index * sizes[src.name]
+        data = src.read(offset, min(sizes[src.name], src.size - offset))
         digests[src.name][index] = _digest(data)
         backend.multipart_put(handles[src.name], index, offset, data)
 
+    sizes = {src.name: part_size_for(src.size, part_size) for src in sources}
     try:
         for src in sources:
-            parts = max(1, -(-src.size // part_size))
+            parts = max(1, -(-src.size // sizes[src.name]))
             digests[src.name] = [""] * parts
             if parts == 1:
                 futures.append(pool.submit(put_single, src))
@@ -97,10 +109,12 @@ def upload(
         _run_all([pool.submit(backend.multipart_complete, h) for h in handles.values()])
         handles.clear()
     finally:
+        if handles:  # failed: let started parts finish before their uploads are aborted
+            wait(futures)
         for handle in handles.values():
             backend.multipart_abort(handle)
     return [
-        ObjectEntry(name=s.name, key=key_of(s.name), size=s.size, part_size=part_size, parts=tuple(digests[s.name]))
+        ObjectEntry(name=s.name, key=key_of(s.name), size=s.size, part_size=sizes[s.name], parts=tuple(digests[s.name]))
         for s in sources
     ]
 
@@ -108,29 +122,40 @@ def upload(
 def download(
     backend: Backend, pool: ThreadPoolExecutor, entries: list[ObjectEntry], sink: Callable[[ObjectEntry], Any], where: str
 ) -> None:
-    """Fetch every part of every entry in parallel, verify its sha256, hand it to the writer that
-    sink(entry) returns: a callable (offset, data) -> None."""
+    """Fetch every part of every entry in parallel, streamed in chunks that are hashed and handed to
+    the writer sink(entry) returns, a callable (offset, chunk) -> None; each part's sha256 must match."""
     writers = {e.name: sink(e) for e in entries}
 
     def fetch(entry: ObjectEntry, index: int) -> None:
         offset = index * entry.part_size
         length = min(entry.part_size, entry.size - offset)
+        write = writers[entry.name]
+
+        def consume(chunks: Iterator[bytes]) -> tuple[str, int]:
+            hasher, position, end = hashlib.sha256(), offset, offset + length
+            for chunk in chunks:
+                if position + len(chunk) > end:
+                    raise CorruptCheckpointError(f"checkpoint {where}: data object {entry.name!r} is larger than recorded")
+                hasher.update(chunk)
+                write(position, chunk)
+                position += len(chunk)
+            return hasher.hexdigest(), position - offset
+
         try:
             if entry.size <= entry.part_size:
-                data = backend.get(entry.key)  # one request, whole object
+                digest, got = backend.read(entry.key, consume)  # one request, whole object
             else:
-                data = backend.get(entry.key, offset, length)
+                digest, got = backend.read(entry.key, consume, offset, length)
         except ObjectMissing:
             raise CorruptCheckpointError(f"checkpoint {where}: data object {entry.name!r} ({entry.key}) is missing") from None
-        if len(data) != length:
+        if got != length:
             raise CorruptCheckpointError(
-                f"checkpoint {where}: data object {entry.name!r} part {index + 1} has {len(data)} bytes, expected {length}"
+                f"checkpoint {where}: data object {entry.name!r} part {index + 1} has {got} bytes, expected {length}"
             )
-        if _digest(data) != entry.parts[index]:
+        if digest != entry.parts[index]:
             raise CorruptCheckpointError(
                 f"checkpoint {where}: data object {entry.name!r} part {index + 1} fails its sha256 checksum"
             )
-        writers[entry.name](offset, data)
 
     _run_all([pool.submit(fetch, e, i) for e in entries for i in range(e.expected_parts())])
 

@@ -81,8 +81,8 @@ class Checkpointer:
         interruptions: int = 0,
         keep_last: int = 3,
         keep_every: int | None = None,
-        part_size: int = 32 * MiB,
-        workers: int = 8,
+        part_size: int = 8 * MiB,  # what boto3 uses; SeaweedFS and S3 both do well with it
+        workers: int = 10,
         gc_grace_seconds: float = 600.0,
         gc_every: int = 50,
         handle_sigterm: bool = True,

@@ -91,7 +91,7 @@ def main() -> int:
     steps_per_epoch = int(env_number(env, C.ENV_EXAMPLE_STEPS_PER_EPOCH, 40, minimum=1))
     step_seconds = float(env_number(env, C.ENV_EXAMPLE_STEP_SECONDS, 0.0, float))
     seed = int(env_number(env, C.ENV_EXAMPLE_SEED, 0))
-    ckpt = Checkpointer.from_env(part_size=8 * 1024 * 1024)
+    ckpt = Checkpointer.from_env()
     x, y = make_data(seed)
     try:
         restored = ckpt.resume()
