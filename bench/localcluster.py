@@ -21,7 +21,7 @@ from pathlib import Path
 
 N_PODS = int(os.environ.get("BENCH_LOCALCLUSTER_PODS", "10000"))
 N_WATCHERS = 20
-WATCH_EVENTS = 400
+WATCH_EVENTS = 1000
 WATCH_RATES = (100.0, 300.0)  # creates per second while watchers measure latency
 SPEC = {"name": "bench", "pools": [{"name": "a100", "count": 4, "gpu": {"count": 8}}]}
 
@@ -79,8 +79,53 @@ def _watchers(server: str, namespace: str, n: int, expected: int, ready, out) ->
     asyncio.run(main())
 
 
+def _create_parallel(cluster, namespace: str, prefix: str, count: int, threads: int = 4) -> float:
+    """Create `count` pods from `threads` threads, one sync client each; returns creates/s."""
+    clients = [cluster.core() for _ in range(threads)]
+
+    def worker(k: int) -> None:
+        for i in range(k, count, threads):
+            clients[k].create_namespaced_pod(namespace, pod(f"{prefix}-{i}"))
+    t0 = time.perf_counter()
+    workers = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    return count / (time.perf_counter() - t0) if count else float("nan")
+
+
+def _watch_latency(cluster, core, namespace: str, rate: float) -> tuple[float, list[float]]:
+    """20 watchers in another process; creates at `rate`/s; -> (achieved rate, sorted latencies in ms)."""
+    core.create_namespace({"metadata": {"name": namespace}})
+    ctx = mp.get_context("spawn")
+    ready, out = ctx.Semaphore(0), ctx.Queue()
+    child = ctx.Process(target=_watchers, args=(cluster.server, namespace, N_WATCHERS, WATCH_EVENTS, ready, out))
+    child.start()
+    for _ in range(N_WATCHERS):
+        if not ready.acquire(timeout=60):
+            raise RuntimeError("watchers did not connect")
+    time.sleep(0.5)
+    start = time.perf_counter()
+    for i in range(WATCH_EVENTS):
+        core.create_namespaced_pod(namespace, pod(f"w-{i}", stamp=time.time()))
+        delay = start + (i + 1) / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+    achieved = WATCH_EVENTS / (time.perf_counter() - start)
+    latencies = sorted(x * 1000 for x in out.get(timeout=120))
+    child.join(timeout=30)
+    return achieved, latencies
+
+
+def _p99(ms: list[float]) -> float:
+    return ms[int(len(ms) * 0.99) - 1]
+
+
 def main() -> None:
     import psutil
+
+    from airflow_gpu import constants as C
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from fixtures.kube import start_kube_cluster
@@ -90,7 +135,6 @@ def main() -> None:
         rss_idle = proc.memory_info().rss
         core = cluster.core()
         core.create_namespace({"metadata": {"name": "bench"}})
-        core.create_namespace({"metadata": {"name": "watch"}})
 
         # 1. creates, one client, one request at a time (what a controller loop does)
         n_seq = min(2000, N_PODS)
@@ -101,18 +145,7 @@ def main() -> None:
 
         # 2. creates from 4 threads, one sync client each, up to N_PODS stored
         rest = N_PODS - n_seq
-        clients = [cluster.core() for _ in range(4)]
-
-        def worker(k: int) -> None:
-            for i in range(k, rest, 4):
-                clients[k].create_namespaced_pod("bench", pod(f"par-{i}"))
-        t0 = time.perf_counter()
-        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        par_rate = rest / (time.perf_counter() - t0) if rest else float("nan")
+        par_rate = _create_parallel(cluster, "bench", "par", rest)
 
         t0 = time.perf_counter()
         listed = core.list_namespaced_pod("bench", _preload_content=False)
@@ -120,38 +153,29 @@ def main() -> None:
         list_s = time.perf_counter() - t0
         rss_stored = proc.memory_info().rss
 
-        # 3. watch latency: 20 watchers in another process, creates at a steady rate
-        results = {}
-        for rate in WATCH_RATES:
-            namespace = f"watch-{int(rate)}"
-            core.create_namespace({"metadata": {"name": namespace}})
-            ctx = mp.get_context("spawn")
-            ready, out = ctx.Semaphore(0), ctx.Queue()
-            child = ctx.Process(target=_watchers, args=(cluster.server, namespace, N_WATCHERS, WATCH_EVENTS, ready, out))
-            child.start()
-            for _ in range(N_WATCHERS):
-                if not ready.acquire(timeout=60):
-                    raise RuntimeError("watchers did not connect")
-            time.sleep(0.5)
-            start = time.perf_counter()
-            for i in range(WATCH_EVENTS):
-                core.create_namespaced_pod(namespace, pod(f"w-{i}", stamp=time.time()))
-                delay = start + (i + 1) / rate - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-            achieved = WATCH_EVENTS / (time.perf_counter() - start)
-            results[rate] = (achieved, sorted(x * 1000 for x in out.get(timeout=120)))
-            child.join(timeout=30)
+        # 3. watch latency with N_PODS stored: 20 watchers in another process, creates at a steady rate
+        results = {rate: _watch_latency(cluster, core, f"watch-{int(rate)}", rate) for rate in WATCH_RATES}
         rss_watch = proc.memory_info().rss
+
+    # 4. side by side: the same watch measurement on a cluster that does not freeze the GC
+    with tempfile.TemporaryDirectory(prefix="bench-localcluster-") as tmp, \
+            start_kube_cluster(Path(tmp), SPEC, env={C.ENV_CLUSTER_GC_FREEZE: "0"}) as plain:
+        plain_core = plain.core()
+        plain_core.create_namespace({"metadata": {"name": "bench"}})
+        _create_parallel(plain, "bench", "par", N_PODS)
+        no_freeze = _watch_latency(plain, plain_core, "watch", WATCH_RATES[0])
 
     mb = lambda b: b / 2**20  # noqa: E731
     print(f"pod creates/s, 1 sync client, sequential ({n_seq} pods): {seq_rate:8.0f}   target 300  ratio {seq_rate / 300:.2f}")
     print(f"pod creates/s, 4 sync clients in threads ({rest} pods):   {par_rate:8.0f}   target 300  ratio {par_rate / 300:.2f}")
     print(f"pods stored: {items}; full list of them: {list_s * 1000:.0f} ms")
     for rate, (achieved, ms) in results.items():
-        p50, p99 = statistics.median(ms), ms[int(len(ms) * 0.99) - 1]
         print(f"watch latency, {N_WATCHERS} watchers x {WATCH_EVENTS} creates at {rate:.0f}/s (got {achieved:.0f}/s): "
-              f"p50 {p50:.1f} ms  p99 {p99:.1f} ms   target p99 50 ms  ratio {p99 / 50:.2f}  ({len(ms)} samples)")
+              f"p50 {statistics.median(ms):.1f} ms  p99 {_p99(ms):.1f} ms   target p99 50 ms  ratio {_p99(ms) / 50:.2f}"
+              f"  ({len(ms)} samples)")
+    base = results[WATCH_RATES[0]][1]
+    print(f"  same at {WATCH_RATES[0]:.0f}/s without GC freezing: p50 {statistics.median(no_freeze[1]):.1f} ms  "
+          f"p99 {_p99(no_freeze[1]):.1f} ms   p99 ratio frozen/unfrozen {_p99(base) / _p99(no_freeze[1]):.2f}")
     print(f"API server RSS: idle {mb(rss_idle):.0f} MB, {items} pods {mb(rss_stored):.0f} MB, "
           f"+{N_WATCHERS} watchers {mb(rss_watch):.0f} MB   target 500 MB  ratio {mb(rss_watch) / 500:.2f}")
 

@@ -18,6 +18,8 @@ import signal
 import sys
 from pathlib import Path
 
+from airflow_gpu import constants as C
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("cluster", help="local GPU cluster: up, interrupt, not-ready, ready, restart-apiserver",
@@ -29,7 +31,7 @@ def register(subparsers) -> None:
     up.add_argument("--port", type=int, default=0, help="API server port on 127.0.0.1 (default: a free one)")
     up.add_argument("--state-dir", help="where state, pod working dirs and the kubeconfig go "
                                         "(default: ~/.cache/airflow-gpu/cluster-<spec name>)")
-    up.add_argument("--token", default=os.environ.get("AIRFLOW_GPU_CLUSTER_TOKEN"),
+    up.add_argument("--token", default=os.environ.get(C.ENV_CLUSTER_TOKEN),
                     help="require this bearer token (default: $AIRFLOW_GPU_CLUSTER_TOKEN, else none)")
     up.add_argument("--bookmark-seconds", type=float, default=5.0, help="interval of watch BOOKMARK events")
     up.add_argument("--fresh", action="store_true",
