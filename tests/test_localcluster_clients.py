@@ -516,3 +516,25 @@ def test_namespace_deletion_stops_its_pods(kube_cluster):
     assert err.value.status == 403
     wait_for(lambda: name not in [n.metadata.name for n in core.list_namespace().items], what="namespace removed")
     assert (workdir / "bye").read_text() == "1"
+
+
+def test_generate_name_and_patch_flavours(kube_cluster, ns):
+    core = kube_cluster.core()
+    made = core.create_namespaced_config_map(ns, {"metadata": {"generateName": "job-"}, "data": {"a": "1", "b": "2"}})
+    assert made.metadata.name.startswith("job-") and len(made.metadata.name) == 9
+    url = f"{kube_cluster.server}/api/v1/namespaces/{ns}/configmaps/{made.metadata.name}"
+    r = requests.patch(url, data=json.dumps({"data": {"a": None, "c": "3"}}),
+                       headers={"Content-Type": "application/merge-patch+json"})
+    assert r.status_code == 200 and r.json()["data"] == {"b": "2", "c": "3"}
+    r = requests.patch(url, data=json.dumps({"data": {"b": "x"}}), headers={"Content-Type": "text/plain"})
+    assert r.status_code == 415 and r.json()["kind"] == "Status"
+    # strategic merge on a node: taints merge by key, labels merge
+    node = "cpu-0"
+    core.patch_node(node, {"metadata": {"labels": {"extra": "1"}},
+                           "spec": {"taints": [{"key": "maintenance", "effect": "NoSchedule"}]}})
+    core.patch_node(node, {"spec": {"taints": [{"key": "other", "effect": "PreferNoSchedule"}]}})
+    got = core.read_node(node)
+    assert {t.key for t in got.spec.taints} == {"maintenance", "other"} and got.metadata.labels["extra"] == "1"
+    core.patch_node(node, {"spec": {"taints": [{"key": "maintenance", "$patch": "delete"},
+                                               {"key": "other", "$patch": "delete"}]}})
+    assert not core.read_node(node).spec.taints
