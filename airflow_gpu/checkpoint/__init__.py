@@ -27,7 +27,8 @@ from airflow_gpu.checkpoint.errors import (
 )
 from airflow_gpu.checkpoint.layout import Checkpoint
 from airflow_gpu.checkpoint.store import CheckpointStore
-from airflow_gpu.checkpoint.writer import Checkpointer, Restored, materialize, restore_from_uri, restore_newest
+from airflow_gpu.checkpoint.restore import Restored, materialize, restore_from_uri, restore_newest
+from airflow_gpu.checkpoint.writer import Checkpointer
 
 __all__ = [
     "Checkpoint",

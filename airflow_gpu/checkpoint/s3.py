@@ -38,7 +38,9 @@ T = TypeVar("T")
 CHUNK = 1024 * 1024  # streamed reads: hashed and written while the next chunk arrives
 MIN_PART_SIZE = 5 * 1024 * 1024  # S3 rejects smaller non-final multipart parts (EntityTooSmall)
 _RETRYABLE_EXC = (BotoConnectionError, ConnectionClosedError, ReadTimeoutError, IncompleteReadError, ResponseStreamingError)
-_RETRYABLE_CODES = {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed"}
+# ConditionalRequestConflict (409): a concurrent conditional write on the key; retrying yields 412
+# if the other write won
+_RETRYABLE_CODES = {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "ConditionalRequestConflict"}
 
 
 class S3Backend:
@@ -134,7 +136,7 @@ class S3Backend:
         try:
             self._call(self._what("PutObject", key), lambda: self.client.put_object(**kwargs))
         except ClientError as exc:
-            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") in (409, 412):
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
                 raise AlreadyExists(f"{self.uri}/{key} already exists") from None
             raise self._client_error("PutObject", key, exc) from exc
 

@@ -103,7 +103,8 @@ def main() -> int:
         initial_loss = full_loss(state["params"], x, y)
         emit("start", attempt=ckpt.attempt, loss=initial_loss, checkpoint_uri=ckpt.uri)
     else:
-        state, initial_loss = restored.data, restored.metadata["initial_loss"]
+        state = restored.data
+        initial_loss = restored.metadata.get("initial_loss", full_loss(init_state(seed)["params"], x, y))
         emit("resume", attempt=ckpt.attempt, step=state["step"], checkpoint=restored.checkpoint.uri,
              interruptions=ckpt.interruptions)
     total_steps = epochs * steps_per_epoch
