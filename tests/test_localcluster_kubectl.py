@@ -171,3 +171,20 @@ def test_imperative_creates_protobuf_bodies(kube_cluster, ns):
     assert json.loads(k("get", "quota", "gpus", "-n", ns, "-o", "jsonpath={.spec.hard}").stdout) == \
         {"requests.nvidia.com/gpu": "8", "pods": "20"}
     assert k("get", "pc", f"pc-{ns}", "-o", "jsonpath={.value} {.preemptionPolicy}").stdout == "1000 Never"
+
+
+def test_cordon_taints_and_drain_evicts(kube_cluster, ns, tmp_path):
+    k = kube_cluster.kubectl
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(POD.format(name="drained", script="import time; time.sleep(60)").replace(
+        "spec:\n", "spec:\n  nodeName: gpu-od-1\n", 1))
+    k("create", "-f", str(manifest), "-n", ns)
+    wait_for(lambda: "Running" in k("get", "pod", "drained", "-n", ns).stdout, what="Running")
+    k("cordon", "gpu-od-1")
+    taints = lambda: k("get", "node", "gpu-od-1", "-o", "jsonpath={.spec.taints[*].key}").stdout  # noqa: E731
+    wait_for(lambda: "node.kubernetes.io/unschedulable" in taints(), what="unschedulable taint")
+    out = k("drain", "gpu-od-1", "--ignore-daemonsets", "--force", "--grace-period=1", timeout=60).stdout
+    assert "pod/drained evicted" in out
+    assert "NotFound" in k("get", "pod", "drained", "-n", ns, check=False).stderr
+    k("uncordon", "gpu-od-1")
+    wait_for(lambda: "unschedulable" not in taints(), what="taint removed")

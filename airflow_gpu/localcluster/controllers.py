@@ -12,10 +12,11 @@ from airflow_gpu import constants as C
 from airflow_gpu.localcluster import errors, quota
 from airflow_gpu.localcluster.events import Recorder
 from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
-from airflow_gpu.localcluster.podutil import is_terminal, tolerates
+from airflow_gpu.localcluster.podutil import is_terminal, now_iso, tolerates
 
 log = logging.getLogger(__name__)
 POD_KEY, NODE_KEY, NAMESPACE_KEY, QUOTA_KEY = "/pods", "/nodes", "/namespaces", "/resourcequotas"
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 
 
 class Controllers:
@@ -84,6 +85,8 @@ class Controllers:
                     self._quota_dirty.add(ns)
                     self._schedule_quota()
         if key == NODE_KEY:
+            if etype != "DELETED":
+                self._later(self._unschedulable_taint, meta["name"])
             if etype == "DELETED":
                 asyncio.get_running_loop().call_later(self.pod_gc_seconds, self._pod_gc, meta["name"])
             elif old is None or (old.get("spec") or {}).get("taints") != (obj.get("spec") or {}).get("taints"):
@@ -179,6 +182,25 @@ class Controllers:
                 self.store.delete(POD_KEY, pod["metadata"]["namespace"], pod["metadata"]["name"], "pods")
             except errors.ApiError:
                 pass
+
+    # --- TaintNodesByCondition: cordoned nodes carry node.kubernetes.io/unschedulable:NoSchedule ------
+    def _unschedulable_taint(self, node_name: str) -> None:
+        node = self.store.get(NODE_KEY, "", node_name)
+        if node is None:
+            return
+        taints = (node.get("spec") or {}).get("taints") or []
+        has = any(t.get("key") == UNSCHEDULABLE_TAINT for t in taints)
+        wanted = bool((node.get("spec") or {}).get("unschedulable"))
+        if has == wanted:
+            return
+        new = deep_copy(node)
+        if wanted:
+            new["spec"]["taints"] = taints + [{"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule", "timeAdded": now_iso()}]
+        else:
+            new["spec"]["taints"] = [t for t in taints if t.get("key") != UNSCHEDULABLE_TAINT]
+            if not new["spec"]["taints"]:
+                del new["spec"]["taints"]
+        self.objects.update_status(NODE_KEY, new)
 
     # --- taint manager ---------------------------------------------------------------------------
     def _taint_manager(self, node_name: str) -> None:
