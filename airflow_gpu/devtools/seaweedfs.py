@@ -164,3 +164,22 @@ class SeaweedFS:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def main() -> None:
+    """`python -m airflow_gpu.devtools.seaweedfs`: run a server until Ctrl-C; prints the env to use."""
+    import signal
+
+    with SeaweedFS() as server:
+        for name, value in server.env().items():
+            print(f"export {name}={value}")
+        print(f"# SeaweedFS pid {server.pid}, data in {server.root}; Ctrl-C stops it", flush=True)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it like Ctrl-C
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()
