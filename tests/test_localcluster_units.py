@@ -106,3 +106,24 @@ def test_decode_normalises_quantities_and_reports_unknown_fields():
     with pytest.raises(ApiError) as err:
         decode_object(pods, "v1", {"metadata": {"name": "p"}, "spec": {"containers": "no"}}, "Warn")
     assert err.value.code == 400 and "spec.containers" in err.value.message
+
+
+def test_custom_resources_are_validated_against_their_crd_schema():
+    import yaml
+
+    from airflow_gpu.localcluster import admission
+    from airflow_gpu.localcluster.resources import from_crd
+
+    crd = Path(__file__).resolve().parents[1] / "airflow_gpu" / "localcluster" / "crds" / "scheduling.x-k8s.io_podgroups.yaml"
+    rt = from_crd(yaml.safe_load(crd.read_text()))
+
+    def check(spec):
+        admission.validate(rt, {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+                                "metadata": {"name": "g"}, "spec": spec}, True)
+    check({"minMember": 4, "minResources": {"nvidia.com/gpu": "8"}})
+    with pytest.raises(ApiError) as err:
+        check({"minMember": "4"})
+    assert err.value.code == 422 and err.value.message == (
+        'PodGroup.scheduling.x-k8s.io "g" is invalid: spec.minMember: Invalid value: "string": '
+        'spec.minMember in body must be of type integer: "string"')
+    assert err.value.details["causes"][0]["field"] == "spec.minMember"

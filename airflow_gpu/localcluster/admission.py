@@ -8,6 +8,7 @@ import re
 from airflow_gpu.localcluster import errors, quota
 from airflow_gpu.localcluster.podutil import quantity
 from airflow_gpu.localcluster.resources import ResourceType
+from airflow_gpu.localcluster.schema import crd_causes
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -115,6 +116,13 @@ def validate(rt: ResourceType, obj: dict, creating: bool) -> None:
                            "alphanumeric character, at most 63 characters"))
     if not rt.crd and rt.kind == "Pod":
         causes += _pod_causes(obj)
+    if rt.crd:
+        version = (obj.get("apiVersion") or "").rpartition("/")[2]
+        schema = rt.schemas.get(version) or rt.schemas.get(rt.versions[0]) or {}
+        body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+        props = {k: v for k, v in (schema.get("properties") or {}).items() if k not in ("apiVersion", "kind", "metadata")}
+        causes += crd_causes(body, {**schema, "properties": props,
+                                    "required": [r for r in schema.get("required") or [] if r != "metadata"]}, "")
     if not rt.crd and rt.kind == "PriorityClass" and not isinstance(obj.get("value"), int):
         causes.append(("value", "FieldValueRequired", "Required value"))
     if causes:

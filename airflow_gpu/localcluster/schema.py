@@ -141,6 +141,60 @@ class Decoder:
         return out
 
 
+_JSON_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool}
+
+
+def _type_name(value) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean"}.get(type(value)) or \
+        ("integer" if isinstance(value, int) else "number" if isinstance(value, float) else "null")
+
+
+def crd_causes(value, schema: dict, path: str) -> list[tuple[str, str, str]]:
+    """Structural-schema checks of a custom resource (type, required, enum, minimum/maximum), with
+    the apiextensions server's messages: `spec.minMember in body must be of type integer: "string"`."""
+    if not schema or value is None or schema.get("x-kubernetes-preserve-unknown-fields") and "type" not in schema:
+        return []
+    causes: list[tuple[str, str, str]] = []
+    typ = schema.get("type")
+    shown = path or "<root>"
+    if schema.get("x-kubernetes-int-or-string"):
+        if not isinstance(value, (int, str)) or isinstance(value, bool):
+            causes.append((shown, "FieldValueTypeInvalid", f'Invalid value: "{_type_name(value)}": {shown} in body '
+                                                           f'must be of type int-or-string: "{_type_name(value)}"'))
+        return causes
+    ok = {"integer": isinstance(value, int) and not isinstance(value, bool),
+          "number": isinstance(value, (int, float)) and not isinstance(value, bool)}.get(typ)
+    if ok is None and typ in _JSON_TYPES:
+        ok = isinstance(value, _JSON_TYPES[typ])
+    if ok is False:
+        return [(shown, "FieldValueTypeInvalid", f'Invalid value: "{_type_name(value)}": {shown} in body must be of '
+                                                 f'type {typ}: "{_type_name(value)}"')]
+    if "enum" in schema and value not in schema["enum"]:
+        allowed = ", ".join(f'"{v}"' for v in schema["enum"])
+        causes.append((shown, "FieldValueNotSupported", f'Unsupported value: "{value}": supported values: {allowed}'))
+    for bound, cmp, word in (("minimum", lambda a, b: a < b, "greater"), ("maximum", lambda a, b: a > b, "less")):
+        if bound in schema and isinstance(value, (int, float)) and cmp(value, schema[bound]):
+            causes.append((shown, "FieldValueInvalid", f"Invalid value: {value}: {shown} in body should be "
+                                                       f"{word} than or equal to {schema[bound]}"))
+    if isinstance(value, dict):
+        for req in schema.get("required") or []:
+            if req not in value:
+                where = f"{path}.{req}" if path else req
+                causes.append((where, "FieldValueRequired", "Required value"))
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            child = f"{path}.{key}" if path else key
+            if key in props:
+                causes += crd_causes(item, props[key], child)
+            elif isinstance(extra, dict):
+                causes += crd_causes(item, extra, child)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            causes += crd_causes(item, schema["items"], f"{path}[{i}]")
+    return causes
+
+
 def decode_object(rt: ResourceType, version: str, body: dict, field_validation: str) -> tuple[dict, list[str]]:
     """Check `body` as rt; returns (object with unknown fields dropped, warnings). Strict -> 400."""
     decoder = Decoder(rt.kind, version)
