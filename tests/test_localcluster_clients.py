@@ -538,3 +538,14 @@ def test_generate_name_and_patch_flavours(kube_cluster, ns):
     core.patch_node(node, {"spec": {"taints": [{"key": "maintenance", "$patch": "delete"},
                                                {"key": "other", "$patch": "delete"}]}})
     assert not core.read_node(node).spec.taints
+
+
+def test_pod_reaches_the_api_through_its_kubeconfig(kube_cluster, ns):
+    core = kube_cluster.core()
+    script = ("import os; from kubernetes import client, config; config.load_kube_config();"
+              "print(client.CoreV1Api().read_namespaced_pod(os.environ['HOSTNAME'], os.environ['NS']).metadata.uid)")
+    body = pod_body("selfaware", ["python", "-c", script])
+    body["spec"]["containers"][0]["env"] = [{"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+    uid = core.create_namespaced_pod(ns, body).metadata.uid
+    wait_for(lambda: phase(core, ns, "selfaware") in ("Succeeded", "Failed"), what="pod done")
+    assert pod_log(core, ns, "selfaware").strip() == uid

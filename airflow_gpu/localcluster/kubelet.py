@@ -87,7 +87,7 @@ class Kubelet:
         self.pods_dir = state_dir / "pods"
         self.api_address = api_address
         self.sim_default_seconds = sim_default_seconds
-        self.env = PodEnv(store, api_address)
+        self.env = PodEnv(store, api_address, state_dir / "kubeconfig")
         self.runs: dict[str, PodRun] = {}  # by pod uid
         self.unresponsive: set[str] = set()  # nodes whose kubelet does not talk to the API (NotReady fault)
         self.devices = Devices()

@@ -1,7 +1,7 @@
 """A container's environment as the kubelet builds it: plain values with $(VAR) expansion, envFrom,
 fieldRef (metadata, labels/annotations, status.podIP, spec.nodeName), resourceFieldRef (limits fall back
 to the node's allocatable), configMap/secret keys; plus the device plugin's NVIDIA_VISIBLE_DEVICES and
-KUBERNETES_SERVICE_HOST/PORT pointing at the local API server."""
+KUBERNETES_SERVICE_HOST/PORT and KUBECONFIG pointing at the local API server."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ POD_KEY, NODE_KEY = "/pods", "/nodes"
 
 
 class PodEnv:
-    def __init__(self, store, api_address: str):
-        self.store, self.api_address = store, api_address
+    def __init__(self, store, api_address: str, kubeconfig: Path | None = None):
+        self.store, self.api_address, self.kubeconfig = store, api_address, kubeconfig
 
     def build(self, run, c, pod: dict) -> dict[str, str]:
         env = {
@@ -28,6 +28,8 @@ class PodEnv:
             "KUBERNETES_SERVICE_HOST": self.api_address.split(":")[0],
             "KUBERNETES_SERVICE_PORT": self.api_address.split(":")[1],
         }
+        if self.kubeconfig is not None:  # no in-cluster service account token: clients fall back to this
+            env["KUBECONFIG"] = str(self.kubeconfig)
         if run.gpus:
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(run.gpus)
         for src in c.spec.get("envFrom") or []:
