@@ -243,6 +243,9 @@ def test_sigterm_stops_cluster_and_every_pod_process_then_state_survives(tmp_pat
         pids = [int(next(cluster.state_dir.glob(f"pods/default/{n}-*/pid")).read_text()) for n in ("a", "b")]
         for pid in pids:
             os.kill(pid, 0)  # alive
+        second = subprocess.run([sys.executable, "-m", "airflow_gpu", "cluster", "up", "--spec", str(tmp_path / "cluster-spec.yaml"),
+                                 "--state-dir", str(cluster.state_dir), "--fresh"], capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1 and "is in use by another cluster" in second.stderr
         cluster.process.stop(timeout=15)
         assert cluster.process.popen.returncode == 0
         for pid in pids:

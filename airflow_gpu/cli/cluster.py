@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import logging
 import os
-import shutil
 import signal
 import sys
 from pathlib import Path
@@ -73,21 +72,19 @@ def _up(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     state_dir = Path(args.state_dir or Path.home() / ".cache" / "airflow-gpu" / f"cluster-{spec.name}")
-    if args.fresh:
-        for name in ("store.log", "pods", "used-node-names"):
-            target = state_dir / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            else:
-                target.unlink(missing_ok=True)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         import uvloop
         runner = uvloop.run
     except ImportError:  # pragma: no cover
         runner = asyncio.run
+    from airflow_gpu.localcluster.cluster import StateDirBusy
+
     try:
         return runner(_run(spec, state_dir, args))
+    except StateDirBusy as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"error: cannot serve on 127.0.0.1:{args.port}: {exc.strerror}; pick another --port", file=sys.stderr)
         return 1
@@ -96,7 +93,8 @@ def _up(args) -> int:
 async def _run(spec, state_dir: Path, args) -> int:
     from airflow_gpu.localcluster.cluster import LocalCluster
 
-    cluster = LocalCluster(spec, state_dir, port=args.port, token=args.token, bookmark_seconds=args.bookmark_seconds)
+    cluster = LocalCluster(spec, state_dir, port=args.port, token=args.token, bookmark_seconds=args.bookmark_seconds,
+                           fresh=args.fresh)
     await cluster.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

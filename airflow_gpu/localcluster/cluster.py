@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import fcntl
 import gc
 import json
 import logging
 import os
+import shutil
 import socket
 from pathlib import Path
 
@@ -41,14 +43,19 @@ SYSTEM_PRIORITY_CLASSES = (("system-node-critical", 2000001000), ("system-cluste
 CONTEXT = "airflow-gpu-local"
 
 
+class StateDirBusy(RuntimeError):
+    pass
+
+
 class LocalCluster:
     def __init__(self, spec: ClusterSpec, state_dir: str | Path, port: int = 0, token: str | None = None,
-                 bookmark_seconds: float = 5.0):
+                 bookmark_seconds: float = 5.0, fresh: bool = False):
         self.spec = spec
         self.state_dir = Path(state_dir).resolve()
         self.port = port
         self.token = token
         self.bookmark_seconds = bookmark_seconds
+        self.fresh = fresh
         self._server: uvicorn.Server | None = None
         self.tls: tuple[Path, Path] | None = None
         self._gc_task: asyncio.Task | None = None
@@ -67,6 +74,23 @@ class LocalCluster:
     # --- start / stop ------------------------------------------------------------------------
     async def start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = open(self.state_dir / "lock", "a+")
+        try:  # one cluster per state dir: two would interleave their writes to store.log
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.seek(0)
+            raise StateDirBusy(f"state dir {self.state_dir} is in use by another cluster (pid {self._lock.read().strip()}); "
+                               "stop it or pass another --state-dir") from None
+        self._lock.truncate(0)
+        self._lock.write(str(os.getpid()))
+        self._lock.flush()
+        if self.fresh:  # only now: the lock says no running cluster owns these files
+            for name in ("store.log", "pods", "used-node-names"):
+                target = self.state_dir / name
+                if target.is_dir():
+                    shutil.rmtree(target)
+                else:
+                    target.unlink(missing_ok=True)
         if self.token:
             self.tls = ensure_certificate(self.state_dir / "tls")
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
