@@ -260,9 +260,8 @@ def test_reclaim_preempts_the_borrowing_team(kube_cluster, api, namespace, tmp_p
         G.wait_until(lambda: G.gang_binding_state(G.list_pods(api, a)).get(f"{a}/mine", (0, 2))[0] == 2,
                      30, what="team a's gang bound")
         left = G.gang_binding_state(G.list_pods(api, b))
-        # one of b's gangs gave the borrowed 4 GPUs back (which one: least lost work, core decides);
-        # b keeps its guaranteed 8
-        assert sorted(v for v in left.values()) == [(1, 1), (1, 1)], left
+        # the gang admitted on borrowed quota gives the GPUs back; b keeps its guaranteed 8
+        assert sorted(k for k, v in left.items() if v == (1, 1)) == [f"{b}/b0", f"{b}/b1"], left
         value = scheduler.metrics.registry.get_sample_value(
             "airflow_gpu_preemptions_total", {"team": "b", "tier": "best-effort-training", "reason": "reclaim"})
         assert value == 1.0

@@ -13,7 +13,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from airflow_gpu import constants as C
-from airflow_gpu.devtools.processes import ManagedProcess
+from airflow_gpu.devtools.processes import ManagedProcess, wait_until  # noqa: F401 - re-exported for callers
 from airflow_gpu.scheduler.convert import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION
 
 
@@ -145,15 +145,4 @@ def scheduler_process(kubeconfig: str | Path, log_path: Path, config_path: str |
         argv += ["--metrics-port", str(metrics_port)]
     argv += list(extra or [])
     return ManagedProcess(name=identity or "scheduler", argv=argv, log_path=log_path)
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.1, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached within {timeout:.0f} s")
-        time.sleep(interval)
 

@@ -59,8 +59,6 @@ class ClusterCache:
         self._assumed: dict[str, str] = {}
         self._synced = {k: threading.Event() for k in KINDS}
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._responses: dict[str, object] = {}
         self.relists = {k: 0 for k in KINDS}  # observable: how often each kind was relisted (410 Gone etc.)
 
     # --- the per-kind list functions of the official client ------------------------------
@@ -81,9 +79,7 @@ class ClusterCache:
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> "ClusterCache":
         for kind in KINDS:
-            t = threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind}", daemon=True)
-            t.start()
-            self._threads.append(t)
+            threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind}", daemon=True).start()
         return self
 
     def wait_synced(self, timeout: float = 30.0) -> bool:
@@ -91,14 +87,10 @@ class ClusterCache:
         return all(ev.wait(max(0.0, deadline - time.monotonic())) for ev in self._synced.values())
 
     def stop(self) -> None:
+        """Stop applying events. The watch threads are daemons blocked in a read: closing their
+        response from here can block on the reader's lock, so they are left to end with the process
+        (or with the watch's timeoutSeconds)."""
         self._stop.set()
-        for resp in list(self._responses.values()):
-            try:
-                resp.close()  # unblocks the reader thread
-            except Exception:  # noqa: BLE001 - closing a dead socket may raise anything
-                pass
-        for t in self._threads:
-            t.join(timeout=2)
 
     # --- reads ----------------------------------------------------------------------------
     def view(self) -> View:
@@ -182,7 +174,6 @@ class ClusterCache:
             timeout_seconds=WATCH_TIMEOUT_SECONDS,
             _request_timeout=(10, WATCH_TIMEOUT_SECONDS + 30),
         )
-        self._responses[kind] = resp
         try:
             for line in iter_resp_lines(resp):
                 if self._stop.is_set():
@@ -202,7 +193,6 @@ class ClusterCache:
                     continue
                 self._apply(kind, etype, obj)
         finally:
-            self._responses.pop(kind, None)
             resp.release_conn()
         return rv
 

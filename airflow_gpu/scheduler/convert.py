@@ -409,9 +409,10 @@ def running_gang_from_k8s(
     placements: tuple[Placement, ...],
     *,
     ours: bool = True,
+    members: list[PodRequest] | None = None,
 ) -> RunningGang:
     """A RunningGang for bound pods. Pods another scheduler placed are never preemption victims here."""
-    gang = gang_from_k8s(key, podgroup, pods, ctx)
+    gang = gang_from_k8s(key, podgroup, pods, ctx, members)
     if not ours:
         gang = Gang(**{**gang.__dict__, "preemptible": False})
     starts = []

@@ -42,7 +42,7 @@ from airflow_gpu.scheduler.actions import Api, default_identity, grace_seconds_o
 from airflow_gpu.scheduler.cache import ClusterCache, View
 from airflow_gpu.scheduler.convert import ConversionContext, gang_from_k8s, key_of, pod_is_terminating
 from airflow_gpu.scheduler.metrics import SchedulerMetrics
-from airflow_gpu.scheduler.state import PLAN_BINDING, PLAN_NOMINATED, Plan, Unit, World, build_world, gpu_stats
+from airflow_gpu.scheduler.state import PLAN_BINDING, PLAN_NOMINATED, Memo, Plan, Unit, World, build_world, gpu_stats
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,7 @@ class Scheduler:
         self._gang_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gang")
         self._written: dict[str, tuple] = {}  # owner key -> last annotations/status written (dedup only)
         self.cycles = 0
+        self._memo = Memo()
 
     # --- lifecycle ------------------------------------------------------------------------
     def is_leader(self) -> bool:
@@ -160,7 +161,9 @@ class Scheduler:
         started = time.perf_counter()
         now = time.time()
         view = self.cache.view()
-        world = build_world(view, self.settings.scheduler_name, self.ctx, now)
+        world = build_world(view, self.settings.scheduler_name, self.ctx, now, self._memo)
+        if self.cycles % 50 == 0:
+            self._memo.prune(view)
         leader = self.is_leader()
         self.metrics.is_leader.set(1 if leader else 0)
         self._observe(world)

@@ -189,15 +189,63 @@ def _assume_running(snap: Snapshot, key: str, req: PodRequest, node: str) -> Pla
         return None
 
 
-def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: float | None = None) -> World:
+class Memo:
+    """Conversions of unchanged objects, kept between cycles (keyed by uid and resourceVersion, so a
+    changed object is converted again), and the empty Snapshot of an unchanged node list (its static
+    masks stay cached). Only a speed-up: a fresh Memo gives the same World."""
+
+    def __init__(self) -> None:
+        self.pods: dict[tuple, PodRequest] = {}
+        self.nodes: dict[tuple, Node] = {}
+        self.empty: tuple[tuple, Snapshot] | None = None
+
+    @staticmethod
+    def _version(obj: dict) -> tuple:
+        meta = obj.get("metadata") or {}
+        return (meta.get("uid"), meta.get("name"), meta.get("namespace"), meta.get("resourceVersion"))
+
+    def pod(self, obj: dict, ctx: ConversionContext) -> PodRequest:
+        v = self._version(obj)
+        req = self.pods.get(v) if v[3] else None
+        if req is None:
+            req = pod_request_from_k8s(obj, ctx.product_labels)
+            if v[3]:
+                self.pods[v] = req
+        return req
+
+    def node(self, obj: dict) -> Node:
+        v = self._version(obj)
+        n = self.nodes.get(v) if v[3] else None
+        if n is None:
+            n = node_from_k8s(obj)
+            if v[3]:
+                self.nodes[v] = n
+        return n
+
+    def snapshot(self, nodes: list[Node]) -> Snapshot:
+        key = tuple(nodes)
+        if self.empty is None or self.empty[0] != key:
+            self.empty = (key, Snapshot.from_nodes(nodes))
+        return self.empty[1].copy()
+
+    def prune(self, view: View) -> None:
+        live_pods = {self._version(p) for p in view.pods.values()}
+        self.pods = {k: v for k, v in self.pods.items() if k in live_pods}
+        live_nodes = {self._version(n) for n in view.nodes.values()}
+        self.nodes = {k: v for k, v in self.nodes.items() if k in live_nodes}
+
+
+def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: float | None = None,
+                memo: Memo | None = None) -> World:
     now = time.time() if now is None else now
+    memo = memo or Memo()
     nodes: dict[str, Node] = {}
     for name, obj in sorted(view.nodes.items()):
         try:
-            nodes[name] = node_from_k8s(obj)
+            nodes[name] = memo.node(obj)
         except ConversionError as exc:
             log.warning("%s", exc)
-    snap = Snapshot.from_nodes(nodes.values())
+    snap = memo.snapshot(list(nodes.values()))
     units = group_units(view)
     running: list[RunningGang] = []
     running_units: dict[str, Unit] = {}
@@ -213,7 +261,7 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
         for pod in held:
             key = key_of(pod)
             try:
-                req = requests[key] = pod_request_from_k8s(pod, ctx.product_labels)
+                req = requests[key] = memo.pod(pod, ctx)
             except ConversionError as exc:
                 invalid.append((unit, str(exc)))
                 continue
@@ -224,7 +272,8 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
         if placements:
             ours = all((p.get("spec") or {}).get("schedulerName") == scheduler_name for p in held)
             try:
-                rg = running_gang_from_k8s(unit.key, unit.podgroup, held, ctx, tuple(placements), ours=ours)
+                rg = running_gang_from_k8s(unit.key, unit.podgroup, held, ctx, tuple(placements), ours=ours,
+                                           members=[requests[key_of(p)] for p in held if key_of(p) in requests])
             except ConversionError as exc:
                 invalid.append((unit, str(exc)))
                 continue
@@ -242,7 +291,7 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
         members = {}
         for pod in pending:
             try:
-                members[key_of(pod)] = requests.get(key_of(pod)) or pod_request_from_k8s(pod, ctx.product_labels)
+                members[key_of(pod)] = requests.get(key_of(pod)) or memo.pod(pod, ctx)
             except ConversionError:
                 pass
         try:
@@ -282,7 +331,7 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
             incomplete.append((unit, f"gang has {alive} of {need} pods; waiting for the rest to be created"))
             continue
         try:
-            gang = gang_from_k8s(unit.key, unit.podgroup, waiting, ctx)
+            gang = gang_from_k8s(unit.key, unit.podgroup, waiting, ctx, [memo.pod(p, ctx) for p in waiting])
         except ConversionError as exc:
             invalid.append((unit, str(exc)))
             continue
