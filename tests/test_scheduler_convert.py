@@ -96,6 +96,9 @@ def test_gang_team_tier_priority_and_products_from_config(repo_root):
         "nlp", "best-effort-training", 1000, True, True, True)
     assert g.topology.level is TopologyLevel.RACK and g.topology.hard
     assert g.members[0].gpu_products == ("NVIDIA-A100-SXM4-80GB",)  # quota product -> node label
+    assert g.members[0].capacity_types == ()  # checkpointable best-effort may use spot
+    pg["metadata"]["annotations"][C.ANNOTATION_CHECKPOINTABLE] = "false"
+    assert gang_from_k8s("team-nlp/train", pg, pods, ctx).members[0].capacity_types == ("on-demand",)
     pg["metadata"]["annotations"][C.ANNOTATION_TOPOLOGY] = "galaxy"
     with pytest.raises(ConversionError, match="level must be one of"):
         gang_from_k8s("team-nlp/train", pg, pods, ctx)

@@ -84,7 +84,7 @@ def test_16_gpu_gang_is_never_partial_and_not_starved_by_small_jobs(kube_cluster
         G.wait_until(lambda: all(_bound_at(G.list_pods(api, ns)).values()), 30, what="fillers bound")
         G.create_gang(api, ns, "big", 2, 8, sim_seconds=2.0)
         gang_created = time.time()
-        samples, stream, stop = [], [], threading.Event()
+        samples, stream, stop, small_reasons = [], [], threading.Event(), set()
 
         def small_jobs():
             i = 0
@@ -104,6 +104,8 @@ def test_16_gpu_gang_is_never_partial_and_not_starved_by_small_jobs(kube_cluster
             now = time.time()
             samples.append((now, state, {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods
                                          if p["metadata"]["name"].startswith("small-")}))
+            small_reasons.update((p["metadata"].get("annotations") or {}).get(C.ANNOTATION_WAIT_REASON, "")
+                                 for p in pods if p["metadata"]["name"].startswith("small-"))
             if state[0] == 2 and gang_bound_at is None:
                 gang_bound_at = now
             if gang_bound_at and now > gang_bound_at + 1.0:
@@ -119,6 +121,8 @@ def test_16_gpu_gang_is_never_partial_and_not_starved_by_small_jobs(kube_cluster
         jumped = {name for _, _, small in before for name, node in small.items() if node}
         assert not jumped, f"small jobs took GPUs the gang was waiting for: {sorted(jumped)}"
         assert len(stream) >= 8  # the stream really ran while the gang waited
+        # a waiting lone pod says why on itself (annotation the UI reads, and its Events)
+        assert any(r.startswith(f"would delay {ns}/big") for r in small_reasons), small_reasons
 
         # the wait reason, in words, where users look
         pg = G.get_podgroup(api, ns, "big")

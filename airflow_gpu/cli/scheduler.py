@@ -21,7 +21,8 @@ def register(subparsers) -> None:
     p.add_argument("--context", help="kubeconfig context")
     p.add_argument("--config", help="quota configuration YAML (teams, tiers, products); without it: no quotas")
     p.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER_NAME, help="pods with this spec.schedulerName")
-    p.add_argument("--policy", default="bestfit", help="placement policy (core.policies), default bestfit")
+    p.add_argument("--policy", default="bestfit",
+                   help="placement policy (core.policies); fgd learns typical pods from the cluster's pods")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port (0: off)")
     p.add_argument("--metrics-address", default="127.0.0.1", help="address for --metrics-port")
     p.add_argument("--leader-elect", action=argparse_bool(), default=True,
@@ -76,10 +77,8 @@ def run(args) -> int:
         except ConfigError as exc:
             print(exc, file=sys.stderr)
             return EXIT_BAD_INPUT
-    if args.policy not in POLICIES or args.policy in ("fgd", "fgd-lookahead"):
-        # FGD needs the workload's typical pods, learnt offline (airflow-gpu simulate); not per cycle
-        allowed = ", ".join(p for p in POLICIES if p not in ("fgd", "fgd-lookahead"))
-        print(f"scheduler: --policy {args.policy!r}: choose one of {allowed}", file=sys.stderr)
+    if args.policy not in POLICIES:
+        print(f"scheduler: --policy {args.policy!r}: choose one of {', '.join(POLICIES)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         api_client = _api_client(args)

@@ -8,7 +8,7 @@ so there is one code path. No I/O here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any, Iterable, Mapping
@@ -386,16 +386,21 @@ def gang_from_k8s(
         ) from None
     created = [parse_time(m.get("creationTimestamp")) for m in metas]
     created_at = parse_time(pg_meta.get("creationTimestamp")) or min((c for c in created if c), default=0.0)
+    spot_eligible = bool(policy and policy.spot_eligible and checkpointable)
+    reqs = tuple(members if members is not None else (pod_request_from_k8s(p, ctx.product_labels) for p in pods))
+    if policy is not None and not spot_eligible:
+        # DESIGN.md: work that cannot resume from a checkpoint never goes to spot, whatever it tolerates
+        reqs = tuple(m if m.capacity_types else replace(m, capacity_types=(C.CAPACITY_ON_DEMAND,)) for m in reqs)
     return Gang(
         name=key,
         team=team,
         tier=tier,
         priority=priority,
-        members=tuple(members if members is not None else (pod_request_from_k8s(p, ctx.product_labels) for p in pods)),
+        members=reqs,
         topology=parse_topology(annotation(C.ANNOTATION_TOPOLOGY), f"gang {key}"),
         preemptible=policy.preemptible if policy else True,
         checkpointable=checkpointable,
-        spot_eligible=bool(policy and policy.spot_eligible and checkpointable),
+        spot_eligible=spot_eligible,
         created_at=created_at or 0.0,
         expected_duration=duration,
     )
@@ -414,7 +419,7 @@ def running_gang_from_k8s(
     """A RunningGang for bound pods. Pods another scheduler placed are never preemption victims here."""
     gang = gang_from_k8s(key, podgroup, pods, ctx, members)
     if not ours:
-        gang = Gang(**{**gang.__dict__, "preemptible": False})
+        gang = replace(gang, preemptible=False)
     starts = []
     for p in pods:
         status = p.get("status") or {}

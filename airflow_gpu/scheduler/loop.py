@@ -34,7 +34,8 @@ from airflow_gpu import constants as C
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import GangDecision
 from airflow_gpu.core.model import Placement, RunningGang
-from airflow_gpu.core.policies import make_profile
+from airflow_gpu.core.plugins.fgd import TypicalPods
+from airflow_gpu.core.policies import DEFAULT_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy
 from airflow_gpu.core.queue import schedule_cycle
 from airflow_gpu.core.quota import QuotaBook
@@ -47,6 +48,7 @@ from airflow_gpu.scheduler.state import PLAN_BINDING, PLAN_NOMINATED, Memo, Plan
 log = logging.getLogger(__name__)
 
 REASON_WAITING = "FailedScheduling"
+LEARNING = ("fgd", DEFAULT_POLICY)  # policies that need the workload's typical pods
 
 
 @dataclass
@@ -120,7 +122,8 @@ class Scheduler:
         self.ctx = ConversionContext.from_config(quota_config)
         self.book = quota_book_from_config(quota_config)
         self.policy = preemption_policy_from_config(quota_config)
-        self.profile: Profile = make_profile(self.settings.policy)
+        self.profile: Profile = make_profile(self.settings.policy) if self.settings.policy not in LEARNING \
+            else make_profile("bestfit")  # until there are pods to learn the workload's typical shapes from
         self._pool = ThreadPoolExecutor(max_workers=self.settings.bind_workers, thread_name_prefix="bind")
         self._gang_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gang")
         self._written: dict[str, tuple] = {}  # owner key -> last annotations/status written (dedup only)
@@ -164,6 +167,7 @@ class Scheduler:
         world = build_world(view, self.settings.scheduler_name, self.ctx, now, self._memo)
         if self.cycles % 50 == 0:
             self._memo.prune(view)
+            self._learn_profile()
         leader = self.is_leader()
         self.metrics.is_leader.set(1 if leader else 0)
         self._observe(world)
@@ -190,6 +194,13 @@ class Scheduler:
         self.cycles += 1
         self.metrics.cycle_seconds.observe(time.perf_counter() - started)
         return world
+
+    def _learn_profile(self) -> None:
+        """FGD-based policies score against the workload's typical pods: learnt from the pods seen
+        (pending and running), refreshed every 50 cycles, as the simulator learns them from a trace."""
+        if self.settings.policy not in LEARNING or not self._memo.pods:
+            return
+        self.profile = make_profile(self.settings.policy, typical=TypicalPods.from_pods(self._memo.pods.values()))
 
     @staticmethod
     def _terminating(world: World, rg: RunningGang) -> bool:
