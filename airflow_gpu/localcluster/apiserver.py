@@ -10,66 +10,22 @@ import asyncio
 import base64
 import logging
 from typing import AsyncIterator, Awaitable, Callable
-from urllib.parse import parse_qs, unquote
+from urllib.parse import unquote
 
-import msgspec
-import yaml
-
-from airflow_gpu.localcluster import discovery, errors, protobuf
+from airflow_gpu.localcluster import discovery, errors
 from airflow_gpu.localcluster.errors import ApiError
+from airflow_gpu.localcluster.httpio import TRUE, Request, Response, json_response
 from airflow_gpu.localcluster.objects import ObjectAPI
 from airflow_gpu.localcluster.resources import Registry, ResourceType
 from airflow_gpu.localcluster.schema import decode_object
-from airflow_gpu.localcluster.selectors import labels_match, fields_match, parse_field_selector, parse_label_selector
+from airflow_gpu.localcluster.selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
 from airflow_gpu.localcluster.store import Store, decode, encode
+from airflow_gpu.localcluster.streaming import stream_log, stream_watch
 
 log = logging.getLogger(__name__)
-JSON = [(b"content-type", b"application/json")]
-TRUE = ("true", "1", "True")
 
 LogSource = Callable[[str, str, str, dict], AsyncIterator[bytes]]  # (namespace, pod, container, options)
 Control = Callable[[str, dict], Awaitable[dict]]  # (action, body) -> result
-
-
-class Request:
-    __slots__ = ("method", "path", "query", "headers", "body", "receive")
-
-    def __init__(self, scope, body: bytes, receive):
-        self.method = scope["method"]
-        self.path = scope["path"]
-        self.query = {k: v[-1] for k, v in parse_qs(scope["query_string"].decode(), keep_blank_values=True).items()}
-        self.headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-        self.body = body
-        self.receive = receive
-
-    def json(self):
-        ctype = self.headers.get("content-type", "application/json").split(";")[0].strip()
-        if "protobuf" in ctype:
-            return protobuf.decode_body(self.body, "")
-        if "cbor" in ctype:
-            raise errors.unsupported_media_type(ctype)
-        if not self.body.strip():
-            raise errors.bad_request("the request body is empty; send a JSON object")
-        try:
-            if "yaml" in ctype:
-                return yaml.safe_load(self.body)
-            return decode(self.body)
-        except (msgspec.DecodeError, yaml.YAMLError) as exc:
-            raise errors.bad_request(f"couldn't get version/kind; json parse error: {exc}") from None
-
-
-class Response:
-    __slots__ = ("status", "body", "headers")
-
-    def __init__(self, status: int, body: bytes, headers: list | None = None):
-        self.status, self.body, self.headers = status, body, headers or JSON
-
-
-def json_response(obj, status: int = 200, warnings: list[str] | None = None) -> Response:
-    headers = list(JSON)
-    for w in warnings or []:
-        headers.append((b"warning", f'299 - "{w}"'.encode()))
-    return Response(status, encode(obj), headers)
 
 
 class APIServer:
@@ -343,97 +299,7 @@ class APIServer:
 
     # --- watch ------------------------------------------------------------------------------
     async def watch(self, req: Request, send, rt: ResourceType, version: str, namespace: str | None) -> None:
-        lreqs = parse_label_selector(req.query.get("labelSelector"))
-        freqs = parse_field_selector(req.query.get("fieldSelector"), rt.kind)
-        rv_text = req.query.get("resourceVersion", "")
-        send_initial = req.query.get("sendInitialEvents") in TRUE
-        bookmarks = req.query.get("allowWatchBookmarks") in TRUE
-        timeout = float(req.query.get("timeoutSeconds") or 1800)
-        table = "as=Table" in req.headers.get("accept", "")
-        await send({"type": "http.response.start", "status": 200, "headers": JSON})
-        try:
-            since = int(rv_text) if rv_text not in ("", "0") and not send_initial else None
-        except ValueError:
-            since = -1
-        try:
-            if since == -1:
-                raise errors.bad_request(f'resourceVersion "{rv_text}" is not a number; send one from a list or watch')
-            initial = self.store.entries(rt.key, namespace) if since is None else None
-            watcher = self.store.watch(rt.key, namespace, lreqs, freqs, since, initial)
-        except ApiError as exc:
-            line = encode({"type": "ERROR", "object": exc.status()}) + b"\n"
-            await send({"type": "http.response.body", "body": line})
-            await send({"type": "http.response.body", "body": b""})
-            return
-        if send_initial:
-            watcher.queue.put_nowait(("BOOKMARK", self.store.rv, True))
-        api_version = rt.api_version(version)
-        convert = rt.crd and version != rt.versions[0]
-
-        async def ticker():
-            loop = asyncio.get_running_loop()
-            end = loop.time() + timeout
-            while True:
-                wait = min(self.bookmark_seconds, end - loop.time()) if bookmarks else end - loop.time()
-                if wait <= 0:
-                    watcher.close()
-                    return
-                await asyncio.sleep(wait)
-                if bookmarks and loop.time() < end:
-                    watcher.queue.put_nowait(("BOOKMARK", self.store.rv, False))
-
-        async def disconnect():
-            while True:
-                message = await req.receive()
-                if message["type"] == "http.disconnect":
-                    watcher.close()
-                    return
-
-        tasks = [asyncio.create_task(ticker()), asyncio.create_task(disconnect())]
-        self.watch_tasks.update(tasks)
-        first_table = True
-        try:
-            while True:
-                item = await watcher.queue.get()
-                batch = [item]
-                while not watcher.queue.empty() and len(batch) < 500:
-                    batch.append(watcher.queue.get_nowait())
-                lines = []
-                done = False
-                for item in batch:
-                    if item is None:
-                        done = True
-                        break
-                    etype = item[0]
-                    if etype == "BOOKMARK":
-                        meta = {"resourceVersion": str(item[1])}
-                        if item[2]:
-                            meta["annotations"] = {"k8s.io/initial-events-end": "true"}
-                        lines.append(encode({"type": "BOOKMARK", "object": {"kind": rt.kind, "apiVersion": api_version,
-                                                                             "metadata": meta}}))
-                        continue
-                    entry = item[1]
-                    if table:
-                        t = discovery.to_table(rt, version, [entry.obj], entry.obj["metadata"]["resourceVersion"],
-                                               req.query.get("includeObject", "Metadata"), with_columns=first_table)
-                        first_table = False
-                        lines.append(encode({"type": etype, "object": t}))
-                    elif convert:
-                        lines.append(encode({"type": etype, "object": {**entry.obj, "apiVersion": api_version}}))
-                    else:
-                        lines.append(b'{"type":"' + etype.encode() + b'","object":' + entry.raw + b"}")
-                if lines:
-                    await send({"type": "http.response.body", "body": b"\n".join(lines) + b"\n", "more_body": True})
-                if done:
-                    break
-            await send({"type": "http.response.body", "body": b""})
-        except OSError:
-            pass
-        finally:
-            watcher.close()
-            for task in tasks:
-                task.cancel()
-                self.watch_tasks.discard(task)
+        await stream_watch(self.store, req, send, rt, version, namespace, self.bookmark_seconds, self.watch_tasks)
 
     # --- pod subresources -------------------------------------------------------------------
     def binding(self, ns: str, name: str, body) -> Response:
@@ -465,18 +331,7 @@ class APIServer:
         if self.log_source is None:
             raise errors.bad_request("this server runs no kubelet")
         stream = self.log_source(ns, name, container, req.query)  # raises ApiError if not started
-        first = await anext(stream, None)
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
-        try:
-            chunk = first
-            while chunk is not None:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                chunk = await anext(stream, None)
-            await send({"type": "http.response.body", "body": b""})
-        except OSError:
-            pass
-        finally:
-            await stream.aclose()
+        await stream_log(stream, send)
         return None
 
 

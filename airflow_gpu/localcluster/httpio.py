@@ -1,0 +1,55 @@
+"""Request and response values of the ASGI app (plain, no framework)."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs
+
+import msgspec
+import yaml
+
+from airflow_gpu.localcluster import errors, protobuf
+from airflow_gpu.localcluster.store import decode, encode
+
+JSON = [(b"content-type", b"application/json")]
+TRUE = ("true", "1", "True")
+
+
+class Request:
+    __slots__ = ("method", "path", "query", "headers", "body", "receive")
+
+    def __init__(self, scope, body: bytes, receive):
+        self.method = scope["method"]
+        self.path = scope["path"]
+        self.query = {k: v[-1] for k, v in parse_qs(scope["query_string"].decode(), keep_blank_values=True).items()}
+        self.headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        self.body = body
+        self.receive = receive
+
+    def json(self):
+        ctype = self.headers.get("content-type", "application/json").split(";")[0].strip()
+        if "protobuf" in ctype:
+            return protobuf.decode_body(self.body, "")
+        if "cbor" in ctype:
+            raise errors.unsupported_media_type(ctype)
+        if not self.body.strip():
+            raise errors.bad_request("the request body is empty; send a JSON object")
+        try:
+            if "yaml" in ctype:
+                return yaml.safe_load(self.body)
+            return decode(self.body)
+        except (msgspec.DecodeError, yaml.YAMLError) as exc:
+            raise errors.bad_request(f"couldn't get version/kind; json parse error: {exc}") from None
+
+
+class Response:
+    __slots__ = ("status", "body", "headers")
+
+    def __init__(self, status: int, body: bytes, headers: list | None = None):
+        self.status, self.body, self.headers = status, body, headers or JSON
+
+
+def json_response(obj, status: int = 200, warnings: list[str] | None = None) -> Response:
+    headers = list(JSON)
+    for w in warnings or []:
+        headers.append((b"warning", f'299 - "{w}"'.encode()))
+    return Response(status, encode(obj), headers)
