@@ -2,8 +2,8 @@
 
 1. Save and restore of a 1 GiB checkpoint (one file) with airflow_gpu.checkpoint vs boto3's
    managed upload_file / download_file of the same bytes (its defaults: 8 MiB parts, 10 threads,
-   CRC32 on upload). Ours includes the fence checks, the sha256 of every part, the manifest commit
-   and status record on save, and latest() plus sha256 verification of every byte on restore.
+   CRC32 on upload). Ours includes the fence checks, the CRC32 of every part, the manifest commit
+   and status record on save, and latest() plus CRC32 verification of every byte on restore.
    Rounds alternate (boto3, ours, boto3, ours, ...) so machine noise hits both; medians reported.
    Target: ours >= 0.9 x boto3 for both directions.
 2. latest() with 10,000 checkpoints under the prefix (target < 200 ms), next to a full listing of

@@ -90,7 +90,7 @@ class S3Backend:
                 connect_timeout=connect_timeout,
                 read_timeout=read_timeout,
                 max_pool_connections=max_pool_connections,
-                # checksums are computed and verified by the library per part (sha256, in the
+                # checksums are computed and verified by the library per part (CRC32, in the
                 # manifest); botocore's own CRC would hash every byte a second time
                 request_checksum_calculation="when_required",
                 response_checksum_validation="when_required",

@@ -1,13 +1,13 @@
-"""Parallel part transfers with per-part sha256: upload sources, download and verify objects.
+"""Parallel part transfers with a CRC32 per part: upload sources, download and verify objects.
 
 Parts of every object of a save go through one thread pool, so a checkpoint of one 1 GB file and
-one of a thousand small files both keep `workers` requests in flight. hashlib and the socket/file
+one of a thousand small files both keep `workers` requests in flight. zlib.crc32 and the socket/file
 calls release the GIL, so the threads really run in parallel."""
 
 from __future__ import annotations
 
-import hashlib
 import os
+import zlib
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +51,20 @@ class Source:
 
 
 def _digest(data: bytes | bytearray | memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return f"{zlib.crc32(data):08x}"
+
+
+class _Crc32:
+    """Incremental CRC32 (zlib releases the GIL for large chunks)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, data: bytes) -> None:
+        self.value = zlib.crc32(data, self.value)
+
+    def hexdigest(self) -> str:
+        return f"{self.value:08x}"
 
 
 def _run_all(futures: list[Future]) -> None:
@@ -123,7 +136,7 @@ def download(
     backend: Backend, pool: ThreadPoolExecutor, entries: list[ObjectEntry], sink: Callable[[ObjectEntry], Any], where: str
 ) -> None:
     """Fetch every part of every entry in parallel, streamed in chunks that are hashed and handed to
-    the writer sink(entry) returns, a callable (offset, chunk) -> None; each part's sha256 must match."""
+    the writer sink(entry) returns, a callable (offset, chunk) -> None; each part's CRC32 must match."""
     writers = {e.name: sink(e) for e in entries}
 
     def fetch(entry: ObjectEntry, index: int) -> None:
@@ -132,7 +145,7 @@ def download(
         write = writers[entry.name]
 
         def consume(chunks: Iterator[bytes]) -> tuple[str, int]:
-            hasher, position, end = hashlib.sha256(), offset, offset + length
+            hasher, position, end = _Crc32(), offset, offset + length
             for chunk in chunks:
                 if position + len(chunk) > end:
                     raise CorruptCheckpointError(f"checkpoint {where}: data object {entry.name!r} is larger than recorded")
@@ -154,7 +167,7 @@ def download(
             )
         if digest != entry.parts[index]:
             raise CorruptCheckpointError(
-                f"checkpoint {where}: data object {entry.name!r} part {index + 1} fails its sha256 checksum"
+                f"checkpoint {where}: data object {entry.name!r} part {index + 1} fails its CRC32 checksum"
             )
 
     _run_all([pool.submit(fetch, e, i) for e in entries for i in range(e.expected_parts())])
