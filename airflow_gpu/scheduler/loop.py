@@ -22,6 +22,7 @@ Only the leader writes (LeaseElector.is_leader() is checked before every write b
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +50,8 @@ log = logging.getLogger(__name__)
 
 REASON_WAITING = "FailedScheduling"
 LEARNING = ("fgd", DEFAULT_POLICY)  # policies that need the workload's typical pods
+REASON_REFRESH = 30.0
+_DIGITS = re.compile(r"\d+(\.\d+)?")
 
 
 @dataclass
@@ -168,6 +171,7 @@ class Scheduler:
         if self.cycles % 50 == 0:
             self._memo.prune(view)
             self._learn_profile()
+        self.cycles += 1
         leader = self.is_leader()
         self.metrics.is_leader.set(1 if leader else 0)
         self._observe(world)
@@ -191,7 +195,6 @@ class Scheduler:
         for unit, error in world.invalid:
             self._wait(unit, error)
         self._sync_status(world, view)
-        self.cycles += 1
         self.metrics.cycle_seconds.observe(time.perf_counter() - started)
         return world
 
@@ -392,12 +395,19 @@ class Scheduler:
             return
         if unit.annotation(C.ANNOTATION_WAIT_REASON) == reason or self._written.get(("reason", unit.key)) == reason:
             return
+        # A reason that differs only in its numbers ("starts in ~41 s" -> "~40 s") is rewritten at most
+        # every REASON_REFRESH seconds: the API is not a ticker.
+        shape = _DIGITS.sub("#", reason)
+        last = self._written.get(("shape", unit.key))
+        if last and last[0] == shape and time.monotonic() - last[1] < REASON_REFRESH:
+            return
         try:
             self._patch_owner_annotations(unit, {C.ANNOTATION_WAIT_REASON: reason})
         except ApiException as exc:
             log.info("gang %s: wait reason not written (%s)", unit.key, exc.status)
             return
         self._written[("reason", unit.key)] = reason
+        self._written[("shape", unit.key)] = (shape, time.monotonic())
         self.api.event(owner, REASON_WAITING, reason, "Warning")
 
     def _patch_owner_annotations(self, unit: Unit, annotations: dict) -> None:
