@@ -188,3 +188,11 @@ def test_cordon_taints_and_drain_evicts(kube_cluster, ns, tmp_path):
     assert "NotFound" in k("get", "pod", "drained", "-n", ns, check=False).stderr
     k("uncordon", "gpu-od-1")
     wait_for(lambda: "unschedulable" not in taints(), what="taint removed")
+
+
+def test_rbac_objects_are_stored(kube_cluster, ns):
+    manifest = ("apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: reader}\n"
+                "rules:\n- apiGroups: ['']\n  resources: [pods]\n  verbs: [get, list, watch]\n")
+    assert kube_cluster.kubectl("apply", "-n", ns, "-f", "-", input=manifest).stdout.strip() == \
+        "role.rbac.authorization.k8s.io/reader created"
+    assert "reader" in kube_cluster.kubectl("get", "roles", "-n", ns).stdout

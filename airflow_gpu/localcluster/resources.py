@@ -61,6 +61,12 @@ BUILTINS: tuple[ResourceType, ...] = (
     ResourceType("coordination.k8s.io", ("v1",), "leases", "Lease", True, model="V1Lease"),
     ResourceType("apiextensions.k8s.io", ("v1",), "customresourcedefinitions", "CustomResourceDefinition", False,
                  ("crd", "crds"), ("status",), ("api-extensions",), model="V1CustomResourceDefinition"),
+    # RBAC is stored (so deploy manifests apply) but not enforced: the local cluster has one user
+    ResourceType("rbac.authorization.k8s.io", ("v1",), "clusterroles", "ClusterRole", False, model="V1ClusterRole"),
+    ResourceType("rbac.authorization.k8s.io", ("v1",), "clusterrolebindings", "ClusterRoleBinding", False,
+                 model="V1ClusterRoleBinding"),
+    ResourceType("rbac.authorization.k8s.io", ("v1",), "roles", "Role", True, model="V1Role"),
+    ResourceType("rbac.authorization.k8s.io", ("v1",), "rolebindings", "RoleBinding", True, model="V1RoleBinding"),
 )
 CRD_KEY = "apiextensions.k8s.io/customresourcedefinitions"
 
