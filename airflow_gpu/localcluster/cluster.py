@@ -148,6 +148,11 @@ class LocalCluster:
         for name in NAMESPACES:
             if self.store.get("/namespaces", "", name) is None:
                 self.objects.create(ns_rt, {"metadata": {"name": name}}, admit=False)
+        if self.store.get("/services", "default", "kubernetes") is None:  # as every cluster has
+            self.objects.create(self.registry.by_key("/services"), {
+                "metadata": {"name": "kubernetes", "labels": {"component": "apiserver", "provider": "kubernetes"}},
+                "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "https", "port": 443, "targetPort": self.port}]},
+            }, "default", admit=False)
         pc_rt = self.registry.by_key("scheduling.k8s.io/priorityclasses")
         for name, value in SYSTEM_PRIORITY_CLASSES:
             if self.store.get(pc_rt.key, "", name) is None:

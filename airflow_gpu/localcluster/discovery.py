@@ -208,6 +208,9 @@ def table_columns(rt: ResourceType, version: str) -> list[dict]:
         return [_col("Last Seen"), _col("Type"), _col("Reason"), _col("Object"), _col("Message")]
     if not rt.crd and rt.kind == "Namespace":
         return [_col("Name", fmt="name"), _col("Status"), _col("Age")]
+    if not rt.crd and rt.kind == "Service":
+        return [_col("Name", fmt="name"), _col("Type"), _col("Cluster-IP"), _col("External-IP"), _col("Port(s)"),
+                _col("Age"), _col("Selector", priority=1)]
     extra = [_col(c["name"], c.get("type", "string"), priority=c.get("priority", 0))
              for c in rt.printer_columns.get(version, []) if c.get("name", "").lower() != "age"]
     return [_col("Name", fmt="name")] + extra + [_col("Age")]
@@ -223,6 +226,12 @@ def table_row(rt: ResourceType, version: str, obj: dict) -> list:
     if not rt.crd and rt.kind == "Namespace":
         return [obj["metadata"]["name"], (obj.get("status") or {}).get("phase", ""),
                 human_age(obj["metadata"].get("creationTimestamp"))]
+    if not rt.crd and rt.kind == "Service":
+        spec = obj.get("spec") or {}
+        ports = ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in spec.get("ports") or []) or "<none>"
+        selector = ",".join(f"{k}={v}" for k, v in (spec.get("selector") or {}).items()) or "<none>"
+        return [obj["metadata"]["name"], spec.get("type", "ClusterIP"), spec.get("clusterIP") or "<none>", "<none>",
+                ports, human_age(obj["metadata"].get("creationTimestamp")), selector]
     extra = []
     for c in rt.printer_columns.get(version, []):
         if c.get("name", "").lower() == "age":
