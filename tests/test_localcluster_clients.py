@@ -429,17 +429,15 @@ def test_status_subresource_eviction_lease_and_propagation(kube_cluster, ns):
     assert pod.status.phase == "Pending" and pod.metadata.labels == {"x": "1"}
     assert [(c.type, c.reason) for c in pod.status.conditions] == [("PodScheduled", "Unschedulable")]
     # Eviction API: DisruptionTarget first, then graceful deletion
-    core.create_namespaced_pod(ns, pod_body("ev", annotations={C.ANNOTATION_SIM_DURATION: "100"}, grace=5))
-    wait_for(lambda: phase(core, ns, "ev") == "Running", what="running")
+    slow_stop = ("import signal,sys,time\nsignal.signal(signal.SIGTERM, lambda *a: (time.sleep(1), sys.exit(0)))\n"
+                 "print('ready', flush=True)\ntime.sleep(100)\n")
+    core.create_namespaced_pod(ns, pod_body("ev", ["python", "-c", slow_stop], grace=5))
+    wait_for(lambda: phase(core, ns, "ev") == "Running" and "ready" in pod_log(core, ns, "ev"), what="running")
     core.create_namespaced_pod_eviction("ev", ns, client.V1Eviction(metadata=client.V1ObjectMeta(name="ev", namespace=ns)),
                                         _preload_content=False)
-    try:  # the simulated container stops at once on SIGTERM, so the pod may already be gone
-        seen = core.read_namespaced_pod("ev", ns)
-    except ApiException as exc:
-        assert exc.status == 404
-    else:
-        cond = next(c for c in seen.status.conditions if c.type == C.CONDITION_DISRUPTION_TARGET)
-        assert cond.reason == C.REASON_EVICTION_BY_EVICTION_API and seen.metadata.deletion_timestamp
+    seen = core.read_namespaced_pod("ev", ns)  # takes a second to stop: still there, terminating
+    cond = next(c for c in seen.status.conditions if c.type == C.CONDITION_DISRUPTION_TARGET)
+    assert cond.reason == C.REASON_EVICTION_BY_EVICTION_API and seen.metadata.deletion_timestamp
     wait_for(lambda: phase(core, ns, "ev") == "Gone", what="evicted pod removed")
     # leases (leader election): optimistic concurrency
     coord = client.CoordinationV1Api(kube_cluster.api_client())
