@@ -7,7 +7,7 @@ then timing of single runs in fresh processes (seconds and peak RSS), and writes
 plot to build/bench/placement_allocation.png.
 
 Narrow it with env vars: BENCH_PLACEMENT_SEEDS=42,43  BENCH_PLACEMENT_TRACES=default,cpu050
-BENCH_PLACEMENT_POLICIES=bestfit,fgd,fgd-strand
+BENCH_PLACEMENT_POLICIES=bestfit,fgd,fgd-lookahead
 """
 
 from __future__ import annotations

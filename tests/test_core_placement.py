@@ -178,7 +178,7 @@ def test_stranding_term_counts_gpus_the_free_cpu_cannot_feed():
     # plain FGD sees no change on either node (one typical pod still fits both) and takes the first
     p, _ = place_pod(snap, cpu_pod, make_profile("fgd", typical=typical))
     assert p.node == "poor"
-    p, _ = place_pod(snap, cpu_pod, make_profile("fgd-strand", typical=typical))
+    p, _ = place_pod(snap, cpu_pod, make_profile("fgd-lookahead", typical=typical))
     assert p.node == "rich"
 
 

@@ -119,7 +119,7 @@ def test_reimplemented_policies_land_near_the_published_means(openb, published, 
 @pytest.mark.parametrize("trace, seed", [("default", 42), ("gpushare40", 43)])
 def test_default_policy_beats_published_fgd(openb, published, trace, seed):
     nodes = load_nodes(openb / "openb_node_list_gpu_node.csv")
-    result = run_inflation(nodes, _pods(openb, trace), "fgd-strand", seed)
+    result = run_inflation(nodes, _pods(openb, trace), "fgd-lookahead", seed)
     assert result.gpu_allocation_pct > published[(f"openb_pod_list_{trace}", "06-FGD")]
 
 

@@ -1,11 +1,14 @@
 """Named placement policies: a Profile per name, the same in the simulator and the scheduler.
 
 Baselines from the FGD artifact (random, dotprod, gpuclustering, gpupacking, bestfit), FGD itself,
-and the project's default, fgd-strand: FGD whose fragmentation also counts the GPU milli a node's
-free CPU cannot feed at the workload's CPU-per-GPU ratio (FragModel.stranded). FGD asks whether ONE
-typical pod still fits a node; a node with 8 free GPUs and CPU for one pod passes that test and then
-strands 7 GPUs. Counting the stranded milli steers CPU-heavy and CPU-only pods away from GPU-rich,
-CPU-poor nodes.
+and the project's default, fgd-lookahead: FGD's fragmentation plus two terms FGD cannot see.
+1. CPU stranding (FragModel.stranded): FGD asks whether ONE typical pod still fits a node; a node
+   with 8 free GPUs and CPU for one pod passes and then strands 7 GPUs. Counting the GPU milli the
+   free CPU cannot feed (at the workload's CPU-per-GPU ratio) steers CPU-heavy pods away.
+2. Lookahead over future fills (final_waste_table): FGD scores a hole by whether the next pod fits;
+   the expected milli still free when the workload is over also sees that a 530 hole filled by a
+   470 wastes 60 for good while a 350 hole filled by a 320 wastes 30, and that holes only rare
+   pods fit mostly stay empty.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ from airflow_gpu.core.plugins.scores import (
     RandomScore,
 )
 
-DEFAULT_POLICY = "fgd-strand"
-# fgd-strand: weight of the stranded milli against FGD fragmentation, and the sigmoid scale (milli)
-STRANDING_WEIGHT = 1.0
-STRANDING_DIVISOR = 500.0
+DEFAULT_POLICY = "fgd-lookahead"
+# fgd-lookahead: weights of the stranded milli and of the expected final waste against FGD's
+# fragmentation, and the sigmoid scale (milli) of the integer score
+STRANDING_WEIGHT = 2.0
+WASTE_WEIGHT = 6.0
+LOOKAHEAD_DIVISOR = 500.0
 BASELINES = ("random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd")
 POLICIES = BASELINES + (DEFAULT_POLICY,)
 # the anchors' policy labels (../shared/anchors/fgd_gpu_allocation.csv)
@@ -68,6 +73,8 @@ def make_profile(
         if name == "fgd":
             fgd = FGDScore(typical)
         else:
-            fgd = FGDScore(typical, stranding_weight=STRANDING_WEIGHT, divisor=STRANDING_DIVISOR)
+            fgd = FGDScore(
+                typical, stranding_weight=STRANDING_WEIGHT, waste_weight=WASTE_WEIGHT, divisor=LOOKAHEAD_DIVISOR
+            )
         return Profile(name, filters, ((fgd, 1.0),), fgd, tie_rank)
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")

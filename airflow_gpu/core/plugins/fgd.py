@@ -72,18 +72,50 @@ class TypicalPods:
         return len(self.freq)
 
 
+# A GPU-pod class at least this frequent is "plentiful": a hole it fits is sure to be filled by it
+# before the workload ends; rarer classes fill a proportional share of the holes they fit.
+PLENTIFUL = 0.03
+
+
+def final_waste_table(typical: TypicalPods, plentiful: float = PLENTIFUL) -> np.ndarray:
+    """V[x], x = 0..1000: the expected GPU milli a GPU with x milli free still has free when the
+    workload is over (a lookahead over the fills to come, not just the next pod).
+
+    V[x] = (1 - q) x + q E[V[x - m] | m fits], over the typical GPU pods' per-GPU milli m, with
+    q = min(1, F(x) / plentiful) and F(x) the frequency of GPU pods that fit in x. FGD's one-step
+    measure calls a 530-milli hole useful (a 470 fits); V knows the 470 leaves 60 milli for good,
+    and that a 190-milli hole mostly stays empty because the pods that fit it are rare."""
+    gpu = typical.milli > 0
+    milli, freq = typical.milli[gpu], typical.freq[gpu]
+    table = np.arange(GPU_MILLI + 1, dtype=np.float64)
+    if not len(milli):
+        return table
+    freq = freq / freq.sum()
+    for x in range(GPU_MILLI + 1):
+        fits = milli <= x
+        fit_freq = freq[fits].sum()
+        if fit_freq > 0:
+            q = min(1.0, fit_freq / plentiful)
+            table[x] = (1.0 - q) * x + q * (freq[fits] * table[x - milli[fits]]).sum() / fit_freq
+    return table
+
+
 class FragModel:
     """Vectorised node fragmentation for one cluster shape and one typical-pod distribution."""
 
-    def __init__(self, shape: ClusterShape, typical: TypicalPods, stranding_weight: float = 0.0):
+    def __init__(
+        self,
+        shape: ClusterShape,
+        typical: TypicalPods,
+        stranding_weight: float = 0.0,
+        waste_weight: float = 0.0,
+        plentiful: float = PLENTIFUL,
+    ):
         self.shape = shape
-        # typical None: learn it online from the pods this plugin is asked to place (a live
-        # scheduler has no trace); relearnt whenever the pods seen grew by a tenth
         self.typical = typical
-        self._learning = typical is None
-        self._seen: dict[str, tuple] = {}
-        self._learnt_at = 0
         self.stranding_weight = stranding_weight
+        self.waste_weight = waste_weight
+        self.final_waste = final_waste_table(typical, plentiful) if waste_weight else None
         gpu = typical.milli * typical.count
         # CPU the workload's GPU pods bring per GPU milli (frequency-weighted)
         self.cpu_per_gpu_milli = (
@@ -113,6 +145,8 @@ class FragModel:
         frag = np.where(ok, small, total[:, None]) @ t.freq
         if self.stranding_weight and self.cpu_per_gpu_milli:
             frag = frag + self.stranding_weight * self.stranded(free, cpu)
+        if self.final_waste is not None:
+            frag = frag + self.waste_weight * self.final_waste[free].sum(axis=1)
         return frag
 
     def stranded(self, free: np.ndarray, cpu: np.ndarray) -> np.ndarray:
@@ -131,6 +165,7 @@ class FGDScore:
 
     Options beyond the artifact (all off by default, i.e. the published FGD):
     stranding_weight: add FragModel.stranded (CPU-bound GPU milli) to the fragmentation;
+    waste_weight: add the GPUs' expected final waste (final_waste_table), a lookahead over fills;
     divisor: the sigmoid's scale (the artifact: 1000 milli);
     exact_gpu_choice: pick the share's GPU by the exact fragmentation, not the integer score.
     """
@@ -143,16 +178,18 @@ class FGDScore:
         stranding_weight: float = 0.0,
         divisor: float = 1000.0,
         exact_gpu_choice: bool = False,
+        waste_weight: float = 0.0,
     ):
         # typical None: learn it online from the pods this plugin is asked to place (a live
         # scheduler has no trace); relearnt whenever the pods seen grew by a tenth
         self.typical = typical
         self._learning = typical is None
-        self._seen: dict[str, tuple] = {}
+        self._seen: dict[str, PodRequest] = {}
         self._learnt_at = 0
         self.stranding_weight = stranding_weight
         self.divisor = divisor
         self.exact_gpu_choice = exact_gpu_choice
+        self.waste_weight = waste_weight
         self._model: FragModel | None = None
         self._before: tuple[np.ndarray, np.ndarray] | None = None  # (frag [N], version [N])
         self._cache: dict = {}  # shape -> (score [N], gpu [N], version [N])
@@ -170,7 +207,7 @@ class FGDScore:
 
     def _bind(self, snap: Snapshot) -> FragModel:
         if self._model is None or self._model.shape is not snap.shape:
-            self._model = FragModel(snap.shape, self.typical, self.stranding_weight)
+            self._model = FragModel(snap.shape, self.typical, self.stranding_weight, self.waste_weight)
             n = len(snap)
             self._before = (np.zeros(n), np.full(n, -1, dtype=np.int64))
             self._cache = {}
