@@ -393,10 +393,11 @@ def test_kubernetes_asyncio_watch(kube_cluster, ns):
         await aconfig.load_kube_config(config_file=str(kube_cluster.kubeconfig), client_configuration=configuration)
         async with aclient.ApiClient(configuration) as api:
             core = aclient.CoreV1Api(api)
+            rv = (await core.list_namespaced_pod(ns)).metadata.resource_version
             await core.create_namespaced_pod(ns, pod_body("apod", annotations={C.ANNOTATION_SIM_DURATION: "0.2"}))
             phases = []
             w = awatch.Watch()
-            async for event in w.stream(core.list_namespaced_pod, ns, timeout_seconds=10):
+            async for event in w.stream(core.list_namespaced_pod, ns, resource_version=rv, timeout_seconds=10):
                 phases.append(event["object"].status.phase)
                 if event["object"].status.phase == "Succeeded":
                     w.stop()

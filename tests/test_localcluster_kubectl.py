@@ -82,7 +82,8 @@ def test_create_watch_logs_describe_events(kube_cluster, ns, tmp_path):
         watcher.terminate()
         watched = watcher.communicate(timeout=10)[0]
     statuses = [line.split()[2] for line in watched.splitlines()[1:] if line.startswith("hello")]
-    assert statuses[0] == "Pending" and "Running" in statuses and statuses[-1] == "Completed", watched
+    # the watch shows the phase changes (its first line depends on when kubectl connected)
+    assert "Running" in statuses and statuses[-1] == "Completed" and len(set(statuses)) >= 2, watched
     described = kube_cluster.kubectl("describe", "pod", "hello", "-n", ns).stdout
     assert "Status:           Succeeded" in described and "Exit Code:    0" in described
     assert "Successfully assigned" in described and "Started container main" in described
