@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from airflow_gpu.constants import TAINT_SPOT
 from airflow_gpu.core.framework import Profile, place_pod
 from airflow_gpu.core.model import Gang, Node, Placement, PodRequest, Taint, Toleration, TopologyLevel, TopologyRequirement
-from airflow_gpu.core.plugins.fgd import FGDScore, FragModel, TypicalPods
+from airflow_gpu.core.plugins.fgd import FGDScore, FragModel, TypicalPods, final_waste_table
 from airflow_gpu.core.plugins.filters import default_filters
 from airflow_gpu.core.plugins.scores import BestFitScore, GpuPackingScore, normalize_min_max
 from airflow_gpu.core.policies import POLICIES, make_profile
@@ -180,6 +180,16 @@ def test_stranding_term_counts_gpus_the_free_cpu_cannot_feed():
     assert p.node == "poor"
     p, _ = place_pod(snap, cpu_pod, make_profile("fgd-lookahead", typical=typical))
     assert p.node == "rich"
+
+
+def test_final_waste_table_looks_ahead_over_fills_and_discounts_rare_pods():
+    half = [PodRequest(f"w{i}", gpus=1) for i in range(50)] + [PodRequest(f"s{i}", gpu_milli=470) for i in range(50)]
+    table = final_waste_table(TypicalPods.from_pods(half, coverage=1.0), plentiful=0.03)
+    # 530 free: a 470 is sure to come and leaves 60 for good; 1000 free: half the time a whole pod
+    assert (table[530], table[1000], table[190]) == (60.0, 30.0, 190.0)
+    rare = half + [PodRequest("tiny", gpu_milli=160)]  # 1 % of GPU pods: fills a third of 190 holes
+    table = final_waste_table(TypicalPods.from_pods(rare, coverage=1.0), plentiful=0.03)
+    assert table[190] == pytest.approx(190 - (1 / 0.03) * (1 / 101) * 160, rel=1e-9)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
