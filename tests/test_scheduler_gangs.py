@@ -158,8 +158,11 @@ while True:
 """
 
 
-def _quota_config(tmp_path: Path, teams: list[dict]) -> Path:
+def _quota_config(tmp_path: Path, teams: list[dict], preempting_tiers: tuple[str, ...] = ()) -> Path:
     seed = yaml.safe_load((REPO / "examples" / "seed-quotas.yaml").read_text())
+    for tier in seed["tiers"]:
+        if tier["name"] in preempting_tiers:
+            tier.pop("preemption_policy", None)
     cfg = {"version": 1,
            "products": [{"name": "h100", "memory_gb": 80, "node_label": PRODUCT,
                          "price_per_gpu_hour": {"on_demand": 9.0, "spot": 3.0}}],
@@ -266,6 +269,49 @@ def test_reclaim_preempts_the_borrowing_team(kube_cluster, api, namespace, tmp_p
         value = scheduler.metrics.registry.get_sample_value(
             "airflow_gpu_preemptions_total", {"team": "b", "tier": "best-effort-training", "reason": "reclaim"})
         assert value == 1.0
+    finally:
+        scheduler.stop()
+        runner.join(10)
+
+
+def test_team_quota_and_never_preempting_tier(kube_cluster, api, namespace, tmp_path):
+    q, be = namespace("team-q"), namespace("team-be")
+    # the config lets best-effort preempt; the cluster's PriorityClass (deploy/) says Never, and wins
+    cfg = load_config(_quota_config(tmp_path, [{"name": "q", "namespace": q, "quota": {"h100": 4}},
+                                               {"name": "be", "namespace": be, "quota": {"h100": 12}}],
+                                    preempting_tiers=("best-effort-training",)))
+    assert cfg.tier("best-effort-training").preemption_policy == "PreemptLowerPriority"
+    try:
+        client.SchedulingV1Api(api).create_priority_class(
+            {"metadata": {"name": "low-batch"}, "value": 10, "preemptionPolicy": "Never"})
+    except client.ApiException as exc:
+        assert exc.status == 409
+    scheduler = Scheduler(G.api_client(kube_cluster.kubeconfig), cfg, Settings(), identity="quota")
+    runner = threading.Thread(target=scheduler.run, daemon=True)
+    runner.start()
+    try:
+        # team q: its second 4-GPU gang waits on its own quota although 12 GPUs are free
+        for name in ("q1", "q2"):
+            G.create_gang(api, q, name, 1, 4, priority_class="airflow-gpu-best-effort-training")
+        G.wait_until(lambda: G.gang_binding_state(G.list_pods(api, q)).get(f"{q}/q1") == (1, 1), 20, what="q1")
+
+        def reason(ns, name):
+            return (G.get_podgroup(api, ns, name)["metadata"].get("annotations") or {}).get(C.ANNOTATION_WAIT_REASON, "")
+
+        G.wait_until(lambda: reason(q, "q2").startswith("team quota: q uses 4 of 4"), 20, what="q2 quota reason")
+        # team be fills the other 12 GPUs at priority 10, then asks for 4 more at best-effort priority:
+        # best-effort-training never preempts (PriorityClass preemptionPolicy: Never), so it waits
+        for i in range(3):
+            G.create_gang(api, be, f"low{i}", 1, 4, priority_class="low-batch")
+        G.wait_until(lambda: sum(b for b, _ in G.gang_binding_state(G.list_pods(api, be)).values()) == 3, 20,
+                     what="low gangs bound")
+        G.create_gang(api, be, "be", 1, 4, priority_class="airflow-gpu-best-effort-training")
+        G.wait_until(lambda: reason(be, "be") != "", 20, what="be waits with a reason")
+        time.sleep(1.0)
+        state = G.gang_binding_state(G.list_pods(api, be))
+        assert state[f"{be}/be"] == (0, 1) and all(state[f"{be}/low{i}"] == (1, 1) for i in range(3)), state
+        assert "preempting" not in reason(be, "be")
+        assert G.gang_binding_state(G.list_pods(api, q))[f"{q}/q2"] == (0, 1)
     finally:
         scheduler.stop()
         runner.join(10)

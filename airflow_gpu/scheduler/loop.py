@@ -26,7 +26,7 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -42,7 +42,13 @@ from airflow_gpu.core.queue import schedule_cycle
 from airflow_gpu.core.quota import QuotaBook
 from airflow_gpu.scheduler.actions import Api, default_identity, grace_seconds_of
 from airflow_gpu.scheduler.cache import ClusterCache, View
-from airflow_gpu.scheduler.convert import ConversionContext, gang_from_k8s, key_of, pod_is_terminating
+from airflow_gpu.scheduler.convert import (
+    ConversionContext,
+    gang_from_k8s,
+    key_of,
+    pod_is_terminating,
+    tier_of_priority_class,
+)
 from airflow_gpu.scheduler.metrics import SchedulerMetrics
 from airflow_gpu.scheduler.state import PLAN_BINDING, PLAN_NOMINATED, Memo, Plan, Unit, World, build_world, gpu_stats
 
@@ -181,7 +187,8 @@ class Scheduler:
         running = [rg for rg in world.running if not self._terminating(world, rg)]
         pending = [g for _, g in world.pending]
         units = {g.name: u for u, g in world.pending}
-        result = schedule_cycle(world.snapshot, pending, running, self.profile, now, self.book, self.policy)
+        result = schedule_cycle(world.snapshot, pending, running, self.profile, now, self.book,
+                                self._policy_with(view))
         futures = [self._gang_pool.submit(self._admit, units[d.gang.name], d, now) for d in result.admitted]
         for plan in result.preemptions:
             self._preempt(world, units[plan.gang.name], plan, now)
@@ -197,6 +204,15 @@ class Scheduler:
         self._sync_status(world, view)
         self.metrics.cycle_seconds.observe(time.perf_counter() - started)
         return world
+
+    def _policy_with(self, view: View) -> PreemptionPolicy:
+        """The configured policy, plus: a tier whose PriorityClass says preemptionPolicy: Never never
+        preempts, as kube-scheduler honours it."""
+        never = {tier_of_priority_class(k) for k, pc in view.priorityclasses.items()
+                 if pc.get("preemptionPolicy") == "Never"}
+        if never <= self.policy.never_preempting_tiers:
+            return self.policy
+        return replace(self.policy, never_preempting_tiers=self.policy.never_preempting_tiers | frozenset(never))
 
     def _learn_profile(self) -> None:
         """FGD-based policies score against the workload's typical pods: learnt from the pods seen
