@@ -275,3 +275,11 @@ def test_killed_cluster_leaves_no_pod_processes(tmp_path):
                 return True
             return False
         wait_for(gone, timeout=5, what="pod process killed with its cluster")
+
+
+def test_events_expire_after_their_ttl(tmp_path):
+    spec = {"name": "ttl", "eventTTLSeconds": 2, "pools": [{"name": "n", "count": 1, "gpu": {"count": 1}}]}
+    with start_kube_cluster(tmp_path, spec) as cluster:
+        core = cluster.core()
+        assert core.list_namespaced_event("default").items  # RegisteredNode
+        wait_for(lambda: not core.list_namespaced_event("default").items, timeout=10, what="events expired")

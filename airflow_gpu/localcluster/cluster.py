@@ -106,7 +106,7 @@ class LocalCluster:
         self.events = Recorder(self.objects)
         self.kubelet = Kubelet(self.store, self.objects, self.events, self.state_dir, f"127.0.0.1:{self.port}",
                                self.spec.sim_default_seconds)
-        self.controllers = Controllers(self.objects, self.events, self.spec.pod_gc_seconds)
+        self.controllers = Controllers(self.objects, self.events, self.spec.pod_gc_seconds, self.spec.event_ttl_seconds)
         self.scheduler = DefaultScheduler(self.objects, self.events)
         self.faults = Faults(self)
         self._bootstrap(restored)
@@ -117,6 +117,7 @@ class LocalCluster:
         self.kubelet.resync()
         self.scheduler.start()
         self.scheduler._wake.set()
+        self.controllers.start()
         self.api = APIServer(self.store, self.registry, self.objects, f"127.0.0.1:{self.port}", self.token,
                              self.kubelet.logs, self.control, self.bookmark_seconds)
         await self._serve()
@@ -257,6 +258,7 @@ class LocalCluster:
         if self._gc_task is not None:
             self._gc_task.cancel()
         await self.scheduler.stop()
+        self.controllers.stop()
         await self.kubelet.close()
         await self._stop_serving()
         for task in list(self.faults.tasks):

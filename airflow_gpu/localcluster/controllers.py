@@ -5,6 +5,7 @@ manager that evicts pods from nodes with NoExecute taints (node NotReady/unreach
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 from collections import defaultdict
 
@@ -12,7 +13,7 @@ from airflow_gpu import constants as C
 from airflow_gpu.localcluster import errors, quota
 from airflow_gpu.localcluster.events import Recorder
 from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
-from airflow_gpu.localcluster.podutil import is_terminal, now_iso, tolerates
+from airflow_gpu.localcluster.podutil import is_terminal, now_iso, parse_time, tolerates
 
 log = logging.getLogger(__name__)
 POD_KEY, NODE_KEY, NAMESPACE_KEY, QUOTA_KEY = "/pods", "/nodes", "/namespaces", "/resourcequotas"
@@ -20,15 +21,38 @@ UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 
 
 class Controllers:
-    def __init__(self, objects: ObjectAPI, events: Recorder, pod_gc_seconds: float = 40.0):
+    def __init__(self, objects: ObjectAPI, events: Recorder, pod_gc_seconds: float = 40.0,
+                 event_ttl_seconds: float = 3600.0):
         self.objects, self.store, self.registry, self.events = objects, objects.store, objects.registry, events
         self.pod_gc_seconds = pod_gc_seconds
+        self.event_ttl_seconds = event_ttl_seconds
+        self._event_ttl_task: asyncio.Task | None = None
         self.dependents: dict[str, set[tuple[str, str, str]]] = defaultdict(set)  # owner uid -> objects
         self.uids: dict[str, tuple[str, str, str]] = {}
         self._quota_dirty: set[str] = set()
         self._quota_handle = None
         self._timers: dict[tuple[str, str], asyncio.TimerHandle] = {}  # taint manager, per pod
         self.store.listeners.append(self._on_event)
+
+    def start(self) -> None:
+        self._event_ttl_task = asyncio.get_running_loop().create_task(self._expire_events())
+
+    def stop(self) -> None:
+        if self._event_ttl_task is not None:
+            self._event_ttl_task.cancel()
+
+    async def _expire_events(self) -> None:
+        """Events live event_ttl_seconds, as with kube-apiserver's --event-ttl (etcd leases there)."""
+        while True:
+            await asyncio.sleep(min(60.0, self.event_ttl_seconds / 2))
+            cutoff = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=self.event_ttl_seconds)
+            for ev in self.store.values("/events"):
+                stamp = parse_time(ev.get("lastTimestamp") or ev["metadata"].get("creationTimestamp"))
+                if stamp is not None and stamp < cutoff:
+                    try:
+                        self.store.delete("/events", ev["metadata"]["namespace"], ev["metadata"]["name"], "events")
+                    except errors.ApiError:
+                        pass
 
     def rebuild(self) -> None:
         """Index every stored object (after start or a reload of the store)."""

@@ -133,6 +133,8 @@ class ClusterSpec(_Model):
     crds: list[str] = Field(default_factory=list, description="extra CRD YAML files loaded at start")
     pod_gc_seconds: float = Field(alias="podGCSeconds", default=40.0, ge=0,
                                   description="how long pods of a vanished node stay before PodGC deletes them")
+    event_ttl_seconds: float = Field(alias="eventTTLSeconds", default=3600.0, gt=0,
+                                     description="Events older than this are deleted (kube-apiserver --event-ttl)")
     watch_history: int = Field(alias="watchHistory", default=20_000, ge=10,
                                description="events kept for watches that resume; older resourceVersions get 410 Gone")
     sim_default_seconds: float | None = Field(
