@@ -233,7 +233,7 @@ class APIServer:
         if gone and not rt.crd:
             return json_response(errors.status_success(200, {"name": name, "group": rt.group, "kind": rt.plural,
                                                              "uid": obj["metadata"]["uid"]}))
-        return self.out(rt, version, obj, 200 if gone else 202 if rt.crd else 200)
+        return self.out(rt, version, obj)  # 200 also when deletion is pending (graceful, finalizers)
 
     def delete_collection(self, req: Request, rt: ResourceType, namespace: str | None) -> Response:
         opts = self._delete_options(req)
