@@ -206,6 +206,20 @@ def test_every_policy_places_and_chooses_valid_gpus(policy):
     assert snap.allocated_gpu_milli() == sum(p.gpu_milli_total for p in pods)
 
 
+def test_gpu_product_preference_order_is_a_score():
+    snap = Snapshot.from_nodes([gpu_node("a100", gpus=1, product="A100"), gpu_node("h100", gpus=1, product="H100")])
+    pod = PodRequest("p", gpus=1, gpu_products=("H100", "A100"))
+    profile = make_profile("bestfit")
+    first, _ = place_pod(snap, pod, profile)
+    assert first.node == "h100"
+    snap.assume(first)
+    second, _ = place_pod(snap, PodRequest("q", gpus=1, gpu_products=("H100", "A100")), profile)
+    assert second.node == "a100"  # the preferred product is full: the next accepted one
+    # the artifact's semantics (trace gpu_spec is an unordered accept list): node order decides
+    plain = make_profile("bestfit", prefer_products=False, tie_rank=np.array([0, 1]))
+    assert place_pod(Snapshot.from_nodes(snap.nodes), pod, plain)[0].node == "a100"
+
+
 def test_ties_follow_the_profile_tie_rank():
     snap = Snapshot.from_nodes([gpu_node(f"n{i}") for i in range(5)])
     profile = make_profile("gpupacking", tie_rank=np.array([4, 3, 0, 1, 2]))

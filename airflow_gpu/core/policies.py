@@ -24,6 +24,7 @@ from airflow_gpu.core.plugins.scores import (
     DotProductScore,
     GpuClusteringScore,
     GpuPackingScore,
+    GpuProductPreference,
     RandomGpu,
     RandomScore,
 )
@@ -53,9 +54,21 @@ def make_profile(
     typical: TypicalPods | None = None,
     rng: np.random.Generator | None = None,
     tie_rank: np.ndarray | None = None,
+    prefer_products: bool = True,
 ) -> Profile:
     """The Profile for policy `name`. FGD-based policies use `typical` (the workload's typical pods)
-    or, when None, learn it online from the pods they are asked to place; random uses `rng`. `tie_rank` orders nodes among equal scores (None: node list order)."""
+    or, when None, learn it online from the pods they are asked to place; random uses `rng`.
+    `tie_rank` orders nodes among equal scores (None: node list order).
+    prefer_products adds a score for the pod's GPU product preference order; the simulator turns
+    it off because the trace's gpu_spec is an unordered accept list (the artifact has no such score).
+    """
+    profile = _make_profile(name, typical, rng, tie_rank)
+    if prefer_products:
+        profile.scores = profile.scores + ((GpuProductPreference(), 1.0),)
+    return profile
+
+
+def _make_profile(name, typical, rng, tie_rank) -> Profile:
     name = name.lower()
     filters = default_filters()
     if name == "random":

@@ -131,7 +131,7 @@ def run_inflation(
     seq = inflate(pods, nodes, ratio, seq_rng)
     snap = Snapshot.from_nodes(sorted(nodes, key=lambda n: n.name))
     tie_rank = tie_rng.permutation(len(snap))
-    profile = make_profile(policy, typical=typical, rng=policy_rng, tie_rank=tie_rank)
+    profile = make_profile(policy, typical=typical, rng=policy_rng, tie_rank=tie_rank, prefer_products=False)
     arrived = np.zeros(len(seq), dtype=np.int64)
     allocated = np.zeros(len(seq), dtype=np.int64)
     failed: list[str] = []

@@ -128,3 +128,18 @@ class RandomGpu:
             ok = np.flatnonzero(snap.gpu_free[node] >= pod.gpu_milli)
             return ((int(ok[self.rng.integers(len(ok))]), pod.gpu_milli),)
         return snap.default_gpu_choice(pod, node)
+
+
+class GpuProductPreference:
+    """A pod's gpu_products are accepted products in preference order: the first scores 100, the
+    last 100/k (k products); nodes of other products never get here (GpuProduct filter)."""
+
+    name = "GpuProductPreference"
+
+    def score(self, snap: Snapshot, pod: PodRequest, nodes: np.ndarray) -> np.ndarray:
+        k = len(pod.gpu_products)
+        if k < 2 or not (pod.gpus or pod.gpu_milli or pod.mig_profile):
+            return np.zeros(len(nodes), dtype=np.int64)
+        rank = {p: i for i, p in enumerate(pod.gpu_products)}
+        by_id = np.array([rank.get(p, k) for p in snap.shape.products] + [k], dtype=np.int64)
+        return MAX_NODE_SCORE * (k - by_id[snap.shape.product_id[nodes]]) // k
