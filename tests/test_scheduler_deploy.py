@@ -137,3 +137,20 @@ def test_podgroups_the_scheduler_writes_validate_against_the_crd(shared_dir):
     assert desired_podgroup_status(Unit("team-nlp/train", pg, pods), False, {})["phase"] == "Running"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**pg, "spec": {"minMember": 0}}, schema)
+
+
+def test_example_gang_manifest_validates_and_converts(shared_dir):
+    """examples/scheduler-gang.yaml: Pods strict against 1.37, the PodGroup against the CRD, and the
+    scheduler reads it as one 2-member gang of 4 GPUs each."""
+    from airflow_gpu.scheduler.convert import ConversionContext, gang_from_k8s
+
+    docs = list(yaml.safe_load_all((REPO / "examples" / "scheduler-gang.yaml").read_text()))
+    pg = next(d for d in docs if d["kind"] == "PodGroup")
+    pods = [d for d in docs if d["kind"] == "Pod"]
+    jsonschema.validate(pg, _crd_schema(shared_dir))
+    for pod in pods:
+        kubernetes_validate.validate(pod, "1.37.0", strict=True)
+    cfg = load_config(REPO / "examples" / "seed-quotas.yaml")
+    gang = gang_from_k8s("team-nlp/finetune", pg, pods, ConversionContext.from_config(cfg))
+    assert (gang.team, gang.tier, len(gang.members), gang.members[0].gpus) == ("nlp", "production-training", 2, 4)
+    assert gang.members[0].capacity_types == ("on-demand",) and pg["spec"]["minMember"] == len(pods)
