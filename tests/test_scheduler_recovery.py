@@ -173,6 +173,9 @@ def test_two_replicas_only_the_leader_binds(kube_cluster, tmp_path):
                 if e["reason"] == "Scheduled"}
         assert {late[f"r{i}"] for i in range(6, 10)} == {standby}
         assert not G.overcommitted_nodes(api)
+        # SIGTERM: the new leader finishes its cycle, gives the Lease up at once and exits 0
+        assert procs[standby].stop(timeout=15) == 0, procs[standby].log_tail()
+        assert _lease_holder(api) == ""
     finally:
         for p in procs.values():
             p.stop()

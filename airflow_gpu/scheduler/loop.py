@@ -138,6 +138,7 @@ class Scheduler:
         self._written: dict[str, tuple] = {}  # owner key -> last annotations/status written (dedup only)
         self.cycles = 0
         self._memo = Memo()
+        self._was_leader = False
 
     # --- lifecycle ------------------------------------------------------------------------
     def is_leader(self) -> bool:
@@ -179,6 +180,9 @@ class Scheduler:
             self._learn_profile()
         self.cycles += 1
         leader = self.is_leader()
+        if leader and not self._was_leader:
+            self._written.clear()  # another replica may have written since: trust only the API
+        self._was_leader = leader
         self.metrics.is_leader.set(1 if leader else 0)
         self._observe(world)
         if not leader:
