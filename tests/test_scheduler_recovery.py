@@ -160,6 +160,9 @@ def test_two_replicas_only_the_leader_binds(kube_cluster, tmp_path):
         assert _metric(ports[standby], "airflow_gpu_bindings_total") == 0
         assert _metric(ports[leader], "airflow_gpu_scheduler_is_leader") == 1
         assert _metric(ports[standby], "airflow_gpu_scheduler_is_leader") == 0
+        # 12 of the cluster's 400 GPUs are allocated (the gauges are refreshed every cycle)
+        G.wait_until(lambda: abs(_metric(ports[leader], "airflow_gpu_allocation_ratio") - 12 / 400) < 1e-9, 10,
+                     what="allocation ratio 12/400")
         text = urllib.request.urlopen(f"http://127.0.0.1:{ports[leader]}/metrics", timeout=5).read().decode()
         assert f'airflow_gpu_queue_wait_seconds_count{{gpu_product="{PRODUCT}",team="{ns}",tier="default"}} 6.0' in text
 

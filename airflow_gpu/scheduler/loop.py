@@ -50,7 +50,7 @@ from airflow_gpu.scheduler.convert import (
     tier_of_priority_class,
 )
 from airflow_gpu.scheduler.metrics import SchedulerMetrics
-from airflow_gpu.scheduler.state import PLAN_BINDING, PLAN_NOMINATED, Memo, Plan, Unit, World, build_world, gpu_stats
+from airflow_gpu.scheduler.state import PLAN_BINDING, PLAN_NOMINATED, Memo, Plan, Unit, World, build_world
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class Scheduler:
             self._written.clear()  # another replica may have written since: trust only the API
         self._was_leader = leader
         self.metrics.is_leader.set(1 if leader else 0)
-        self._observe(world)
+        self.metrics.observe(world)
         if not leader:
             return world
         self._handle_plans(world, view, now)
@@ -458,25 +458,3 @@ class Scheduler:
                 self._written[("status", key)] = want
             except ApiException as exc:
                 log.info("PodGroup %s: status not updated (%s)", key, exc.status)
-
-    # --- metrics --------------------------------------------------------------------------
-    def _observe(self, world: World) -> None:
-        m = self.metrics
-        m.pending_gangs.clear()
-        m.pending_gpus.clear()
-        counts: dict[tuple, int] = {}
-        gpus: dict[tuple, int] = {}
-        for unit, gang in world.pending:
-            reason = "quota" if (unit.annotation(C.ANNOTATION_WAIT_REASON) or "").startswith(("team quota", "cohort quota")) \
-                else "capacity"
-            counts[(gang.team, gang.tier, reason)] = counts.get((gang.team, gang.tier, reason), 0) + 1
-            gpus[(gang.team, gang.tier)] = gpus.get((gang.team, gang.tier), 0) + sum(m_.gpus for m_ in gang.members)
-        for labels, n in counts.items():
-            m.pending_gangs.labels(*labels).set(n)
-        for labels, n in gpus.items():
-            m.pending_gpus.labels(*labels).set(n)
-        per, frag = gpu_stats(world)
-        for product, (used, total) in per.items():
-            m.allocation_ratio.labels(product).set(used / total if total else 0.0)
-            m.free_gpus.labels(product).set(total - used)
-        m.fragmentation.set(frag)

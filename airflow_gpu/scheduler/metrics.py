@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from airflow_gpu import constants as C
+from airflow_gpu.core.model import GPU_MILLI
+from airflow_gpu.scheduler.state import World
+
 WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -72,3 +76,44 @@ class SchedulerMetrics:
     def serve(self, port: int, addr: str = "127.0.0.1"):
         """Start the /metrics HTTP endpoint in a thread; returns (server, thread)."""
         return start_http_server(port, addr=addr, registry=self.registry)
+
+    def observe(self, world: World) -> None:
+        """Gauges from one cycle's World: pending gangs and GPU demand, allocation, fragmentation."""
+        self.pending_gangs.clear()
+        self.pending_gpus.clear()
+        counts: dict[tuple, int] = {}
+        gpus: dict[tuple, int] = {}
+        for unit, gang in world.pending:
+            waits_on_quota = (unit.annotation(C.ANNOTATION_WAIT_REASON) or "").startswith(("team quota", "cohort quota"))
+            key = (gang.team, gang.tier, "quota" if waits_on_quota else "capacity")
+            counts[key] = counts.get(key, 0) + 1
+            gpus[key[:2]] = gpus.get(key[:2], 0) + sum(m.gpus for m in gang.members)
+        for labels, n in counts.items():
+            self.pending_gangs.labels(*labels).set(n)
+        for labels, n in gpus.items():
+            self.pending_gpus.labels(*labels).set(n)
+        per, frag = gpu_stats(world)
+        for product, (used, total) in per.items():
+            self.allocation_ratio.labels(product).set(used / total if total else 0.0)
+            self.free_gpus.labels(product).set(total - used)
+        self.fragmentation.set(frag)
+
+
+def gpu_stats(world: World) -> tuple[dict[str, tuple[int, int]], float]:
+    """Per product (allocated, allocatable) whole GPUs, and the fragmentation ratio: the share of free
+    GPUs on nodes that cannot host the largest pending per-pod GPU ask."""
+    snap = world.snapshot
+    per: dict[str, tuple[int, int]] = {}
+    free_whole = snap.whole_free_gpus()
+    for i, node in enumerate(snap.nodes):
+        if not node.gpu_count:
+            continue
+        a, t = per.get(node.gpu_product or "unknown", (0, 0))
+        used = node.gpu_count - int(snap.gpu_free[i].sum()) / GPU_MILLI
+        per[node.gpu_product or "unknown"] = (a + used, t + node.gpu_count)
+    biggest = max((m.gpus for _, g in world.pending for m in g.members), default=0)
+    total_free = int(free_whole.sum())
+    if not total_free or biggest <= 1:
+        return per, 0.0
+    stranded = int(free_whole[free_whole < biggest].sum())
+    return per, stranded / total_free

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from airflow_gpu import constants as C
-from airflow_gpu.core.model import GPU_MILLI, Gang, Node, Placement, PodRequest, RunningGang
+from airflow_gpu.core.model import Gang, Node, Placement, PodRequest, RunningGang
 from airflow_gpu.core.snapshot import OverCommitError, Snapshot
 from airflow_gpu.scheduler.cache import View
 from airflow_gpu.scheduler.convert import (
@@ -339,22 +339,3 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
     pending.sort(key=lambda ug: (-ug[1].priority, ug[1].created_at, ug[1].name))
     return World(snap, units, pending, incomplete, running, running_units, plans, plan_ready, invalid, nodes)
 
-
-def gpu_stats(world: World) -> tuple[dict[str, tuple[int, int]], float]:
-    """Per product (allocated, allocatable) whole GPUs, and the fragmentation ratio: the share of free
-    GPUs on nodes that cannot host the largest pending per-pod GPU ask."""
-    snap = world.snapshot
-    per: dict[str, tuple[int, int]] = {}
-    free_whole = snap.whole_free_gpus()
-    for i, node in enumerate(snap.nodes):
-        if not node.gpu_count:
-            continue
-        a, t = per.get(node.gpu_product or "unknown", (0, 0))
-        used = node.gpu_count - int(snap.gpu_free[i].sum()) / GPU_MILLI
-        per[node.gpu_product or "unknown"] = (a + used, t + node.gpu_count)
-    biggest = max((m.gpus for _, g in world.pending for m in g.members), default=0)
-    total_free = int(free_whole.sum())
-    if not total_free or biggest <= 1:
-        return per, 0.0
-    stranded = int(free_whole[free_whole < biggest].sum())
-    return per, stranded / total_free
