@@ -4,14 +4,15 @@
    managed upload_file / download_file of the same bytes (its defaults: 8 MiB parts, 10 threads,
    CRC32 on upload). Ours includes the fence checks, the CRC32 of every part, the manifest commit
    and status record on save, and latest() plus CRC32 verification of every byte on restore.
-   Rounds alternate (boto3, ours, boto3, ours, ...) so machine noise hits both; medians reported.
+   Each round uploads with both, then downloads with both; which goes first alternates by round
+   and the page cache is synced before every timed transfer; medians are reported.
    Target: ours >= 0.9 x boto3 for both directions.
 2. latest() with 10,000 checkpoints under the prefix (target < 200 ms), next to a full listing of
    the 10,000 manifests (what a naive reader would do). The newest 10 checkpoints are real saves;
    9,990 older ones are manifests written directly in the same format (without data objects, which
    latest() never reads for checkpoints older than the newest complete one) to keep set-up short.
 
-    python -m bench checkpoint         (env BENCH_CHECKPOINT_GIB=1, BENCH_CHECKPOINT_ROUNDS=3)
+    python -m bench checkpoint         (env BENCH_CHECKPOINT_GIB=1, BENCH_CHECKPOINT_ROUNDS=4)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def make_file(path: Path, size: int) -> None:
 
 
 def timed(fn) -> float:
+    os.sync()  # start from clean page-cache state: dirty data of the previous transfer must not tax this one
     started = time.perf_counter()
     fn()
     return time.perf_counter() - started
@@ -49,25 +51,38 @@ def throughput(server: SeaweedFS, size: int, rounds: int, work: Path) -> None:
     source, dest = work / "source.bin", work / "restored"
     make_file(source, size)
     client = server.client()  # plain boto3, default transfer settings
+    options = server.client_options()
     results: dict[str, list[float]] = {"boto3 upload_file": [], "ours save": [], "boto3 download_file": [], "ours restore": []}
-    for round_ in range(rounds):
-        key = f"plain/{round_}.bin"
-        results["boto3 upload_file"].append(timed(lambda: client.upload_file(str(source), bucket, key)))
-        results["boto3 download_file"].append(timed(lambda: client.download_file(bucket, key, str(work / "plain.bin"))))
-        client.delete_object(Bucket=bucket, Key=key)
-        (work / "plain.bin").unlink()
 
+    def plain(round_: int, direction: str) -> None:
+        key = f"plain/{round_}.bin"
+        if direction == "up":
+            results["boto3 upload_file"].append(timed(lambda: client.upload_file(str(source), bucket, key)))
+        else:
+            results["boto3 download_file"].append(timed(lambda: client.download_file(bucket, key, str(work / "plain.bin"))))
+            client.delete_object(Bucket=bucket, Key=key)
+            (work / "plain.bin").unlink()
+
+    def ours(round_: int, direction: str) -> None:
         uri = f"s3://{bucket}/ours/{round_}"
-        with Checkpointer(uri, attempt=1, handle_sigterm=False, **server.client_options()) as ckpt:
-            results["ours save"].append(timed(lambda: ckpt.save(1, source)))
-        with Checkpointer(uri, attempt=2, handle_sigterm=False, **server.client_options()) as ckpt:
+        if direction == "up":
+            with Checkpointer(uri, attempt=1, handle_sigterm=False, **options) as ckpt:
+                results["ours save"].append(timed(lambda: ckpt.save(1, source)))
+            return
+        with Checkpointer(uri, attempt=2, handle_sigterm=False, **options) as ckpt:
             restored: list = []
-            results["ours restore"].append(timed(lambda: restored.append(ckpt.resume(dest))))
+            results["ours restore"].append(timed(lambda: restored.append(ckpt.resume(dest))))  # latest() + verify
             assert (dest / "source.bin").stat().st_size == size and restored[0].step == 1
             shutil.rmtree(dest)
             ckpt.store.backend.delete([o.key for o in ckpt.store.backend.list("")])
+
+    for round_ in range(rounds):
+        order = (plain, ours) if round_ % 2 == 0 else (ours, plain)  # neither always goes first
+        for direction in ("up", "down"):
+            for who in order:
+                who(round_, direction)
     gib = size / 1024**3
-    print(f"1. {gib:.2f} GiB checkpoint, SeaweedFS on loopback, {rounds} alternating rounds (median MB/s):")
+    print(f"1. {gib:.2f} GiB checkpoint, SeaweedFS on loopback, {rounds} rounds, order alternating (median MB/s):")
     mbps = {name: size / MiB / statistics.median(times) for name, times in results.items()}
     for name, times in results.items():
         print(f"   {name:22s} {mbps[name]:7.1f} MB/s   runs: {', '.join(f'{t:.2f}s' for t in times)}")
@@ -105,7 +120,7 @@ def latest_at_scale(uri: str, options: dict, count: int = 10_000) -> None:
 
 def main() -> None:
     size = int(float(os.environ.get("BENCH_CHECKPOINT_GIB", "1")) * 1024**3)
-    rounds = int(os.environ.get("BENCH_CHECKPOINT_ROUNDS", "3"))
+    rounds = int(os.environ.get("BENCH_CHECKPOINT_ROUNDS", "4"))
     work = Path(tempfile.mkdtemp(prefix="bench-checkpoint-"))
     try:
         with SeaweedFS() as server:
