@@ -164,7 +164,9 @@ def test_sigkill_after_grace_period(kube_cluster, ns):
     core = kube_cluster.core()
     script = "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(120)"
     core.create_namespaced_pod(ns, pod_body("stubborn", ["python", "-c", script], grace=30))
-    wait_for(lambda: phase(core, ns, "stubborn") == "Running", what="running")
+    # Running comes with the process start; SIGTERM is ignored only once Python has run the script
+    wait_for(lambda: phase(core, ns, "stubborn") == "Running" and "ready" in pod_log(core, ns, "stubborn"),
+             what="handler installed")
     w = watch.Watch()
     rv = core.read_namespaced_pod("stubborn", ns).metadata.resource_version
     started = time.monotonic()
