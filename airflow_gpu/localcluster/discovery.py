@@ -169,7 +169,7 @@ def _pod_row(pod: dict) -> list:
 
 def _node_row(node: dict) -> list:
     ready = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
-    text = {"True": "Ready", "False": "NotReady"}.get((ready or {}).get("status"), "Unknown")
+    text = "Unknown" if ready is None else "Ready" if ready.get("status") == "True" else "NotReady"  # as kubectl prints
     if (node.get("spec") or {}).get("unschedulable"):
         text += ",SchedulingDisabled"
     info = (node.get("status") or {}).get("nodeInfo") or {}
