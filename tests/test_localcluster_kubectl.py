@@ -32,6 +32,11 @@ spec:
 """
 
 
+@pytest.fixture(scope="module")
+def kube_audit():
+    return True
+
+
 @pytest.fixture
 def ns(kube_cluster):
     name = f"k-{uuid.uuid4().hex[:8]}"
@@ -197,3 +202,13 @@ def test_rbac_objects_are_stored(kube_cluster, ns):
     assert kube_cluster.kubectl("apply", "-n", ns, "-f", "-", input=manifest).stdout.strip() == \
         "role.rbac.authorization.k8s.io/reader created"
     assert "reader" in kube_cluster.kubectl("get", "roles", "-n", ns).stdout
+
+
+def test_audit_log_names_verb_and_resource(kube_cluster, ns):
+    kube_cluster.kubectl("get", "pods", "-n", ns)
+    kube_cluster.kubectl("get", "podgroups", "-n", ns)
+    events = [e for e in kube_cluster.audit_events() if (e.get("objectRef") or {}).get("namespace") == ns]
+    seen = {(e["verb"], e["objectRef"]["apiGroup"], e["objectRef"]["resource"]) for e in events}
+    assert ("list", "", "pods") in seen and ("list", "scheduling.x-k8s.io", "podgroups") in seen
+    assert all(e["kind"] == "Event" and e["apiVersion"] == "audit.k8s.io/v1" and e["responseStatus"]["code"] == 200
+               and e["userAgent"].startswith("kubectl") for e in events)

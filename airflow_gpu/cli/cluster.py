@@ -1,6 +1,6 @@
 """`airflow-gpu cluster`: the local GPU cluster (a Kubernetes API on 127.0.0.1 with simulated GPU nodes).
 
-  cluster up --spec FILE [--port N] [--state-dir DIR] [--token T] [--fresh]
+  cluster up --spec FILE [--port N] [--state-dir DIR] [--token T] [--fresh] [--audit-log FILE]
       runs in the foreground; prints the kubeconfig path once the API answers; SIGTERM/SIGINT stop it
       and every pod process.
   cluster interrupt NODE [--notice S] [--replace-after S] [--mode eviction|shutdown] [--kubeconfig F]
@@ -33,6 +33,7 @@ def register(subparsers) -> None:
     up.add_argument("--token", default=os.environ.get(C.ENV_CLUSTER_TOKEN),
                     help="require this bearer token (default: $AIRFLOW_GPU_CLUSTER_TOKEN, else none)")
     up.add_argument("--bookmark-seconds", type=float, default=5.0, help="interval of watch BOOKMARK events")
+    up.add_argument("--audit-log", help="write one audit.k8s.io/v1 Event per request to this file (JSON lines)")
     up.add_argument("--fresh", action="store_true",
                     help="start empty: delete the state dir's stored objects and pod dirs first "
                          "(without it a state dir's objects are restored and the spec adds no nodes)")
@@ -94,7 +95,7 @@ async def _run(spec, state_dir: Path, args) -> int:
     from airflow_gpu.localcluster.cluster import LocalCluster
 
     cluster = LocalCluster(spec, state_dir, port=args.port, token=args.token, bookmark_seconds=args.bookmark_seconds,
-                           fresh=args.fresh)
+                           fresh=args.fresh, audit_log=args.audit_log)
     await cluster.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

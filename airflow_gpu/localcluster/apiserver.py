@@ -13,6 +13,8 @@ from typing import AsyncIterator, Awaitable, Callable
 from urllib.parse import unquote
 
 from airflow_gpu.localcluster import discovery, errors
+from airflow_gpu.localcluster.audit import AuditLog
+from airflow_gpu.localcluster.audit import now as audit_now
 from airflow_gpu.localcluster.errors import ApiError
 from airflow_gpu.localcluster.httpio import TRUE, Request, Response, json_response
 from airflow_gpu.localcluster.objects import ObjectAPI
@@ -30,13 +32,15 @@ Control = Callable[[str, dict], Awaitable[dict]]  # (action, body) -> result
 
 class APIServer:
     def __init__(self, store: Store, registry: Registry, objects: ObjectAPI, address: str, token: str | None = None,
-                 log_source: LogSource | None = None, control: Control | None = None, bookmark_seconds: float = 5.0):
+                 log_source: LogSource | None = None, control: Control | None = None, bookmark_seconds: float = 5.0,
+                 audit: AuditLog | None = None):
         self.store, self.registry, self.objects = store, registry, objects
         self.address, self.token = address, token
         self.log_source, self.control = log_source, control
         self.bookmark_seconds = bookmark_seconds
         self.openapi = discovery.OpenAPI(registry)
         self.watch_tasks: set[asyncio.Task] = set()
+        self.audit = audit
 
     # --- ASGI -------------------------------------------------------------------------------
     async def __call__(self, scope, receive, send):
@@ -59,6 +63,8 @@ class APIServer:
                 chunks.append(message.get("body", b""))
                 more = message.get("more_body", False)
             body = b"".join(chunks)
+        received = audit_now() if self.audit else ""
+        req = None
         try:
             req = Request(scope, body, receive)
             if self.token and req.headers.get("authorization") != f"Bearer {self.token}" \
@@ -70,11 +76,15 @@ class APIServer:
         except Exception as exc:  # never let a bad request take the server down
             log.exception("internal error on %s %s", scope["method"], scope["path"])
             result = json_response(ApiError(500, "InternalError", f"Internal error occurred: {exc}").status(), 500)
-        if result is None:  # streamed
-            return
-        await send({"type": "http.response.start", "status": result.status,
-                    "headers": result.headers + [(b"content-length", str(len(result.body)).encode())]})
-        await send({"type": "http.response.body", "body": result.body})
+        if result is not None:  # else streamed (watch, log), already sent
+            await send({"type": "http.response.start", "status": result.status,
+                        "headers": result.headers + [(b"content-length", str(len(result.body)).encode())]})
+            await send({"type": "http.response.body", "body": result.body})
+        if self.audit is not None:
+            headers = req.headers if req is not None else {}
+            self.audit.record(scope["method"], scope["path"], scope["query_string"].decode(),
+                              req.query if req is not None else {}, headers.get("user-agent", ""),
+                              result.status if result is not None else 200, received)
 
     # --- routing ----------------------------------------------------------------------------
     async def route(self, req: Request, send) -> Response | None:

@@ -24,6 +24,7 @@ import yaml
 from airflow_gpu import constants as C
 from airflow_gpu.localcluster import errors
 from airflow_gpu.localcluster.apiserver import APIServer
+from airflow_gpu.localcluster.audit import AuditLog
 from airflow_gpu.localcluster.controllers import Controllers
 from airflow_gpu.localcluster.events import Recorder
 from airflow_gpu.localcluster.faults import Faults
@@ -49,13 +50,14 @@ class StateDirBusy(RuntimeError):
 
 class LocalCluster:
     def __init__(self, spec: ClusterSpec, state_dir: str | Path, port: int = 0, token: str | None = None,
-                 bookmark_seconds: float = 5.0, fresh: bool = False):
+                 bookmark_seconds: float = 5.0, fresh: bool = False, audit_log: str | Path | None = None):
         self.spec = spec
         self.state_dir = Path(state_dir).resolve()
         self.port = port
         self.token = token
         self.bookmark_seconds = bookmark_seconds
         self.fresh = fresh
+        self.audit_log = Path(audit_log) if audit_log else None
         self._server: uvicorn.Server | None = None
         self.tls: tuple[Path, Path] | None = None
         self._gc_task: asyncio.Task | None = None
@@ -118,8 +120,9 @@ class LocalCluster:
         self.scheduler.start()
         self.scheduler._wake.set()
         self.controllers.start()
+        self.audit = AuditLog(self.audit_log) if self.audit_log else None
         self.api = APIServer(self.store, self.registry, self.objects, f"127.0.0.1:{self.port}", self.token,
-                             self.kubelet.logs, self.control, self.bookmark_seconds)
+                             self.kubelet.logs, self.control, self.bookmark_seconds, self.audit)
         await self._serve()
         if os.environ.get(C.ENV_CLUSTER_GC_FREEZE, "1") != "0":
             self._gc_task = asyncio.get_running_loop().create_task(self._gc_freezer())
@@ -264,6 +267,8 @@ class LocalCluster:
         for task in list(self.faults.tasks):
             task.cancel()
         self.store.close()
+        if self.audit is not None:
+            self.audit.close()
         (self.state_dir / "cluster.json").unlink(missing_ok=True)
         self.stopped.set()
 
