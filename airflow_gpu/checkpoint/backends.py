@@ -101,9 +101,25 @@ class FileBackend:
             os.fsync(fd)
         os.close(fd)
 
+    @staticmethod
+    def _place(tmp: Path, final: Path, create_only: bool) -> None:
+        """Move a finished temp file into place. Another writer's GC may remove an empty parent
+        directory between our mkdir and our link/rename: make it again and retry."""
+        for _ in range(5):
+            final.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                if create_only:
+                    os.link(tmp, final)
+                else:
+                    os.replace(tmp, final)
+                return
+            except FileNotFoundError:
+                if not Path(tmp).exists():
+                    raise
+        raise OSError(f"could not create {final}: its directory keeps disappearing")
+
     def put(self, key: str, data: bytes, *, create_only: bool = False) -> None:
         final = self._path(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
         tmp, fd = self._tmp_file()
         try:
             view = memoryview(data)
@@ -111,14 +127,12 @@ class FileBackend:
                 view = view[os.write(fd, view) :]
             self._finish(fd)
             fd = -1
+            try:
+                self._place(tmp, final, create_only)
+            except FileExistsError:
+                raise AlreadyExists(f"{self.uri}/{key} already exists") from None
             if create_only:
-                try:
-                    os.link(tmp, final)
-                except FileExistsError:
-                    raise AlreadyExists(f"{self.uri}/{key} already exists") from None
                 self._sync_dir(final.parent)
-            else:
-                os.replace(tmp, final)
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -221,11 +235,9 @@ class FileBackend:
         # pwrite on regular files writes everything in one call; the loop guards short writes only
 
     def multipart_complete(self, handle: Any) -> None:
-        final = self._path(handle["key"])
-        final.parent.mkdir(parents=True, exist_ok=True)
         self._finish(handle["fd"])
         handle["fd"] = -1
-        os.replace(handle["tmp"], final)
+        self._place(handle["tmp"], self._path(handle["key"]), create_only=False)
 
     def multipart_abort(self, handle: Any) -> None:
         if handle["fd"] >= 0:
