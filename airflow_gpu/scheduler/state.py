@@ -13,8 +13,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from airflow_gpu import constants as C
-from airflow_gpu.core.model import Gang, Node, Placement, PodRequest, RunningGang
+from airflow_gpu.core.model import GPU_MILLI, Gang, Node, Placement, PodRequest, RunningGang
 from airflow_gpu.core.snapshot import OverCommitError, Snapshot
 from airflow_gpu.scheduler.cache import View
 from airflow_gpu.scheduler.convert import (
@@ -147,25 +149,34 @@ def group_units(view: View) -> dict[str, Unit]:
     return units
 
 
-def _hold(snap: Snapshot, placement: Placement) -> bool:
-    """Reserve `placement`; if it does not fit whole (victims still terminating), reserve what is free
-    of it under a hold name so nobody else takes the GPUs as they are freed. True if it fit whole."""
+def _hold(snap: Snapshot, node: str, req: PodRequest) -> bool:
+    """Reserve `req` on `node` for a plan; True if it fits whole. Which GPUs of the node does not
+    matter on Kubernetes (the device plugin picks them), so the plan's GPU indices are not replayed:
+    after a restart the running pods' indices are re-chosen and could collide with them. If it does
+    not fit whole (victims still terminating), what is free of it is held under a hold name, so
+    nobody else takes the GPUs as they are freed."""
     try:
-        snap.assume(placement)
+        i = snap.node_index(node)
+    except KeyError:
+        return False  # node gone
+    try:
+        snap.assume(snap.placement_for(req, i))
         return True
     except OverCommitError:
         pass
-    except KeyError:
-        return False  # node gone
-    i = snap.node_index(placement.node)
     free = snap.gpu_free[i]
-    shares = tuple((g, m) for g, m in placement.gpu_shares if free[g] >= m)
+    if req.gpus:
+        shares = tuple((int(g), GPU_MILLI) for g in np.flatnonzero(free == GPU_MILLI)[: req.gpus])
+    elif req.gpu_milli:
+        shares = tuple((int(g), int(min(free[g], req.gpu_milli))) for g in np.flatnonzero(free > 0)[:1])
+    else:
+        shares = ()
     partial = Placement(
-        pod=f"{placement.pod}#held",
-        node=placement.node,
+        pod=f"{req.name}#held",
+        node=node,
         gpu_shares=shares,
-        cpu_milli=min(placement.cpu_milli, int(snap.cpu_free[i])),
-        memory_mib=min(placement.memory_mib, int(snap.mem_free[i])),
+        cpu_milli=min(req.cpu_milli, int(snap.cpu_free[i])),
+        memory_mib=min(req.memory_mib, int(snap.mem_free[i])),
     )
     try:
         snap.assume(partial)
@@ -306,7 +317,7 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
             if placement is None or placement.node not in nodes:
                 ready = False
                 continue
-            ready = _hold(snap, placement) and ready
+            ready = _hold(snap, placement.node, members[key]) and ready
         plan_ready[unit.key] = ready
 
     # 3. complete gangs wait in priority order, then oldest first
