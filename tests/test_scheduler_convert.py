@@ -132,3 +132,20 @@ def test_running_pods_and_nominated_plans_hold_gpus():
     # every GPU is taken: b by the plan, a by the running pods plus the plan's hold on what was free
     assert int(w.snapshot.whole_free_gpus().sum()) == 0
     assert Plan.from_json(plan.to_json(), {}).victims == ("team-nlp/r0",)
+
+
+def test_required_node_affinity_and_scheduling_gates():
+    from airflow_gpu.scheduler.convert import pod_is_pending_for
+
+    p = pod("aff")
+    term = {"matchExpressions": [{"key": C.NODE_ZONE, "operator": "In", "values": ["z1"]}]}
+    p["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [term]}}}
+    assert pod_request_from_k8s(p).node_selector == ((C.NODE_ZONE, "z1"),)
+    term["matchExpressions"][0]["operator"] = "NotIn"
+    with pytest.raises(ConversionError, match=r"matchExpressions\[0\]: only operator In with one value"):
+        pod_request_from_k8s(p)
+    assert pod_is_pending_for(pod("free"), "airflow-gpu")
+    gated = pod("gated")
+    gated["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    assert not pod_is_pending_for(gated, "airflow-gpu")

@@ -195,6 +195,7 @@ def pod_is_pending_for(pod: Mapping, scheduler_name: str) -> bool:
     return (
         spec.get("schedulerName") == scheduler_name
         and not spec.get("nodeName")
+        and not spec.get("schedulingGates")  # gated (e.g. by Kueue): not ready to be scheduled
         and not pod_is_terminal(pod)
         and not pod_is_terminating(pod)
     )
@@ -222,6 +223,29 @@ def _effective_requests(spec: Mapping, where: str) -> dict[str, Decimal]:
     for res, qty in (spec.get("overhead") or {}).items():
         total[res] = total.get(res, Decimal(0)) + _quantity(qty, f"{where} overhead[{res}]")
     return total
+
+
+def _required_affinity(spec: Mapping, where: str) -> dict[str, str]:
+    """Required node affinity, in the form the placement filters understand: one term whose
+    expressions are `In` with a single value (the same as a nodeSelector). Anything richer is
+    refused with the field named, rather than silently ignored."""
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms") or []
+    if not terms:
+        return {}
+    field_path = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    if len(terms) > 1 or terms[0].get("matchFields"):
+        raise ConversionError(f"{where}: {field_path}: several nodeSelectorTerms or matchFields are not supported "
+                              f"by the airflow-gpu scheduler; use one term or spec.nodeSelector")
+    out = {}
+    for i, expr in enumerate(terms[0].get("matchExpressions") or []):
+        values = expr.get("values") or []
+        if expr.get("operator") != "In" or len(values) != 1:
+            raise ConversionError(f"{where}: {field_path}.nodeSelectorTerms[0].matchExpressions[{i}]: only "
+                                  f"operator In with one value is supported; use spec.nodeSelector for {expr.get('key')}")
+        out[expr["key"]] = values[0]
+    return out
 
 
 def tolerations_of(spec: Mapping) -> tuple[Toleration, ...]:
@@ -257,6 +281,7 @@ def pod_request_from_k8s(obj: Any, product_labels: Mapping[str, str] | None = No
     if gpus != gpus.to_integral_value() or gpus < 0:
         raise ConversionError(f"{where}: {C.RESOURCE_GPU}={gpus} must be a whole number of GPUs")
     selector = dict(spec.get("nodeSelector") or {})
+    selector.update(_required_affinity(spec, where))
     try:
         return PodRequest(
             name=name,
