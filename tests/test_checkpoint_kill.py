@@ -180,6 +180,8 @@ def run_kill_campaign(uri: str, env: dict[str, str], seed: int) -> dict:
             proc.kill()
             proc.wait()
             stderr = proc.stderr.read()  # type: ignore[union-attr]
+            proc.stdout.close()  # type: ignore[union-attr]
+            proc.stderr.close()  # type: ignore[union-attr]
         assert killed_phase is not None, f"writer exited early (rc={proc.returncode}):\n{stderr[-3000:]}"
         kills[killed_phase] += 1
         observed = verify_latest(uri)
