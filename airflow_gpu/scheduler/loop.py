@@ -234,7 +234,7 @@ class Scheduler:
     def _admit(self, unit: Unit, decision: GangDecision, now: float) -> None:
         by_pod = {key_of(p): p for p in unit.pods}
         placements = [p for p in decision.placements if p.pod in by_pod]
-        if len(placements) > 1 or unit.podgroup is not None and len(placements) != len(decision.placements):
+        if len(placements) > 1:  # one Binding is atomic by itself; several need the plan first
             plan = Plan(PLAN_BINDING, {p.pod: p for p in placements}, now, borrowed=decision.borrowed)
             if not self._write_plan(unit, plan):
                 return
