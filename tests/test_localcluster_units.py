@@ -127,3 +127,23 @@ def test_custom_resources_are_validated_against_their_crd_schema():
         'PodGroup.scheduling.x-k8s.io "g" is invalid: spec.minMember: Invalid value: "string": '
         'spec.minMember in body must be of type integer: "string"')
     assert err.value.details["causes"][0]["field"] == "spec.minMember"
+
+
+def test_store_log_compacts_and_reloads(tmp_path):
+    from airflow_gpu.localcluster.store import Store
+
+    store = Store(tmp_path, history_size=100, compact_bytes=20_000)
+    for i in range(300):
+        store.create("/configmaps", {"metadata": {"name": f"c{i % 30}-{i // 30}", "namespace": "n"}, "data": {"i": "x" * 50}})
+        if i % 3 == 0:
+            store.delete("/configmaps", "n", f"c{i % 30}-{i // 30}")
+        store.flush()
+    size = (tmp_path / "store.log").stat().st_size
+    assert size < 60_000  # compacted at least once (300 creates + 100 deletes would be ~60 kB)
+    live = {(e.obj["metadata"]["name"], e.obj["metadata"]["resourceVersion"]) for e in store.entries("/configmaps")}
+    rv = store.rv
+    store.close()
+    again = Store(tmp_path, history_size=100, compact_bytes=20_000)
+    assert again.load()
+    assert {(e.obj["metadata"]["name"], e.obj["metadata"]["resourceVersion"]) for e in again.entries("/configmaps")} == live
+    assert again.rv == rv and len(live) == 200

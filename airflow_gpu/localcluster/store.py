@@ -99,7 +99,8 @@ Listener = Callable[[str, str, dict, "dict | None"], None]  # (event type, resou
 
 
 class Store:
-    def __init__(self, state_dir: Path | None = None, history_size: int = 20_000):
+    def __init__(self, state_dir: Path | None = None, history_size: int = 20_000,
+                 compact_bytes: int = 64 * 1024 * 1024):
         self.rv = 0
         self.objects: dict[str, dict[tuple[str, str], Entry]] = defaultdict(dict)
         self.history: list[Event] = []
@@ -112,6 +113,9 @@ class Store:
         self._log_buffer: list[bytes] = []
         self._log_file = None
         self._flush_handle = None
+        self.compact_bytes = compact_bytes  # rewrite the log as a snapshot once it is this big ...
+        self._log_bytes = 0
+        self._snapshot_bytes = 0  # ... and 4 times the last snapshot
 
     # --- reads -----------------------------------------------------------------------------
     def get(self, key: str, namespace: str, name: str) -> dict | None:
@@ -243,6 +247,11 @@ class Store:
         self._log_buffer.clear()
         self._log_file.write(data)
         self._log_file.flush()
+        self._log_bytes += len(data)
+        if self._log_bytes > max(self.compact_bytes, 4 * self._snapshot_bytes):
+            self._log_file.close()
+            self._log_file = None
+            self._write_snapshot()  # the in-memory watch history stays; a restart starts after the snapshot
 
     def close(self) -> None:
         if self._flush_handle is not None:
@@ -292,8 +301,12 @@ class Store:
                     self._remember(Event(rv, key, "MODIFIED" if old else "ADDED", entry, old.obj if old else None))
         if good_bytes != self.log_path.stat().st_size:
             os.truncate(self.log_path, good_bytes)
-        if good_bytes > 64 * 1024 * 1024:
-            self._compact()
+        self._log_bytes = good_bytes
+        if good_bytes > self.compact_bytes:
+            self._write_snapshot()
+            self.history.clear()
+            self.history_rvs.clear()
+            self.compacted_rv = self.rv
         return True
 
     def _remember(self, event: Event) -> None:
@@ -305,15 +318,14 @@ class Store:
             del self.history[:cut]
             del self.history_rvs[:cut]
 
-    def _compact(self) -> None:
+    def _write_snapshot(self) -> None:
+        """Replace the log by the current objects behind a snapshot marker (resourceVersions kept)."""
         tmp = self.log_path.with_suffix(".tmp")
         with open(tmp, "wb") as fh:
             fh.write(encode([self.rv, "S", "", "", "", None]) + b"\n")
             for key, items in self.objects.items():
                 for (ns, name), entry in items.items():
                     rv = int(entry.obj["metadata"]["resourceVersion"])
-                    fh.write(encode([rv, "P", key, ns, name, entry.obj]) + b"\n")
+                    fh.write(encode([rv, "P", key, ns, name])[:-1] + b"," + entry.raw + b"]\n")
         os.replace(tmp, self.log_path)
-        self.history.clear()
-        self.history_rvs.clear()
-        self.compacted_rv = self.rv
+        self._snapshot_bytes = self._log_bytes = self.log_path.stat().st_size
