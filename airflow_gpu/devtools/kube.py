@@ -101,6 +101,12 @@ class KubeCluster:
                 raise TimeoutError(f"{self.server} not ready after {timeout:.0f}s:\n{self.log_tail()}")
             time.sleep(0.05)
 
+    def audit_events(self) -> list[dict]:
+        """The audit log (clusters started with audit=True): one dict per request, with verb and
+        objectRef {apiGroup, resource, subresource, namespace, name}."""
+        path = self.state_dir / "audit.log"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
     def log_tail(self, lines: int = 60) -> str:
         return self.process.log_tail(lines)
 
@@ -108,7 +114,7 @@ class KubeCluster:
 @contextmanager
 def start_kube_cluster(tmp_dir: Path, spec: str | Path | dict | None = None, token: str | None = None,
                        bookmark_seconds: float = 1.0, timeout: float = 60.0,
-                       env: dict[str, str] | None = None) -> Iterator[KubeCluster]:
+                       env: dict[str, str] | None = None, audit: bool = False) -> Iterator[KubeCluster]:
     """Start `airflow-gpu cluster up` in tmp_dir; yields a KubeCluster; stops it (and its pods) by PID."""
     tmp_dir = Path(tmp_dir)
     tmp_dir.mkdir(parents=True, exist_ok=True)
@@ -125,6 +131,8 @@ def start_kube_cluster(tmp_dir: Path, spec: str | Path | dict | None = None, tok
     port = free_port()
     argv = [sys.executable, "-m", "airflow_gpu", "cluster", "up", "--spec", str(spec_path), "--port", str(port),
             "--state-dir", str(state_dir), "--bookmark-seconds", str(bookmark_seconds)]
+    if audit:  # every request as an audit.k8s.io Event: KubeCluster.audit_events()
+        argv += ["--audit-log", str(state_dir / "audit.log")]
     env = {**os.environ, **(env or {})}
     if token:
         env[C.ENV_CLUSTER_TOKEN] = token
