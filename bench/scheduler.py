@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -78,6 +79,9 @@ def pct(values: list[float], q: float) -> float:
 
 
 def main() -> None:
+    # SIGTERM (e.g. from `timeout`) must still run the finally below: the cluster and the scheduler
+    # run in their own sessions and would outlive us
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workdir = Path(tempfile.mkdtemp(prefix="bench-scheduler-"))
     cluster, kubeconfig = start_cluster(workdir)
     sched = None
