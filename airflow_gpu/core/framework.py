@@ -110,7 +110,8 @@ class Profile:
     scores: tuple[tuple[ScorePlugin, float], ...] = ()
     gpu_chooser: GpuChooser | None = None
     tie_rank: np.ndarray | None = None
-    select: object | None = field(default=None, repr=False)  # optional custom selector(snap, pod, nodes, total)
+    # optional custom selector(snap, pod, feasible node indices) -> (node index, gpu shares or None)
+    select: object | None = field(default=None, repr=False)
 
     def with_tie_rank(self, rank: np.ndarray) -> Profile:
         return Profile(self.name, self.filters, self.scores, self.gpu_chooser, np.asarray(rank), self.select)
