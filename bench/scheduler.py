@@ -22,30 +22,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import yaml
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
 from airflow_gpu.devtools import gangs as G
-from airflow_gpu.devtools.processes import ManagedProcess, free_port, wait_for_http, wait_until
+from airflow_gpu.devtools.kube import start_kube_cluster
+from airflow_gpu.devtools.processes import wait_until
 
 THROUGHPUT_PODS = 1000
 GANGS, MEMBERS = 100, 8
 SPEC = {"name": "bench-scheduler", "pools": [{"name": "h100", "count": 160, "cliques": [f"c{i}" for i in range(10)],
                                               "maxPods": 200, "gpu": {"product": "NVIDIA-H100-80GB-HBM3", "count": 8}}]}
-
-
-def start_cluster(workdir: Path) -> tuple[ManagedProcess, Path]:
-    spec_path = workdir / "cluster.yaml"
-    spec_path.write_text(yaml.safe_dump(SPEC))
-    state = workdir / "state"
-    proc = ManagedProcess("cluster", [sys.executable, "-m", "airflow_gpu", "cluster", "up", "--spec", str(spec_path),
-                                      "--port", str(free_port()), "--state-dir", str(state)],
-                          workdir / "cluster.log").start()
-    wait_until(lambda: (state / "cluster.json").exists() or not proc.alive(), 60, 0.05, "cluster up")
-    info = json.loads((state / "cluster.json").read_text())
-    wait_for_http(f"{info['server']}/readyz", timeout=30)
-    return proc, Path(info["kubeconfig"])
 
 
 class BindWatch:
@@ -83,7 +70,11 @@ def main() -> None:
     # run in their own sessions and would outlive us
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workdir = Path(tempfile.mkdtemp(prefix="bench-scheduler-"))
-    cluster, kubeconfig = start_cluster(workdir)
+    with start_kube_cluster(workdir, SPEC) as cluster:
+        run(cluster.kubeconfig, workdir)
+
+
+def run(kubeconfig: Path, workdir: Path) -> None:
     sched = None
     try:
         api = G.api_client(kubeconfig, pool=16)
@@ -133,7 +124,6 @@ def main() -> None:
     finally:
         if sched is not None:
             sched.stop()
-        cluster.stop(timeout=15)
 
 
 if __name__ == "__main__":
