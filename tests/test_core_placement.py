@@ -252,3 +252,47 @@ def test_single_node_first_then_fewest_nodes_in_clique_rack_zone():
     huge = Gang("g", "t", "x", 1, tuple(PodRequest(f"m{i}", gpus=8) for i in range(5)),
                 topology=TopologyRequirement(TopologyLevel.RACK, hard=True))
     assert candidate_domains(snap, huge) == []  # no rack has 5 empty nodes
+
+
+_pod_strategy = st.builds(
+    lambda k, cpu, mem, kind, milli, gpus, prod: PodRequest(
+        f"p{k}", cpu_milli=cpu, memory_mib=mem,
+        gpus=gpus if kind == "whole" else 0,
+        gpu_milli=milli if kind == "share" else 0,
+        mig_profile="1g.10gb" if kind == "mig" else None,
+        gpu_products=prod if kind != "cpu" else (),
+    ),
+    st.integers(0, 10**6), st.integers(0, 12_000), st.integers(0, 30_000),
+    st.sampled_from(["whole", "share", "mig", "cpu"]), st.integers(1, 999), st.integers(1, 5),
+    st.sampled_from([(), ("A100",), ("T4", "A100")]),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_pod_strategy, min_size=1, max_size=30), st.sampled_from(["bestfit", "fgd-lookahead", "gpupacking"]))
+def test_placements_always_fit_and_refusals_are_real(pods, policy):
+    nodes = [gpu_node("a", gpus=4, cpu=32_000, mem=65_536), gpu_node("t", gpus=2, product="T4", cpu=16_000, mem=32_768),
+             Node("m", 32_000, 65_536, gpu_count=1, gpu_product="A100", mig_slices=(("1g.10gb", 3),))]
+    snap = Snapshot.from_nodes(nodes)
+    profile = make_profile(policy)
+    for k, pod in enumerate(pods):
+        pod = PodRequest(f"{pod.name}-{k}", pod.cpu_milli, pod.memory_mib, pod.gpus, pod.gpu_milli, pod.mig_profile,
+                         pod.gpu_products)
+        placement, diag = place_pod(snap, pod, profile)
+        if placement is not None:
+            snap.assume(placement)  # raises if the filters or the GPU choice were wrong
+            continue
+        # refused: check by brute force that no node could take it
+        for i, node in enumerate(snap.nodes):
+            products_ok = not pod.gpu_products or node.gpu_product in pod.gpu_products or not (
+                pod.gpus or pod.gpu_milli or pod.mig_profile)
+            free = snap.gpu_free[i]
+            gpu_ok = (
+                (pod.gpus == 0 or (free == 1000).sum() >= pod.gpus)
+                and (pod.gpu_milli == 0 or (free >= pod.gpu_milli).any())
+                and (pod.mig_profile is None or dict(node.mig_slices).get(pod.mig_profile, 0)
+                     - sum(1 for p in snap.placements.values() if p.node == node.name and p.mig_profile) > 0)
+            )
+            fits = snap.cpu_free[i] >= pod.cpu_milli and snap.mem_free[i] >= pod.memory_mib
+            assert not (products_ok and gpu_ok and fits), (pod, node.name, diag.message())
+        assert diag.feasible == 0 and diag.message().startswith("0/3 nodes are available: ")
