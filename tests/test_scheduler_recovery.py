@@ -18,12 +18,19 @@ from airflow_gpu import constants as C
 from airflow_gpu.core.model import Placement
 from airflow_gpu.devtools import gangs as G
 from airflow_gpu.devtools.processes import free_port
+from airflow_gpu.cli.scheduler import USER_AGENT
+from airflow_gpu.scheduler.access import REQUIRED
 from airflow_gpu.scheduler.actions import Api
 from airflow_gpu.scheduler.loop import Scheduler, Settings
 from airflow_gpu.scheduler.state import PLAN_BINDING, Plan
 
 PRODUCT = "NVIDIA-H100-80GB-HBM3"
 GANGS, MEMBERS = 50, 8
+
+
+@pytest.fixture(scope="module")
+def kube_audit():
+    return True  # the API server logs every request: the last test checks the scheduler's against RBAC
 
 
 @pytest.fixture(scope="module")
@@ -235,3 +242,19 @@ def test_partial_gang_is_completed_per_plan_or_rolled_back(kube_cluster, tmp_pat
         scheduler.stop()
         runner.join(10)
         core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+
+
+def test_scheduler_processes_used_only_what_rbac_grants(kube_cluster):
+    """Every request the scheduler processes of this module made (kill -9 restarts, two replicas),
+    from the API server's audit log, is in deploy/rbac.yaml's grant (access.REQUIRED)."""
+    used = set()
+    for event in kube_cluster.audit_events():
+        ref = event.get("objectRef")
+        if not event.get("userAgent", "").startswith(USER_AGENT) or ref is None:
+            continue  # our test client, or /version and discovery
+        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        used.add((ref.get("apiGroup", ""), resource, event["verb"]))
+    assert used <= REQUIRED, f"not granted by deploy/rbac.yaml: {sorted(used - REQUIRED)}"
+    for needed in [("", "pods/binding", "create"), ("scheduling.x-k8s.io", "podgroups", "patch"),
+                   ("coordination.k8s.io", "leases", "update"), ("", "pods", "watch")]:
+        assert needed in used, f"{needed} never seen: is the audit log complete? {sorted(used)}"

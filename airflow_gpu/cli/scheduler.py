@@ -11,6 +11,7 @@ import sys
 import threading
 
 EXIT_BAD_INPUT = 2
+USER_AGENT = "airflow-gpu-scheduler"
 
 
 def register(subparsers) -> None:
@@ -58,7 +59,9 @@ def _api_client(args):
         raise SystemExit(f"scheduler: cannot load Kubernetes config from {where}: {exc} "
                          f"(give --kubeconfig FILE outside a cluster)") from None
     cfg.connection_pool_maxsize = 32  # binds run in parallel
-    return client.ApiClient(cfg)
+    api = client.ApiClient(cfg)
+    api.user_agent = USER_AGENT  # as kube components do: audit logs show who made each request
+    return api
 
 
 def run(args) -> int:
