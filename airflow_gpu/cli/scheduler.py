@@ -28,7 +28,8 @@ def register(subparsers) -> None:
     p.add_argument("--metrics-address", default="127.0.0.1", help="address for --metrics-port")
     p.add_argument("--leader-elect", action=argparse_bool(), default=True,
                    help="take a coordination.k8s.io Lease before binding (default on; --no-leader-elect)")
-    p.add_argument("--leader-elect-namespace", default="airflow-gpu-system", help="namespace of the Lease")
+    p.add_argument("--leader-elect-namespace", default="default",
+                   help="namespace of the Lease (deploy/ passes the scheduler's own namespace)")
     p.add_argument("--lease-name", default="airflow-gpu-scheduler", help="name of the Lease")
     p.add_argument("--identity", help="this replica's name in the Lease (default host-pid-random)")
     p.add_argument("--lease-duration", type=float, default=15.0, help="seconds")

@@ -55,6 +55,7 @@ class LeaseElector:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.transitions = 0  # how often this candidate became leader
+        self._missing_namespace_reported = False
 
     def is_leader(self) -> bool:
         return time.monotonic() < self._valid_until
@@ -107,6 +108,13 @@ class LeaseElector:
             except ApiException as exc2:
                 if exc2.status == 409:
                     return False  # someone else created it first
+                if exc2.status == 404:
+                    if self._missing_namespace_reported:
+                        return False
+                    self._missing_namespace_reported = True
+                    log.error("leader election: namespace %r does not exist, so no replica can lead and nothing "
+                              "is bound; create it or pass --leader-elect-namespace", self.namespace)
+                    return False
                 raise
             self._valid_until = started + self.renew_deadline
             return True
