@@ -176,7 +176,11 @@ def download(
 def file_writer(path: Path, size: int) -> tuple[Callable[[int, bytes], None], Callable[[], None]]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.ftruncate(fd, size)
+    try:
+        # allocate up front: parallel writes into a sparse file were 2-4x slower and jittery here
+        os.posix_fallocate(fd, 0, size) if size else None
+    except OSError:  # filesystems without fallocate
+        os.ftruncate(fd, size)
 
     def write(offset: int, data: bytes) -> None:
         view = memoryview(data)
