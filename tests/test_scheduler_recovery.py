@@ -53,8 +53,14 @@ def test_kill_9_at_random_moments_during_50_gang_admissions(kube_cluster, tmp_pa
     G.ensure_namespace(api, ns)
     rng = random.Random(6)
     log = tmp_path / "scheduler.log"
-    # the same identity after a restart, as a pod restarted in place: it renews its own Lease at once
-    proc = G.scheduler_process(kube_cluster.kubeconfig, log, identity="replica-0").start()
+    # the same identity after a restart, as a pod restarted in place: it renews its own Lease at once.
+    # Bindings one at a time (--bind-workers 1): a gang's binding then spans tens of milliseconds, so
+    # more kills land in the middle of one
+    def start():
+        return G.scheduler_process(kube_cluster.kubeconfig, log, identity="replica-0",
+                                   extra=["--bind-workers", "1"]).start()
+
+    proc = start()
     overcommits, partial_seen, kills = [], Counter(), []
     stop_watch = threading.Event()
 
@@ -85,13 +91,13 @@ def test_kill_9_at_random_moments_during_50_gang_admissions(kube_cluster, tmp_pa
         started = 1
         while creator.is_alive() or len(kills) < 5:
             G.wait_until(lambda: _running_lines(proc) >= started, 60, interval=0.02, what="scheduler running")
-            time.sleep(rng.uniform(0.0, 1.0))
+            time.sleep(rng.uniform(0.0, 0.4))  # the backlog gathered during the restart is being bound
             proc.kill9()
             pods = G.list_pods(api, ns)
             state = G.gang_binding_state(pods)
             kills.append({"bound_pods": sum(b for b, _ in state.values()),
                           "partial_gangs_at_kill": sorted(g for g, (b, t) in state.items() if 0 < b < t)})
-            proc = G.scheduler_process(kube_cluster.kubeconfig, log, identity="replica-0").start()
+            proc = start()
             started += 1
             if len(kills) >= 15:
                 break

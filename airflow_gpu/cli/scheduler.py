@@ -24,6 +24,7 @@ def register(subparsers) -> None:
     p.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER_NAME, help="pods with this spec.schedulerName")
     p.add_argument("--policy", default="bestfit",
                    help="placement policy (core.policies); fgd learns typical pods from the cluster's pods")
+    p.add_argument("--bind-workers", type=int, default=16, help="Bindings of one gang sent in parallel")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port (0: off)")
     p.add_argument("--metrics-address", default="127.0.0.1", help="address for --metrics-port")
     p.add_argument("--leader-elect", action=argparse_bool(), default=True,
@@ -100,7 +101,11 @@ def run(args) -> int:
             print(f"scheduler: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
     metrics = SchedulerMetrics()
-    sched = Scheduler(api_client, quota_config, Settings(scheduler_name=args.scheduler_name, policy=args.policy),
+    if args.bind_workers < 1:
+        print(f"scheduler: --bind-workers {args.bind_workers}: must be at least 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    settings = Settings(scheduler_name=args.scheduler_name, policy=args.policy, bind_workers=args.bind_workers)
+    sched = Scheduler(api_client, quota_config, settings,
                       elector=elector, metrics=metrics, identity=identity)
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_address)
