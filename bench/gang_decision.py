@@ -20,7 +20,7 @@ import numpy as np
 from airflow_gpu.core.framework import place_pod
 from airflow_gpu.core.gang import admit
 from airflow_gpu.core.model import Gang, Node, PodRequest, RunningGang, TopologyLevel, TopologyRequirement
-from airflow_gpu.core.policies import make_profile
+from airflow_gpu.core.policies import DEFAULT_POLICY, make_profile
 from airflow_gpu.core.preemption import plan_preemption
 from airflow_gpu.core.queue import schedule_cycle
 from airflow_gpu.core.snapshot import Snapshot
@@ -95,12 +95,16 @@ def main() -> None:
         ("64 x 8 GPU, soft clique (widens)", gang("g8", 64, 8)),
         ("64 x 8 GPU, hard clique (no fit)", gang("g8h", 64, 8, hard=True)),
     ]
-    print(f"{'64-pod gang':36} {'admit ms':>9} {'min':>6} {'pod-at-a-time ms':>17} {'ratio':>6}  outcome")
-    for label, g in shapes:
-        med, low, d = timed(lambda: admit(snap, g, profile))
-        base, _, _ = timed(lambda: pod_at_a_time(snap, g, profile))
-        outcome = d.domain if d.admitted else d.reason
-        print(f"{label:36} {med:9.1f} {low:6.1f} {base:17.1f} {med / base:6.2f}  {outcome}")
+    # bestfit and the project's default policy (what the scheduler runs), side by side
+    for policy in ("bestfit", DEFAULT_POLICY):
+        prof = make_profile(policy)
+        print(f"policy {policy}")
+        print(f"  {'64-pod gang':36} {'admit ms':>9} {'min':>6} {'pod-at-a-time ms':>17} {'ratio':>6}  outcome")
+        for label, g in shapes:
+            med, low, d = timed(lambda: admit(snap, g, prof))
+            base, _, _ = timed(lambda: pod_at_a_time(snap, g, prof))
+            outcome = d.domain if d.admitted else d.reason
+            print(f"  {label:36} {med:9.1f} {low:6.1f} {base:17.1f} {med / base:6.2f}  {outcome}")
 
     full, full_running, _ = build_cluster(0.97, seed=11, background="bestfit")
     prod = gang("prod", 64, 4, priority=10)

@@ -22,8 +22,9 @@ def register(subparsers) -> None:
     p.add_argument("--context", help="kubeconfig context")
     p.add_argument("--config", help="quota configuration YAML (teams, tiers, products); without it: no quotas")
     p.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER_NAME, help="pods with this spec.schedulerName")
-    p.add_argument("--policy", default="bestfit",
-                   help="placement policy (core.policies); fgd learns typical pods from the cluster's pods")
+    p.add_argument("--policy", default=None,
+                   help="placement policy (core.policies; default: the project's default, fgd-lookahead); "
+                        "fgd policies learn the typical pods from the cluster's pods")
     p.add_argument("--bind-workers", type=int, default=16, help="Bindings of one gang sent in parallel")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port (0: off)")
     p.add_argument("--metrics-address", default="127.0.0.1", help="address for --metrics-port")
@@ -69,7 +70,7 @@ def _api_client(args):
 def run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from airflow_gpu.config import ConfigError, load_config
-    from airflow_gpu.core.policies import POLICIES
+    from airflow_gpu.core.policies import DEFAULT_POLICY, POLICIES
     from airflow_gpu.scheduler.actions import default_identity
     from airflow_gpu.scheduler.leader import LeaseElector
     from airflow_gpu.scheduler.loop import Scheduler, Settings
@@ -82,6 +83,7 @@ def run(args) -> int:
         except ConfigError as exc:
             print(exc, file=sys.stderr)
             return EXIT_BAD_INPUT
+    args.policy = args.policy or DEFAULT_POLICY
     if args.policy not in POLICIES:
         print(f"scheduler: --policy {args.policy!r}: choose one of {', '.join(POLICIES)}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -63,7 +63,7 @@ _DIGITS = re.compile(r"\d+(\.\d+)?")
 @dataclass
 class Settings:
     scheduler_name: str = C.DEFAULT_SCHEDULER_NAME
-    policy: str = "bestfit"
+    policy: str = DEFAULT_POLICY  # the policy measured in sim/ is the one that runs
     interval: float = 2.0  # a cycle at least this often; watch events wake it sooner
     debounce: float = 0.02  # gather events arriving together into one cycle
     nomination_slack: float = 30.0  # a nomination lapses this long after its victims' grace periods
