@@ -11,6 +11,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from airflow_gpu.config import load_config
+from airflow_gpu.pools.k8s import render_k8s
+
 SEED = Path(__file__).resolve().parent.parent / "examples" / "seed-quotas.yaml"
 
 
@@ -58,3 +61,13 @@ def test_quotas_and_priority_classes_match_the_config(docs):
     assert sorted(expr["values"]) == ["airflow-gpu-inference", "airflow-gpu-production-training"]
     for doc in docs:
         assert doc["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "airflow-gpu"
+
+
+def test_deploy_priority_classes_match_render_k8s(repo_root):
+    """deploy/priorityclasses.yaml is what `pools render-k8s` renders from the seed quotas: no drift."""
+    rendered = {d["metadata"]["name"]: d for d in render_k8s(load_config(repo_root / "examples" / "seed-quotas.yaml"))
+                if d["kind"] == "PriorityClass"}
+    deployed = {d["metadata"]["name"]: d for d in yaml.safe_load_all((repo_root / "deploy" / "priorityclasses.yaml").read_text())}
+    assert deployed.keys() == rendered.keys()
+    for name, doc in deployed.items():
+        assert (doc["value"], doc.get("preemptionPolicy")) == (rendered[name]["value"], rendered[name].get("preemptionPolicy")), name

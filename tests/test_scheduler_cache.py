@@ -44,7 +44,7 @@ def test_watch_relist_on_410_and_survive_an_api_server_restart(kube_cluster):
 def test_informer_relists_when_its_version_is_gone(kube_cluster, tmp_path):
     """A network cut long enough for the server's watch history to move on: the reconnecting watch
     gets 410 Gone, and the informer relists (deletions during the cut included)."""
-    from test_checkpoint_s3_failures import Proxy  # the TCP proxy with cut(), shared with the S3 tests
+    from airflow_gpu.devtools.tcpproxy import Proxy
 
     api = G.api_client(kube_cluster.kubeconfig)
     core = client.CoreV1Api(api)
