@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from airflow_gpu.constants import TIER_BEST_EFFORT_TRAINING, TIER_INTERACTIVE, TIER_PRODUCTION_TRAINING
 from airflow_gpu.core.gang import admit
 from airflow_gpu.core.model import RunningGang, TopologyLevel
-from airflow_gpu.core.preemption import PreemptionPolicy, is_borrower, plan_preemption
+from airflow_gpu.core.preemption import PreemptionPolicy, is_borrower, plan_preemption, team_borrows, within_guarantee
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, check, demand_of_placements
 from airflow_gpu.core.snapshot import Snapshot
 
@@ -167,7 +167,10 @@ def test_with_quotas_victims_are_own_lower_priority_gangs_or_borrowers(scene, da
     if plan is None:
         return
     for v in plan.victims:
-        assert qb.effective_priority(v) < pending.priority
+        # equal or higher priority only as a reclaim: another team's borrower, by a gang within its guarantee
+        assert qb.effective_priority(v) < pending.priority or (
+            v.gang.team != pending.team and team_borrows(v, qb, usage, node_product)
+            and within_guarantee(qb, usage, pending.team, demand_of_placements(plan.placements, node_product, qb)))
         assert v.gang.preemptible and v.gang.tier != TIER_INTERACTIVE
         assert v.gang.team == pending.team or is_borrower(v, qb, usage, node_product)
     # after the plan, the gang's quota check passes

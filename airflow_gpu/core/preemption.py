@@ -3,6 +3,9 @@
 Rules (DESIGN.md, Preemption and quotas):
 - victims have strictly lower priority than the preemptor (a borrowed gang counts at the quota
   book's best-effort `borrowed_priority`), are preemptible, and are not of a non-preemptible tier;
+- reclaim (Kueue's reclaimWithinCohort: Any): a gang that stays within its team's guarantee may
+  also preempt another team's gang in its cohort that is BORROWING, whatever that gang's priority
+  (borrowed quota is lent, not owned); still never a non-preemptible tier or gang, still whole gangs;
 - whole gangs only: a victim is a RunningGang, all of its pods go;
 - with quotas, another team's gang is a candidate only while that team borrows (its guarantee is not
   touched), so reclaim is preemption of borrowers; a team's own lower-priority gangs are candidates too;
@@ -71,8 +74,14 @@ def _node_products(snap: Snapshot) -> dict[str, str | None]:
 def is_borrower(running: RunningGang, quota: QuotaBook | None, usage: QuotaUsage | None,
                 node_product: dict[str, str | None]) -> bool:
     """Admitted on borrowed quota, or its team is above its guarantee on a product the gang uses."""
-    if running.borrowed:
-        return True
+    return running.borrowed or team_borrows(running, quota, usage, node_product)
+
+
+def team_borrows(running: RunningGang, quota: QuotaBook | None, usage: QuotaUsage | None,
+                 node_product: dict[str, str | None]) -> bool:
+    """Its team uses more than its guarantee, now, on a key the gang holds. The admission-time
+    `borrowed` flag alone may be stale (the team's other gangs ended since): reclaim regardless of
+    priority needs the team to be borrowing now, as Kueue checks the ClusterQueue's usage."""
     if quota is None or usage is None:
         return False
     tq = quota.team(running.gang.team)
@@ -83,10 +92,14 @@ def is_borrower(running: RunningGang, quota: QuotaBook | None, usage: QuotaUsage
 def candidates(gang: Gang, running: Iterable[RunningGang], now: float, quota: QuotaBook | None = None,
                usage: QuotaUsage | None = None, policy: PreemptionPolicy = PreemptionPolicy(),
                node_product: dict[str, str | None] | None = None,
-               below: int | None = None) -> list[RunningGang]:
+               below: int | None = None, reclaim_within_cohort: bool = False) -> list[RunningGang]:
     """Running gangs `gang` may preempt, cheapest to lose first. below: priority bound (default the
-    gang's own priority); victims' effective priority must be strictly lower."""
-    if gang.tier in policy.never_preempting_tiers:
+    gang's own priority); victims' effective priority must be strictly lower, except, with `reclaim_within_cohort`
+    (the gang is within its team's guarantee), for other teams' borrowers in its cohort."""
+    # A tier that never preempts (PriorityClass preemptionPolicy: Never) gives up priority preemption,
+    # not its team's guarantee: reclaiming lent quota stays allowed (Kueue decides reclaim per queue).
+    by_priority = gang.tier not in policy.never_preempting_tiers
+    if not by_priority and not reclaim_within_cohort:
         return []
     bound = gang.priority if below is None else below
     node_product = node_product or {}
@@ -94,9 +107,12 @@ def candidates(gang: Gang, running: Iterable[RunningGang], now: float, quota: Qu
     for rg in running:
         if rg.gang.name == gang.name or not rg.gang.preemptible or rg.gang.tier in policy.non_preemptible_tiers:
             continue
-        if effective_priority(rg, quota) >= bound:
-            continue
         borrower = is_borrower(rg, quota, usage, node_product)
+        reclaimable = (reclaim_within_cohort and rg.gang.team != gang.team
+                       and team_borrows(rg, quota, usage, node_product)
+                       and same_cohort(quota, rg.gang.team, gang.team))
+        if not reclaimable and (not by_priority or effective_priority(rg, quota) >= bound):
+            continue
         if quota is not None and rg.gang.team != gang.team and not borrower:
             continue  # another team's guaranteed quota is not ours to take
         # admitted as borrowed first, then other gangs of a team above its guarantee, then the rest
@@ -104,6 +120,22 @@ def candidates(gang: Gang, running: Iterable[RunningGang], now: float, quota: Qu
                        effective_priority(rg, quota), -rg.started_at, rg.gang.name), rg))
     keyed.sort(key=lambda kv: kv[0])
     return [rg for _, rg in keyed]
+
+
+def same_cohort(quota: QuotaBook | None, team_a: str, team_b: str) -> bool:
+    if quota is None:
+        return False
+    a, b = quota.team(team_a), quota.team(team_b)
+    return a is not None and b is not None and a.cohort == b.cohort
+
+
+def within_guarantee(quota: QuotaBook, usage: QuotaUsage, team: str, demand: Demand) -> bool:
+    """Would the team stay within its nominal (guaranteed) quota on every key with `demand` added?
+    Only then may it reclaim from borrowers regardless of their priority (Kueue: a ClusterQueue
+    below its nominal quota reclaims within its cohort)."""
+    tq = quota.team(team)
+    demand = {k: v for k, v in demand.items() if v > 0}
+    return tq is not None and bool(demand) and all(usage.of(team, k) + d <= tq.n(k) for k, d in demand.items())
 
 
 def _gang_demand(gang: Gang, snap: Snapshot, quota: QuotaBook) -> Demand:
@@ -232,9 +264,11 @@ def plan_preemption(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], 
     feasible = _Feasibility(snap, gang, profile, quota, usage, exclude, node_product, bound)
     if feasible([]) is not None:
         return None, "fits without preemption"
-    cands = candidates(gang, running, now, quota, usage, policy, node_product)
+    may_reclaim = quota is not None and within_guarantee(quota, usage, gang.team, _gang_demand(gang, snap, quota))
+    cands = candidates(gang, running, now, quota, usage, policy, node_product, reclaim_within_cohort=may_reclaim)
     if not cands:
-        return None, f"no preemptible gang of lower priority than {gang.priority} to make room"
+        also = " and no borrower in its cohort" if may_reclaim else ""
+        return None, f"no preemptible gang of lower priority than {gang.priority}{also} to make room"
 
     prof = profile if exclude is None else restricted(profile, ~exclude, "reserved")
     room = RoomEstimate.for_gang(snap, gang, prof)
@@ -251,7 +285,7 @@ def plan_preemption(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], 
                 break
     if chosen is None:
         if feasible(cands) is None:
-            return None, f"stopping all {len(cands)} lower-priority preemptible gangs would not make room"
+            return None, f"stopping all {len(cands)} preemptible gangs of lower priority or borrowing would not make room"
         # Shortest feasible prefix of the global preference order (bisection; room only grows).
         lo, hi = 1, len(cands)
         while lo < hi:

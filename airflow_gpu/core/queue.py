@@ -16,6 +16,13 @@ never takes capacity the head is waiting for, and the head is never delayed by s
 as the duration estimates hold). Quota-blocked gangs do not become head: waiting on their own team's
 quota, they must not hold capacity other teams could use. One head, one plan per cycle: the caller
 acts on the plan and runs the next cycle.
+
+Back-off (DESIGN.md: "timeout + exponential back-off, then report, never spin"): a gang that failed
+to fit is not tried again until its back-off (Backoff: exponential, capped) has passed, unless the
+cluster changed in a way that can make room (the caller calls Backoff.reset: a pod ended, a node
+joined). A gang in back-off is skipped only once this cycle's reservation is taken: until then
+every gang is tried, so the head of line is never skipped and never loses its reservation to a
+gang behind it.
 """
 
 from __future__ import annotations
@@ -65,8 +72,62 @@ class Reservation:
 class CycleResult:
     admitted: list[GangDecision] = field(default_factory=list)
     preemptions: list[PreemptionPlan] = field(default_factory=list)
-    waiting: dict[str, str] = field(default_factory=dict)  # gang name -> wait reason
+    waiting: dict[str, str] = field(default_factory=dict)  # gang name -> wait reason (tried this cycle)
     reservation: Reservation | None = None
+    deferred: list[str] = field(default_factory=list)  # gangs skipped in back-off (last reason stands)
+
+
+@dataclass
+class Backoff:
+    """Per-gang retry back-off: after the n-th failed try in a row a gang waits
+    min(cap, base * 2**(n-1)) seconds. Pure bookkeeping; the caller passes the clock."""
+
+    base: float = 1.0
+    cap: float = 60.0
+    failures: dict[str, int] = field(default_factory=dict)
+    not_before: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.base <= 0 or self.cap < self.base:
+            raise ValueError(f"back-off: base ({self.base}) must be > 0 and cap ({self.cap}) >= base")
+
+    def delay(self, failures: int) -> float:
+        return min(self.cap, self.base * 2.0 ** min(failures - 1, 62)) if failures > 0 else 0.0
+
+    def ready(self, name: str, now: float) -> bool:
+        return now >= self.not_before.get(name, -math.inf)
+
+    def failed(self, name: str, now: float) -> float:
+        """Record a failed try; returns the delay until the next one."""
+        n = self.failures[name] = self.failures.get(name, 0) + 1
+        d = self.delay(n)
+        self.not_before[name] = now + d
+        return d
+
+    def forget(self, name: str) -> None:
+        self.failures.pop(name, None)
+        self.not_before.pop(name, None)
+
+    def reset(self) -> None:
+        """Room may have appeared (a pod ended, a node joined): every gang may try at once, and its
+        back-off starts again from `base`."""
+        self.failures.clear()
+        self.not_before.clear()
+
+    def record(self, result: CycleResult, pending: Iterable[Gang], now: float) -> None:
+        """Book one cycle: gangs tried and left waiting back off further; admitted or preempting
+        gangs, and gangs no longer pending, are forgotten. Deferred gangs keep their back-off."""
+        planned = {p.gang.name for p in result.preemptions}
+        for name in result.waiting:
+            if name in planned:
+                self.forget(name)
+            else:
+                self.failed(name, now)
+        for d in result.admitted:
+            self.forget(d.gang.name)
+        alive = {g.name for g in pending}
+        for name in [n for n in self.failures if n not in alive]:
+            self.forget(name)
 
 
 def estimate_start(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], profile: Profile,
@@ -97,9 +158,11 @@ def _when(start: float, now: float) -> str:
 
 def schedule_cycle(snap: Snapshot, pending: Iterable[Gang], running: Sequence[RunningGang], profile: Profile,
                    now: float, quota: QuotaBook | None = None,
-                   policy: PreemptionPolicy = PreemptionPolicy()) -> CycleResult:
+                   policy: PreemptionPolicy = PreemptionPolicy(),
+                   backoff: Backoff | None = None) -> CycleResult:
     """Admit what can start now, plan at most one preemption, hold one reservation. Changes nothing
-    passed in: `snap` must hold every running gang's placements."""
+    passed in (`backoff` is only read; Backoff.record books the result): `snap` must hold every
+    running gang's placements."""
     work = snap.copy()
     node_product = {n.name: n.gpu_product for n in snap.nodes}
     usage = QuotaUsage.from_running(running, node_product, quota) if quota is not None else None
@@ -109,6 +172,9 @@ def schedule_cycle(snap: Snapshot, pending: Iterable[Gang], running: Sequence[Ru
 
     for gang in queue_order(pending):
         res = result.reservation
+        if res is not None and backoff is not None and not backoff.ready(gang.name, now):
+            result.deferred.append(gang.name)
+            continue
         exclude = reserved if res is not None and not res.lets_through(gang, now) else None
         decision = admit(work, gang, profile, quota, usage, exclude)
         if decision.admitted:
@@ -137,7 +203,8 @@ def schedule_cycle(snap: Snapshot, pending: Iterable[Gang], running: Sequence[Ru
                                                  plan.placements, by_preemption=True)
                 reserved = result.reservation.mask(work)
                 names = ", ".join(plan.victim_names)
-                reason = f"{reason}; preempting {len(plan.victims)} gang(s) of lower priority: {names}"
+                whom = "of lower priority or borrowing in the cohort" if plan.reclaim else "of lower priority"
+                reason = f"{reason}; preempting {len(plan.victims)} gang(s) {whom}: {names}"
             elif decision.blocked_by == BLOCKED_CAPACITY:
                 est = estimate_start(work, gang, list(running) + started, profile, now)
                 if est is not None:
