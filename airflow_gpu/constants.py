@@ -73,6 +73,8 @@ REASON_EVICTION_BY_EVICTION_API = "EvictionByEvictionAPI"
 REASON_DELETION_BY_TAINT_MANAGER = "DeletionByTaintManager"
 REASON_TERMINATION_BY_KUBELET = "TerminationByKubelet"
 REASON_DELETION_BY_POD_GC = "DeletionByPodGC"
+PODGROUP_PHASE_TIMED_OUT = "TimedOut"  # our PodGroup phase past spec.scheduleTimeoutSeconds (pods stay pending)
+REASON_SCHEDULE_TIMEOUT = "ScheduleTimeout"  # Event reason when a PodGroup times out
 
 # --- scheduler ------------------------------------------------------------------------------
 DEFAULT_SCHEDULER_NAME = "airflow-gpu"

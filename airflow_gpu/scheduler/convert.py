@@ -322,6 +322,17 @@ def min_member(podgroup: Mapping | None) -> int:
     return value
 
 
+def schedule_timeout(podgroup: Mapping | None) -> int | None:
+    """spec.scheduleTimeoutSeconds of a PodGroup (scheduler-plugins CRD); None when absent."""
+    value = ((podgroup or {}).get("spec") or {}).get("scheduleTimeoutSeconds")
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConversionError(f"PodGroup {key_of(podgroup)}: spec.scheduleTimeoutSeconds={value!r} must be an "
+                              f"integer >= 1 (seconds), or left out for no timeout")
+    return value
+
+
 @dataclass(frozen=True)
 class TierPolicy:
     priority: int = 0

@@ -16,6 +16,12 @@ GPUs the victims free for the gang that asked; when they are free the gang binds
 DisruptionTarget condition (PreemptionByScheduler) and an Eviction with their own grace period, so
 the kubelet sends SIGTERM and the training loop checkpoints.
 
+Back-off and timeout: a gang that did not fit is retried with exponential back-off
+(core.queue.Backoff), reset whenever room may have appeared (a pod stopped holding resources, a
+held plan was dropped, a node joined or changed). With spec.scheduleTimeoutSeconds a PodGroup
+still waiting that long after scheduleStartTime (else its creation) gets phase TimedOut and one
+ScheduleTimeout Event with its last wait reason; its pods stay pending and it is still tried.
+
 Only the leader writes (LeaseElector.is_leader() is checked before every write batch and Binding).
 """
 
@@ -38,15 +44,18 @@ from airflow_gpu.core.model import Placement, RunningGang
 from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy
-from airflow_gpu.core.queue import schedule_cycle
+from airflow_gpu.core.queue import Backoff, schedule_cycle
 from airflow_gpu.core.quota import QuotaBook
 from airflow_gpu.scheduler.actions import Api, default_identity, grace_seconds_of
 from airflow_gpu.scheduler.cache import ClusterCache, View
 from airflow_gpu.scheduler.convert import (
     ConversionContext,
     gang_from_k8s,
+    ConversionError,
     key_of,
+    parse_time,
     pod_is_terminating,
+    schedule_timeout,
     tier_of_priority_class,
 )
 from airflow_gpu.scheduler.metrics import SchedulerMetrics
@@ -68,6 +77,8 @@ class Settings:
     debounce: float = 0.02  # gather events arriving together into one cycle
     nomination_slack: float = 30.0  # a nomination lapses this long after its victims' grace periods
     bind_workers: int = 16
+    backoff_base: float = 1.0  # first retry delay of a gang that did not fit; doubles per failure
+    backoff_cap: float = 30.0  # ... up to this
 
 
 def preemption_policy_from_config(cfg) -> PreemptionPolicy:
@@ -88,9 +99,10 @@ def quota_book_from_config(cfg) -> QuotaBook | None:
     return QuotaBook.from_teams(cfg.teams, aliases=aliases, borrowed_priority=min(preemptible) if preemptible else None)
 
 
-def desired_podgroup_status(unit: Unit, has_plan: bool, assumed: dict[str, str]) -> dict:
+def desired_podgroup_status(unit: Unit, has_plan: bool, assumed: dict[str, str], timed_out: bool = False) -> dict:
     """PodGroup .status fields as the coscheduling controller keeps them (only fields its CRD schema
-    has: a real API server prunes others): phase and member counts."""
+    has: a real API server prunes others): phase and member counts. A pending group past its
+    scheduleTimeoutSeconds shows phase TimedOut (the schema has no conditions to say it with)."""
     phases = [(p.get("status") or {}).get("phase") for p in unit.pods]
     running, succeeded, failed = phases.count("Running"), phases.count("Succeeded"), phases.count("Failed")
     bound = len(unit.bound(assumed))
@@ -106,7 +118,7 @@ def desired_podgroup_status(unit: Unit, has_plan: bool, assumed: dict[str, str])
     elif bound + succeeded >= need:
         phase = "Scheduled"
     else:
-        phase = "Pending"
+        phase = C.PODGROUP_PHASE_TIMED_OUT if timed_out else "Pending"
     return {"phase": phase, "running": running, "succeeded": succeeded, "failed": failed}
 
 
@@ -139,6 +151,8 @@ class Scheduler:
         self.cycles = 0
         self._memo = Memo()
         self._was_leader = False
+        self.backoff = Backoff(self.settings.backoff_base, self.settings.backoff_cap)
+        self._room_seen: tuple[set, set, dict] | None = None  # holding pods, plans, nodes: last cycle
 
     # --- lifecycle ------------------------------------------------------------------------
     def is_leader(self) -> bool:
@@ -191,8 +205,10 @@ class Scheduler:
         running = [rg for rg in world.running if not self._terminating(world, rg)]
         pending = [g for _, g in world.pending]
         units = {g.name: u for u, g in world.pending}
+        self._reset_backoff_on_room(world)
         result = schedule_cycle(world.snapshot, pending, running, self.profile, now, self.book,
-                                self._policy_with(view))
+                                self._policy_with(view), self.backoff)
+        self.backoff.record(result, pending, now)
         futures = [self._gang_pool.submit(self._admit, units[d.gang.name], d, now) for d in result.admitted]
         for plan in result.preemptions:
             self._preempt(world, units[plan.gang.name], plan, now)
@@ -205,9 +221,47 @@ class Scheduler:
             self._wait(unit, reason)
         for unit, error in world.invalid:
             self._wait(unit, error)
-        self._sync_status(world, view)
+        timed_out = self._timed_out(world, result.waiting, now)
+        self._sync_status(world, view, timed_out)
         self.metrics.cycle_seconds.observe(time.perf_counter() - started)
         return world
+
+    def _reset_backoff_on_room(self, world: World) -> None:
+        """Room may have appeared since the last cycle: every gang may try again at once."""
+        holding = {p.pod for rg in world.running for p in rg.placements}
+        plans = set(world.plans)
+        nodes = dict(world.nodes)
+        last, self._room_seen = self._room_seen, (holding, plans, nodes)
+        if last is None:
+            return
+        if last[0] - holding or last[1] - plans or any(last[2].get(n) != node for n, node in nodes.items()):
+            self.backoff.reset()
+
+    def _timed_out(self, world: World, waiting: dict[str, str], now: float) -> dict[str, str]:
+        """PodGroups still waiting past spec.scheduleTimeoutSeconds -> the report (with the last wait reason)."""
+        out: dict[str, str] = {}
+        reasons = {u.key: r for u, r in world.incomplete}
+        units = [u for u, _ in world.pending] + [u for u, _ in world.incomplete]
+        for unit in units:
+            if unit.podgroup is None:
+                continue
+            try:
+                limit = schedule_timeout(unit.podgroup)
+            except ConversionError as exc:
+                self._wait(unit, str(exc))
+                continue
+            if limit is None:
+                continue
+            pg = unit.podgroup
+            start = parse_time((pg.get("status") or {}).get("scheduleStartTime")) or \
+                parse_time((pg.get("metadata") or {}).get("creationTimestamp"))
+            if start is None or now - start < limit:
+                continue
+            last = waiting.get(unit.key) or reasons.get(unit.key) or unit.annotation(C.ANNOTATION_WAIT_REASON) \
+                or "not yet tried"
+            out[unit.key] = (f"not scheduled within spec.scheduleTimeoutSeconds={limit} (waiting {now - start:.0f} s); "
+                             f"last wait reason: {last}. Its pods stay pending and it is still tried.")
+        return out
 
     def _policy_with(self, view: View) -> PreemptionPolicy:
         """The configured policy, plus: a tier whose PriorityClass says preemptionPolicy: Never never
@@ -289,10 +343,10 @@ class Scheduler:
         annotations = {C.ANNOTATION_PLACEMENT: None, C.ANNOTATION_WAIT_REASON: None}
         if unit.podgroup is not None:
             annotations[C.ANNOTATION_SCHEDULED] = f"{len(unit.bound({})) + len(placements)}/{unit.min_member}"
-            if borrowed:
-                annotations[C.ANNOTATION_BORROWED] = "true"
-        needs_patch = unit.podgroup is not None or unit.annotation(C.ANNOTATION_PLACEMENT) or unit.annotation(
-            C.ANNOTATION_WAIT_REASON)
+        if borrowed:  # a lone pod carries it too: reclaim reads it back after a restart
+            annotations[C.ANNOTATION_BORROWED] = "true"
+        needs_patch = unit.podgroup is not None or borrowed or unit.annotation(C.ANNOTATION_PLACEMENT) or \
+            unit.annotation(C.ANNOTATION_WAIT_REASON)
         if needs_patch:
             try:
                 self._patch_owner_annotations(unit, annotations)
@@ -376,10 +430,11 @@ class Scheduler:
         if unit.owner is None or not self._write_plan(unit, nomination):
             return
         names = ", ".join(plan.victim_names)
-        message = (f"preempting {len(plan.victims)} gang(s) of lower priority ({names}); about "
+        whom = "of lower priority or borrowing this team's quota" if plan.reclaim else "of lower priority"
+        message = (f"preempting {len(plan.victims)} gang(s) {whom} ({names}); about "
                    f"{plan.lost_gpu_seconds:.0f} GPU-seconds since their last checkpoints are lost")
         self.api.event(unit.owner, "Preempting", message)
-        self._wait(unit, f"preempting: waiting for {len(victim_pods)} pod(s) of lower priority to stop")
+        self._wait(unit, f"preempting: waiting for {len(victim_pods)} pod(s) {whom} to stop")
         for rg in plan.victims:
             reason = "reclaim" if rg.gang.team != plan.gang.team else "priority"
             self.metrics.preemptions.labels(rg.gang.team, rg.gang.tier, reason).inc()
@@ -438,14 +493,17 @@ class Scheduler:
         if C.ANNOTATION_WAIT_REASON in annotations:
             self._written[("reason", unit.key)] = annotations[C.ANNOTATION_WAIT_REASON]
 
-    def _sync_status(self, world: World, view: View) -> None:
-        """PodGroup status as the coscheduling controller keeps it: phase and member counts."""
+    def _sync_status(self, world: World, view: View, timed_out: dict[str, str] | None = None) -> None:
+        """PodGroup status as the coscheduling controller keeps it: phase and member counts. The
+        first write of phase TimedOut also records a ScheduleTimeout Event (once: after a restart
+        the phase read back from the API is already TimedOut)."""
+        timed_out = timed_out or {}
         for key, unit in world.units.items():
             pg = unit.podgroup
             if pg is None:
                 continue
             try:
-                want = desired_podgroup_status(unit, key in world.plans, view.assumed)
+                want = desired_podgroup_status(unit, key in world.plans, view.assumed, key in timed_out)
             except ValueError:
                 continue  # an invalid minMember: reported as the wait reason
             have = pg.get("status") or {}
@@ -456,5 +514,7 @@ class Scheduler:
             try:
                 self.cache.observe_write("podgroups", self.api.patch_podgroup_status(key, want))
                 self._written[("status", key)] = want
+                if want["phase"] == C.PODGROUP_PHASE_TIMED_OUT and have.get("phase") != C.PODGROUP_PHASE_TIMED_OUT:
+                    self.api.event(pg, C.REASON_SCHEDULE_TIMEOUT, timed_out[key], "Warning")
             except ApiException as exc:
                 log.info("PodGroup %s: status not updated (%s)", key, exc.status)

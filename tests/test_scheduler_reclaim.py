@@ -1,0 +1,134 @@
+"""The scheduler against the local cluster: a team reclaims its lent quota from a borrower of the
+same tier (SIGTERM + grace period, then the owner binds), and a PodGroup past its
+spec.scheduleTimeoutSeconds is reported as timed out while its pods stay pending."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import pytest
+from kubernetes import client
+from test_scheduler_gangs import PRODUCT, SIGTERM_SCRIPT, _quota_config
+
+from airflow_gpu import constants as C
+from airflow_gpu.config import load_config
+from airflow_gpu.devtools import gangs as G
+from airflow_gpu.scheduler.convert import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION
+from airflow_gpu.scheduler.loop import Scheduler, Settings
+
+BE_CLASS = "airflow-gpu-best-effort-training"
+
+
+@pytest.fixture(scope="module")
+def kube_spec():
+    return {"name": "sched-reclaim", "pools": [{"name": "h100", "count": 1, "cliques": ["c1"],
+                                                "gpu": {"product": PRODUCT, "count": 8}}]}
+
+
+@pytest.fixture(scope="module")
+def api(kube_cluster):
+    api = G.api_client(kube_cluster.kubeconfig)
+    # best-effort's PriorityClass as deploy/ installs it: value 1000, preemptionPolicy Never
+    try:
+        client.SchedulingV1Api(api).create_priority_class(
+            {"metadata": {"name": BE_CLASS}, "value": 1000, "preemptionPolicy": "Never"})
+    except client.ApiException as exc:
+        assert exc.status == 409
+    return api
+
+
+def run(scheduler: Scheduler) -> threading.Thread:
+    t = threading.Thread(target=scheduler.run, daemon=True)
+    t.start()
+    return t
+
+
+def bound(api, ns: str, name: str) -> int:
+    return G.gang_binding_state(G.list_pods(api, ns)).get(f"{ns}/{name}", (0, 0))[0]
+
+
+def test_owner_reclaims_lent_quota_from_a_same_tier_borrower(kube_cluster, api, tmp_path):
+    a, b = "reclaim-a", "reclaim-b"
+    for ns in (a, b):
+        G.ensure_namespace(api, ns)
+    cfg = load_config(_quota_config(tmp_path, [
+        {"name": "a", "namespace": a, "quota": {"h100": 4}, "borrowing_limit": {"h100": 4}},
+        {"name": "b", "namespace": b, "quota": {"h100": 4}},
+    ]))
+    scheduler = Scheduler(G.api_client(kube_cluster.kubeconfig), cfg, Settings(), identity="reclaim-same-tier")
+    runner = run(scheduler)
+    marker = tmp_path / "marker"
+    try:
+        # team a runs its own 4 GPUs, then borrows team b's idle 4, all best-effort
+        G.create_gang(api, a, "a-own", 1, 4, priority_class=BE_CLASS, sim_seconds=60)
+        G.wait_until(lambda: bound(api, a, "a-own") == 1, 20, what="a-own bound")
+        G.create_gang(api, a, "a-borrow", 1, 4, priority_class=BE_CLASS, grace=5,
+                      command=[sys.executable, "-c", SIGTERM_SCRIPT], env={"MARKER": str(marker)},
+                      annotations={C.ANNOTATION_CHECKPOINTABLE: "true"})
+        G.wait_until(lambda: bound(api, a, "a-borrow") == 1, 20, what="a-borrow bound")
+        ann = G.get_podgroup(api, a, "a-borrow")["metadata"].get("annotations") or {}
+        assert ann.get(C.ANNOTATION_BORROWED) == "true"
+        G.wait_until(lambda: (tmp_path / "marker.started").exists(), 20, what="borrower running")
+
+        # team b's gang of the SAME tier and priority wants its guaranteed 4 GPUs back
+        G.create_gang(api, b, "b-job", 1, 4, priority_class=BE_CLASS, sim_seconds=30)
+        G.wait_until(lambda: bound(api, b, "b-job") == 1, 30, what="team b's gang bound")
+
+        lines = marker.read_text().split("\n")
+        assert sum(x.startswith("sigterm") for x in lines) == 1, lines  # SIGTERM ...
+        assert sum(x.startswith("saved") for x in lines) == 1, lines  # ... and the grace period to save
+        pods = {p["metadata"]["name"]: p for p in G.list_pods(api, a)}
+        assert "a-borrow-0" not in pods or pods["a-borrow-0"]["status"].get("phase") in ("Succeeded", "Failed")
+        assert bound(api, a, "a-own") == 1  # within team a's guarantee: untouched
+        events = G.events_for(api, a, "a-borrow")
+        assert any(e["reason"] == "Preempted" and "quota is reclaimed" in e["message"] for e in events), events
+        assert any(e["reason"] == "Preempting" and "borrowing" in e["message"] for e in G.events_for(api, b, "b-job"))
+        value = scheduler.metrics.registry.get_sample_value(
+            "airflow_gpu_preemptions_total", {"team": "a", "tier": "best-effort-training", "reason": "reclaim"})
+        assert value == 1.0
+        assert G.overcommitted_nodes(api) == {}
+    finally:
+        scheduler.stop()
+        runner.join(10)
+        for ns in (a, b):
+            client.CoreV1Api(api).delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        G.wait_until(lambda: not G.list_pods(api, a) and not G.list_pods(api, b), 30, what="pods deleted")
+
+
+def test_podgroup_past_its_schedule_timeout_is_reported_and_left_pending(kube_cluster, api, tmp_path):
+    ns = "timeout"
+    G.ensure_namespace(api, ns)
+    custom = client.CustomObjectsApi(api)
+    body = {"apiVersion": f"{PODGROUP_GROUP}/{PODGROUP_VERSION}", "kind": "PodGroup",
+            "metadata": {"name": "huge", "namespace": ns}, "spec": {"minMember": 2, "scheduleTimeoutSeconds": 2}}
+    custom.create_namespaced_custom_object(PODGROUP_GROUP, PODGROUP_VERSION, ns, PODGROUP_PLURAL, body)
+    core = client.CoreV1Api(api)
+    for i in range(2):  # 2 x 8 GPUs on one 8-GPU node: never fits
+        core.create_namespaced_pod(ns, G.pod_manifest(f"huge-{i}", ns, 8, group="huge"))
+    scheduler = Scheduler(G.api_client(kube_cluster.kubeconfig), None, Settings(interval=0.5), identity="timeout")
+    runner = run(scheduler)
+    try:
+        G.wait_until(lambda: (G.get_podgroup(api, ns, "huge").get("status") or {}).get("phase")
+                     == C.PODGROUP_PHASE_TIMED_OUT, 20, what="PodGroup phase TimedOut")
+        G.wait_until(lambda: [e for e in G.events_for(api, ns, "huge") if e["reason"] == C.REASON_SCHEDULE_TIMEOUT],
+                     10, what="ScheduleTimeout event")
+        pg = G.get_podgroup(api, ns, "huge")
+        wait_reason = (pg["metadata"].get("annotations") or {}).get(C.ANNOTATION_WAIT_REASON, "")
+        assert wait_reason, pg
+        scheduler_runs = scheduler.cycles
+        G.wait_until(lambda: scheduler.cycles >= scheduler_runs + 3, 10, what="more cycles")
+        timeouts = [e for e in G.events_for(api, ns, "huge") if e["reason"] == C.REASON_SCHEDULE_TIMEOUT]
+        assert len(timeouts) == 1, timeouts  # reported once, not every cycle
+        message = timeouts[0]["message"]
+        assert "scheduleTimeoutSeconds=2" in message and "last wait reason: " in message, message
+        assert wait_reason.split(";")[0] in message  # the reason the user already saw
+        pods = G.list_pods(api, ns)
+        assert len(pods) == 2 and all(not p["spec"].get("nodeName") for p in pods)  # still there, pending
+        assert (pg.get("status") or {}).get("phase") == C.PODGROUP_PHASE_TIMED_OUT
+        # the gang backs off instead of being retried every cycle
+        assert scheduler.backoff.failures.get(f"{ns}/huge", 0) >= 1
+    finally:
+        scheduler.stop()
+        runner.join(10)
+        core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
