@@ -15,6 +15,7 @@ from airflow_gpu.scheduler.convert import (
     gang_from_k8s,
     node_from_k8s,
     pod_request_from_k8s,
+    schedule_timeout,
 )
 from airflow_gpu.scheduler.state import PLAN_NOMINATED, Plan, build_world
 
@@ -149,3 +150,12 @@ def test_required_node_affinity_and_scheduling_gates():
     gated = pod("gated")
     gated["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
     assert not pod_is_pending_for(gated, "airflow-gpu")
+
+
+def test_schedule_timeout_is_read_from_the_podgroup_spec_and_bad_values_name_the_field():
+    pg = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 1}}
+    assert schedule_timeout(pg) is None and schedule_timeout(None) is None
+    assert schedule_timeout({**pg, "spec": {"minMember": 1, "scheduleTimeoutSeconds": 90}}) == 90
+    for bad in (0, -5, "60", 1.5, True):
+        with pytest.raises(ConversionError, match=r"ns/g: spec.scheduleTimeoutSeconds=.* integer >= 1"):
+            schedule_timeout({**pg, "spec": {"minMember": 1, "scheduleTimeoutSeconds": bad}})

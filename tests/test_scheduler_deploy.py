@@ -135,6 +135,12 @@ def test_podgroups_the_scheduler_writes_validate_against_the_crd(shared_dir):
             C.ANNOTATION_SCHEDULED: "2/2"}}}
         jsonschema.validate(obj, schema)
     assert desired_podgroup_status(Unit("team-nlp/train", pg, pods), False, {})["phase"] == "Running"
+    # a pending group past spec.scheduleTimeoutSeconds: phase TimedOut, still schema-valid
+    waiting = [{**p, "spec": {"schedulerName": "airflow-gpu"}, "status": {"phase": "Pending"}} for p in pods]
+    status = desired_podgroup_status(Unit("team-nlp/train", pg, waiting), False, {}, timed_out=True)
+    assert status["phase"] == C.PODGROUP_PHASE_TIMED_OUT
+    jsonschema.validate({**pg, "spec": {"minMember": 2, "scheduleTimeoutSeconds": 60}, "status": status}, schema)
+    assert desired_podgroup_status(Unit("team-nlp/train", pg, pods), False, {}, timed_out=True)["phase"] == "Running"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**pg, "spec": {"minMember": 0}}, schema)
 

@@ -18,9 +18,10 @@ the kubelet sends SIGTERM and the training loop checkpoints.
 
 Back-off and timeout: a gang that did not fit is retried with exponential back-off
 (core.queue.Backoff), reset whenever room may have appeared (a pod stopped holding resources, a
-held plan was dropped, a node joined or changed). With spec.scheduleTimeoutSeconds a PodGroup
-still waiting that long after scheduleStartTime (else its creation) gets phase TimedOut and one
-ScheduleTimeout Event with its last wait reason; its pods stay pending and it is still tried.
+held plan was dropped, a node joined or changed, the reservation moved to another gang or ended).
+With spec.scheduleTimeoutSeconds a PodGroup still waiting that long after scheduleStartTime (else
+its creation) gets phase TimedOut and one ScheduleTimeout Event with its last wait reason; its pods
+stay pending and it is still tried.
 
 Only the leader writes (LeaseElector.is_leader() is checked before every write batch and Binding).
 """
@@ -153,6 +154,7 @@ class Scheduler:
         self._was_leader = False
         self.backoff = Backoff(self.settings.backoff_base, self.settings.backoff_cap)
         self._room_seen: tuple[set, set, dict] | None = None  # holding pods, plans, nodes: last cycle
+        self._head: str | None = None  # the gang holding last cycle's reservation
 
     # --- lifecycle ------------------------------------------------------------------------
     def is_leader(self) -> bool:
@@ -209,6 +211,10 @@ class Scheduler:
         result = schedule_cycle(world.snapshot, pending, running, self.profile, now, self.book,
                                 self._policy_with(view), self.backoff)
         self.backoff.record(result, pending, now)
+        head = result.reservation.gang.name if result.reservation is not None else None
+        if self._head is not None and head != self._head:
+            self.backoff.reset()  # the held nodes are released (head admitted, deleted or overtaken)
+        self._head = head
         futures = [self._gang_pool.submit(self._admit, units[d.gang.name], d, now) for d in result.admitted]
         for plan in result.preemptions:
             self._preempt(world, units[plan.gang.name], plan, now)
