@@ -52,15 +52,15 @@ from airflow_gpu.scheduler.cache import ClusterCache, View
 from airflow_gpu.scheduler.convert import (
     ConversionContext,
     gang_from_k8s,
-    ConversionError,
     key_of,
-    parse_time,
     pod_is_terminating,
-    schedule_timeout,
     tier_of_priority_class,
 )
 from airflow_gpu.scheduler.metrics import SchedulerMetrics
 from airflow_gpu.scheduler.state import PLAN_BINDING, PLAN_NOMINATED, Memo, Plan, Unit, World, build_world
+from airflow_gpu.scheduler.waiting import RoomWatch, desired_podgroup_status, timeouts
+
+__all__ = ["Scheduler", "Settings", "desired_podgroup_status"]
 
 log = logging.getLogger(__name__)
 
@@ -100,29 +100,6 @@ def quota_book_from_config(cfg) -> QuotaBook | None:
     return QuotaBook.from_teams(cfg.teams, aliases=aliases, borrowed_priority=min(preemptible) if preemptible else None)
 
 
-def desired_podgroup_status(unit: Unit, has_plan: bool, assumed: dict[str, str], timed_out: bool = False) -> dict:
-    """PodGroup .status fields as the coscheduling controller keeps them (only fields its CRD schema
-    has: a real API server prunes others): phase and member counts. A pending group past its
-    scheduleTimeoutSeconds shows phase TimedOut (the schema has no conditions to say it with)."""
-    phases = [(p.get("status") or {}).get("phase") for p in unit.pods]
-    running, succeeded, failed = phases.count("Running"), phases.count("Succeeded"), phases.count("Failed")
-    bound = len(unit.bound(assumed))
-    need = unit.min_member
-    if has_plan:
-        phase = "Scheduling"
-    elif succeeded >= need:
-        phase = "Finished"
-    elif failed and running + succeeded < need and bound < need:
-        phase = "Failed"
-    elif running >= need:
-        phase = "Running"
-    elif bound + succeeded >= need:
-        phase = "Scheduled"
-    else:
-        phase = C.PODGROUP_PHASE_TIMED_OUT if timed_out else "Pending"
-    return {"phase": phase, "running": running, "succeeded": succeeded, "failed": failed}
-
-
 class Scheduler:
     def __init__(
         self,
@@ -153,8 +130,7 @@ class Scheduler:
         self._memo = Memo()
         self._was_leader = False
         self.backoff = Backoff(self.settings.backoff_base, self.settings.backoff_cap)
-        self._room_seen: tuple[set, set, dict] | None = None  # holding pods, plans, nodes: last cycle
-        self._head: str | None = None  # the gang holding last cycle's reservation
+        self._room = RoomWatch()
 
     # --- lifecycle ------------------------------------------------------------------------
     def is_leader(self) -> bool:
@@ -207,14 +183,13 @@ class Scheduler:
         running = [rg for rg in world.running if not self._terminating(world, rg)]
         pending = [g for _, g in world.pending]
         units = {g.name: u for u, g in world.pending}
-        self._reset_backoff_on_room(world)
+        if self._room.changed(world):
+            self.backoff.reset()
         result = schedule_cycle(world.snapshot, pending, running, self.profile, now, self.book,
                                 self._policy_with(view), self.backoff)
         self.backoff.record(result, pending, now)
-        head = result.reservation.gang.name if result.reservation is not None else None
-        if self._head is not None and head != self._head:
-            self.backoff.reset()  # the held nodes are released (head admitted, deleted or overtaken)
-        self._head = head
+        if self._room.head_moved(result.reservation):
+            self.backoff.reset()
         futures = [self._gang_pool.submit(self._admit, units[d.gang.name], d, now) for d in result.admitted]
         for plan in result.preemptions:
             self._preempt(world, units[plan.gang.name], plan, now)
@@ -227,47 +202,12 @@ class Scheduler:
             self._wait(unit, reason)
         for unit, error in world.invalid:
             self._wait(unit, error)
-        timed_out = self._timed_out(world, result.waiting, now)
+        timed_out, bad = timeouts(world, result.waiting, now)
+        for unit, error in bad:
+            self._wait(unit, error)
         self._sync_status(world, view, timed_out)
         self.metrics.cycle_seconds.observe(time.perf_counter() - started)
         return world
-
-    def _reset_backoff_on_room(self, world: World) -> None:
-        """Room may have appeared since the last cycle: every gang may try again at once."""
-        holding = {p.pod for rg in world.running for p in rg.placements}
-        plans = set(world.plans)
-        nodes = dict(world.nodes)
-        last, self._room_seen = self._room_seen, (holding, plans, nodes)
-        if last is None:
-            return
-        if last[0] - holding or last[1] - plans or any(last[2].get(n) != node for n, node in nodes.items()):
-            self.backoff.reset()
-
-    def _timed_out(self, world: World, waiting: dict[str, str], now: float) -> dict[str, str]:
-        """PodGroups still waiting past spec.scheduleTimeoutSeconds -> the report (with the last wait reason)."""
-        out: dict[str, str] = {}
-        reasons = {u.key: r for u, r in world.incomplete}
-        units = [u for u, _ in world.pending] + [u for u, _ in world.incomplete]
-        for unit in units:
-            if unit.podgroup is None:
-                continue
-            try:
-                limit = schedule_timeout(unit.podgroup)
-            except ConversionError as exc:
-                self._wait(unit, str(exc))
-                continue
-            if limit is None:
-                continue
-            pg = unit.podgroup
-            start = parse_time((pg.get("status") or {}).get("scheduleStartTime")) or \
-                parse_time((pg.get("metadata") or {}).get("creationTimestamp"))
-            if start is None or now - start < limit:
-                continue
-            last = waiting.get(unit.key) or reasons.get(unit.key) or unit.annotation(C.ANNOTATION_WAIT_REASON) \
-                or "not yet tried"
-            out[unit.key] = (f"not scheduled within spec.scheduleTimeoutSeconds={limit} (waiting {now - start:.0f} s); "
-                             f"last wait reason: {last}. Its pods stay pending and it is still tried.")
-        return out
 
     def _policy_with(self, view: View) -> PreemptionPolicy:
         """The configured policy, plus: a tier whose PriorityClass says preemptionPolicy: Never never
