@@ -218,6 +218,12 @@ class Demo:
         text = self.cluster.kubectl("logs", "-n", namespace, pod, check=False).stdout
         return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
+    def checkpoint_status(self, uri: str) -> dict | None:
+        from airflow_gpu.checkpoint import CheckpointStore
+
+        with CheckpointStore(uri, **self.s3.client_options()) as store:
+            return store.read_status()
+
     def story(self) -> None:
         uri = f"s3://{BUCKET}/team-research/sweep-lr"
         step("1. Best-effort sweep on spot (research, 2 x 4 GPUs, checkpoints every epoch to S3)")
@@ -263,11 +269,17 @@ class Demo:
         stopped: list[dict] = []
 
         def saved_and_ended() -> bool:
-            stopped.extend(e for e in self.logs("team-research", "sweep-lr-0") if e["event"] == "stopped" and not stopped)
+            # the pod's log says it saved on SIGTERM; read it while the pod is still there
+            if not stopped:
+                stopped.extend(e for e in self.logs("team-research", "sweep-lr-0") if e["event"] == "stopped")
             pods = self.pods("team-research", "sweep-lr")
             return all(p.get("status", {}).get("phase") in ("Failed", "Succeeded") for p in pods)
 
-        self.wait("sweep saved a checkpoint on SIGTERM and ended", saved_and_ended, 60)
+        self.wait("sweep saves a checkpoint on SIGTERM and ends", saved_and_ended, 90)
+        status = self.checkpoint_status(f"{uri}/rank-0")  # the status channel the operator will mirror
+        console.print(f"checkpoint status after the interruption: {json.dumps(status)}")
+        if not stopped and status and status.get("stop_requested_at"):
+            stopped.append({"event": "stopped", "step": status["step"], "source": "status.json"})
         from kubernetes import client
 
         core = client.CoreV1Api(self.api)

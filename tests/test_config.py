@@ -25,8 +25,9 @@ def test_seed_config_is_the_seed_scenario():
     a100 = cfg.product("a100-80gb")
     assert a100.memory_gb == 80
     assert [p.name for p in a100.mig_profiles] == ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
-    # teams capped at eight GPUs: every team's pool holds at most 8 GPUs' worth of slots
-    assert cfg.teams and all(cfg.team_slots(t, "a100-80gb") == 8 * SLOTS_PER_GPU for t in cfg.teams)
+    # teams capped at eight guaranteed GPUs; research may borrow 8 more of idle quota (reclaimable)
+    assert cfg.teams and all(cfg.guaranteed_slots(t, "a100-80gb") == 8 * SLOTS_PER_GPU for t in cfg.teams)
+    assert {t.name: cfg.team_slots(t, "a100-80gb") // SLOTS_PER_GPU for t in cfg.teams if t.borrowing_limit} == {"research": 16}
     assert {t.name for t in cfg.tiers} == set(constants.TIERS)
     prod, best = cfg.tier(constants.TIER_PRODUCTION_TRAINING), cfg.tier(constants.TIER_BEST_EFFORT_TRAINING)
     assert prod.priority > best.priority and best.preemptible and not prod.preemptible

@@ -20,7 +20,7 @@ def test_demo_seed_scenario(tmp_path):
     assert outcome["preempted"] == ["sweep-wide-0"]
     assert outcome["inference_nodes"].startswith("a100-mig")
     # the spot interruption was saved on SIGTERM and the retry resumed from that very step
-    assert outcome["stopped"]["step"] > 0
+    assert outcome["stopped"] and outcome["stopped"]["step"] > 0, result.stdout[-3000:]
     assert outcome["resumed"]["step"] == outcome["stopped"]["step"]
     assert outcome["resumed"]["interruptions"] == 1
     assert outcome["done"]["loss"] < 0.25 * outcome["done"]["initial_loss"]

@@ -51,8 +51,8 @@ def test_sync_lifecycle(airflow_db, tmp_path):
     assert "applied: 5 to create, 0 to update, 0 to delete" in out.stdout
     pools = airflow_db.pools()
     assert set(pools) == set(before) | SEED_POOLS
-    for name in SEED_POOLS:
-        assert pools[name]["slots"] == 56
+    for name in SEED_POOLS:  # 8 GPUs each; research may also borrow 8 (its pool is the ceiling)
+        assert pools[name]["slots"] == (112 if name == "gpu.research.a100-80gb" else 56)
         assert pools[name]["include_deferred"] in (True, 1)
         assert pools[name]["description"].startswith(constants.POOL_DESCRIPTION_MARKER)
         assert pools[name]["team_name"] is None  # multi_team is off
