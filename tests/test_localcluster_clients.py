@@ -14,20 +14,14 @@ import yaml
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from airflow_gpu.devtools.processes import wait_until
 from airflow_gpu import constants as C
 
 SHARED_CRDS = Path(__file__).resolve().parents[2] / "shared" / "crds"
 
 
 def wait_for(predicate, timeout=20.0, interval=0.05, what="condition"):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+    return wait_until(predicate, timeout, interval, what)
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import requests
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
+from airflow_gpu.devtools.processes import wait_until
 from airflow_gpu import constants as C
 from fixtures.kube import start_kube_cluster
 
@@ -43,14 +44,8 @@ def ns(kube_cluster):
     return name
 
 
-def wait_for(predicate, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+def wait_for(predicate, timeout=20.0, interval=0.05, what="condition"):
+    return wait_until(predicate, timeout, interval, what)
 
 
 # The process records when SIGTERM arrives, then exits like a training loop that saved its checkpoint.

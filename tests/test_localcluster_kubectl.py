@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_gpu.devtools.processes import wait_until
 from airflow_gpu import constants as C
 
 SHARED_CRDS = Path(__file__).resolve().parents[2] / "shared" / "crds"
@@ -44,14 +45,8 @@ def ns(kube_cluster):
     return name
 
 
-def wait_for(predicate, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
+def wait_for(predicate, timeout=20.0, interval=0.1, what="condition"):
+    return wait_until(predicate, timeout, interval, what)
 
 
 def test_get_nodes_shows_gpu_capacity(kube_cluster):

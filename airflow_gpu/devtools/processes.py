@@ -32,7 +32,8 @@ def wait_for_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1") -> 
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):
-    """Call `predicate` until it returns something truthy; return that, or raise after `timeout`."""
+    """Call `predicate` until it returns something truthy; return that, or raise after `timeout`.
+    `what` names the condition in the error; a callable is asked only then (e.g. to show an object)."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
@@ -40,7 +41,8 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.2, what: st
         if last:
             return last
         time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+    described = what() if callable(what) else what
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {described} (last: {last!r})")
 
 
 def wait_for_http(url: str, timeout: float = 60.0, ok_statuses: tuple[int, ...] = (200,)) -> None:
