@@ -55,13 +55,15 @@ class Proxy:
                     pass
 
     def cut(self) -> None:
-        if self._listener is not None:
+        """Safe to call from several threads at once (parallel uploads all hit the outage)."""
+        with self._lock:
+            listener, self._listener = self._listener, None
+        if listener is not None:
             try:
-                self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone does not
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone does not
             except OSError:
                 pass
-            self._listener.close()
-            self._listener = None
+            listener.close()
         with self._lock:
             sockets, self._sockets = self._sockets, []
         for s in sockets:
