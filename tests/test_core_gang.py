@@ -164,3 +164,17 @@ def test_gang_preemption_quota_and_queue_import_nothing_impure():
             "'httpx') or m.startswith('airflow_gpu.config'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_hard_rack_is_kept_when_a_clique_spans_racks():
+    """Found by the property above: topology labels need not nest, so a clique across two racks
+    is no answer to a hard rack requirement."""
+    nodes = [Node("n0", cpu_milli=4000, memory_mib=65536, gpu_count=2, gpu_product="A", clique="c1", rack="r0"),
+             Node("n1", cpu_milli=4000, memory_mib=65536, gpu_count=2, gpu_product="A", clique="c1", rack="r1")]
+    members = (PodRequest("m0", cpu_milli=500, memory_mib=1024, gpus=1),
+               PodRequest("m1", cpu_milli=500, memory_mib=1024, gpus=2))
+    hard_rack = Gang("g", "t", "x", 0, members, TopologyRequirement(TopologyLevel.RACK, hard=True))
+    d = admit(Snapshot.from_nodes(nodes), hard_rack, profile())
+    assert not d.admitted and d.placements == ()
+    soft = Gang("g", "t", "x", 0, members, TopologyRequirement(TopologyLevel.RACK, hard=False))
+    assert admit(Snapshot.from_nodes(nodes), soft, profile()).admitted

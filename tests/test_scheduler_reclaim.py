@@ -29,12 +29,7 @@ def kube_spec():
 @pytest.fixture(scope="module")
 def api(kube_cluster):
     api = G.api_client(kube_cluster.kubeconfig)
-    # best-effort's PriorityClass as deploy/ installs it: value 1000, preemptionPolicy Never
-    try:
-        client.SchedulingV1Api(api).create_priority_class(
-            {"metadata": {"name": BE_CLASS}, "value": 1000, "preemptionPolicy": "Never"})
-    except client.ApiException as exc:
-        assert exc.status == 409
+    G.install_priority_classes(api)  # the tiers' PriorityClasses, as deploy/ installs them (best-effort: Never)
     return api
 
 

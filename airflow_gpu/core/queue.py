@@ -132,8 +132,10 @@ class Backoff:
 
 def estimate_start(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], profile: Profile,
                    now: float) -> Reservation | None:
-    """When and where `gang` could start if nothing else were admitted: running gangs are released
-    by expected end on a copy until it fits. None: it would not fit even with all of them gone.
+    """When and where `gang`, which does not fit now, could start if nothing else were admitted:
+    running gangs are released by expected end on a copy until it fits. None: it would not fit even
+    with all of them gone. (A gang that fits now needs no estimate; releases that add no room for
+    it are skipped, so for such a gang the answer is not "now".)
 
     A room estimate kept up to date per release (core.room.RoomTracker) says when a full
     placement is worth trying, so the whole release order costs about one pass over the pods."""

@@ -91,6 +91,10 @@ def candidate_domains(snap: Snapshot, gang: Gang, profile: Profile | None = None
     if want == 1 or limit == 0:
         return out
 
+    # a hard requirement at level L holds only for tighter domains inside one L domain: labels need
+    # not nest (a clique may span racks), so a tighter domain across L boundaries is skipped
+    bound = snap.shape.domain_ids(req.level.value) if req.hard and req.level is not TopologyLevel.ANY else None
+
     for level in _LEVELS[1 : limit + 1]:
         if level is TopologyLevel.ANY:
             ids = np.zeros(len(snap), dtype=np.int64)
@@ -104,6 +108,10 @@ def candidate_domains(snap: Snapshot, gang: Gang, profile: Profile | None = None
             if not len(members):
                 continue
             order = members[np.lexsort((members, -fit[members]))]
+            if bound is not None and level is not req.level:
+                spans = np.unique(bound[order])
+                if len(spans) != 1 or spans[0] < 0:
+                    continue
             cum = np.cumsum(fit[order])
             if cum[-1] < want:
                 continue

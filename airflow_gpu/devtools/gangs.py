@@ -24,6 +24,22 @@ def api_client(kubeconfig: str | Path, pool: int = 32) -> client.ApiClient:
     return client.ApiClient(cfg)
 
 
+DEPLOY_PRIORITY_CLASSES = Path(__file__).resolve().parents[2] / "deploy" / "priorityclasses.yaml"
+
+
+def install_priority_classes(api: client.ApiClient, path: Path = DEPLOY_PRIORITY_CLASSES) -> None:
+    """The tiers' PriorityClasses as deploy/ installs them (already there is fine)."""
+    import yaml
+
+    sched = client.SchedulingV1Api(api)
+    for doc in yaml.safe_load_all(Path(path).read_text()):
+        try:
+            sched.create_priority_class(doc)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+
 def ensure_namespace(api: client.ApiClient, name: str) -> None:
     try:
         client.CoreV1Api(api).create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})

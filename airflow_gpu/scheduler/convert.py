@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping
 from kubernetes.utils.quantity import parse_quantity
 
 from airflow_gpu import constants as C
+from airflow_gpu.core.capacity import confine_to_eligible_capacity, is_spot_eligible
 from airflow_gpu.core.model import (
     Gang,
     Node,
@@ -422,11 +423,10 @@ def gang_from_k8s(
         ) from None
     created = [parse_time(m.get("creationTimestamp")) for m in metas]
     created_at = parse_time(pg_meta.get("creationTimestamp")) or min((c for c in created if c), default=0.0)
-    spot_eligible = bool(policy and policy.spot_eligible and checkpointable)
+    spot_eligible = policy is not None and is_spot_eligible(policy.spot_eligible, checkpointable)
     reqs = tuple(members if members is not None else (pod_request_from_k8s(p, ctx.product_labels) for p in pods))
-    if policy is not None and not spot_eligible:
-        # DESIGN.md: work that cannot resume from a checkpoint never goes to spot, whatever it tolerates
-        reqs = tuple(m if m.capacity_types else replace(m, capacity_types=(C.CAPACITY_ON_DEMAND,)) for m in reqs)
+    if policy is not None:  # a gang of an unknown tier keeps what its pods ask for
+        reqs = confine_to_eligible_capacity(reqs, spot_eligible)
     return Gang(
         name=key,
         team=team,

@@ -65,13 +65,8 @@ class NodeSelector:
         if not pod.node_selector:
             return FilterResult(_all(snap), "")
         wanted = tuple(sorted(pod.node_selector))
-
-        def build():
-            return np.array(
-                [all(node.label(k) == v for k, v in wanted) for node in snap.nodes], dtype=bool
-            ).reshape(len(snap))
-
-        return FilterResult(snap.shape.cached_mask(("selector", wanted), build), REASON_NODE_SELECTOR)
+        mask = _nodes_where(snap, ("selector", wanted), lambda node: all(node.label(k) == v for k, v in wanted))
+        return FilterResult(mask, REASON_NODE_SELECTOR)
 
 
 class TaintToleration:
@@ -109,11 +104,16 @@ class CapacityType:
         if not pod.capacity_types:
             return FilterResult(_all(snap), "")
         types = tuple(sorted(pod.capacity_types))
+        mask = _nodes_where(snap, ("capacity", types), lambda node: node.capacity_type in types)
+        return FilterResult(mask, REASON_CAPACITY_TYPE)
 
-        def build():
-            return np.array([n.capacity_type in types for n in snap.nodes], dtype=bool).reshape(len(snap))
 
-        return FilterResult(snap.shape.cached_mask(("capacity", types), build), REASON_CAPACITY_TYPE)
+def _nodes_where(snap: Snapshot, cache_key: tuple, predicate) -> np.ndarray:
+    """Mask of the nodes satisfying `predicate`, built once per cluster shape and cache key (node
+    labels and capacity types do not change between placements)."""
+    return snap.shape.cached_mask(
+        cache_key, lambda: np.fromiter((predicate(node) for node in snap.nodes), dtype=bool, count=len(snap))
+    )
 
 
 def _all(snap: Snapshot) -> np.ndarray:
