@@ -44,6 +44,7 @@ def _second_product_same_label(d):
 
 CASES = {
     "alias bomb": (_alias_bomb().encode(), "expands to more than"),
+    "deep": (b"products: " + b"[" * 5000 + b"]" * 5000 + b"\n", "nesting depth"),
     "utf-16": (SEED.read_text().encode("utf-16"), "not UTF-8 text"),
     "latin-1": ("# caf\u00e9\n".encode("latin-1") + SEED.read_bytes(), "not UTF-8 text (byte 0xe9"),
     "complex key": (b"? [a, b]\n: 1\n", "a mapping key must be a plain value"),

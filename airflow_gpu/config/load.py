@@ -9,12 +9,14 @@ import yaml
 from pydantic import ValidationError
 
 from airflow_gpu import constants
+from airflow_gpu.bounded import tree_problem
 from airflow_gpu.config.errors import ConfigError, ConfigIssue, issue_from_pydantic
 from airflow_gpu.config.model import SLOTS_PER_GPU, QuotaConfig, format_gpus
 
 
 MAX_FILE_BYTES = 1024 * 1024  # a quota file for thousands of teams is ~100 KB
 MAX_VALUES = 200_000  # after YAML aliases are expanded: bounds time and memory of validation
+MAX_DEPTH = 20  # the schema is 5 levels deep
 
 
 def load_config(path: str | Path) -> QuotaConfig:
@@ -41,24 +43,10 @@ def load_config(path: str | Path) -> QuotaConfig:
         raise fail(f"not valid YAML: {str(exc)[:200]}") from None
     except RecursionError:
         raise fail("not valid YAML: nested too deeply") from None
-    if _count_values(data, MAX_VALUES) > MAX_VALUES:
-        raise fail(f"the configuration expands to more than {MAX_VALUES:,} values (YAML aliases?); "
-                   "write the values out or use fewer aliases")
+    problem = tree_problem(data, MAX_VALUES, MAX_DEPTH)
+    if problem:
+        raise fail(f"the configuration is too large: it expands to {problem}; write the values out")
     return parse_config(data, source=source)
-
-
-def _count_values(data: object, limit: int) -> int:
-    """Values in data counting every alias expansion, stopping once past limit (bounded time)."""
-    count, stack = 0, [data]
-    while stack and count <= limit:
-        item = stack.pop()
-        count += 1
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return count
 
 
 def parse_config(data: object, source: str = "<config>") -> QuotaConfig:

@@ -16,7 +16,7 @@ from airflow_gpu.localcluster import discovery, errors
 from airflow_gpu.localcluster.audit import AuditLog
 from airflow_gpu.localcluster.audit import now as audit_now
 from airflow_gpu.localcluster.errors import ApiError
-from airflow_gpu.localcluster.httpio import TRUE, Request, Response, json_response
+from airflow_gpu.localcluster.httpio import MAX_BODY_BYTES, TRUE, Request, Response, json_response
 from airflow_gpu.localcluster.objects import ObjectAPI
 from airflow_gpu.localcluster.resources import Registry, ResourceType
 from airflow_gpu.localcluster.schema import decode_object
@@ -58,10 +58,19 @@ class APIServer:
         if scope["method"] in ("POST", "PUT", "PATCH", "DELETE"):
             more = True
             chunks = []
+            size = 0
             while more:
                 message = await receive()
                 chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
                 more = message.get("more_body", False)
+                if size > MAX_BODY_BYTES:
+                    error = errors.request_too_large(f"limit is {MAX_BODY_BYTES}")
+                    result = json_response(error.status(), error.code)
+                    await send({"type": "http.response.start", "status": result.status, "headers": result.headers
+                                + [(b"content-length", str(len(result.body)).encode()), (b"connection", b"close")]})
+                    await send({"type": "http.response.body", "body": result.body})
+                    return
             body = b"".join(chunks)
         received = audit_now() if self.audit else ""
         req = None
@@ -232,7 +241,8 @@ class APIServer:
                 raise errors.bad_request("DeleteOptions must be a JSON object")
         for key in ("gracePeriodSeconds", "propagationPolicy"):
             if key in req.query and opts.get(key) is None:
-                opts[key] = int(req.query[key]) if key == "gracePeriodSeconds" else req.query[key]
+                opts[key] = _int_param(req.query, key) if key == "gracePeriodSeconds" else req.query[key]
+        _check_grace(opts.get("gracePeriodSeconds"))
         policy = opts.get("propagationPolicy")
         if policy not in (None, "Orphan", "Background", "Foreground"):
             raise errors.bad_request(f'propagationPolicy must be Orphan, Background or Foreground, not "{policy}"')
@@ -287,7 +297,7 @@ class APIServer:
             except Exception:
                 raise errors.bad_request("continue key is not valid: send the value from the previous list") from None
             entries = [e for e in entries if (e.obj["metadata"].get("namespace", ""), e.obj["metadata"]["name"]) > after]
-        limit = int(req.query.get("limit") or 0)
+        limit = _int_param(req.query, "limit", 0)
         next_token = None
         if limit and len(entries) > limit:
             entries = entries[:limit]
@@ -325,6 +335,9 @@ class APIServer:
         if not isinstance(body, dict):
             raise errors.bad_request("an Eviction must be a JSON object")
         opts = body.get("deleteOptions") or {}
+        if not isinstance(opts, dict):
+            raise errors.bad_request("Eviction deleteOptions must be a JSON object")
+        _check_grace(opts.get("gracePeriodSeconds"))
         self.objects.evict(ns, name, opts.get("gracePeriodSeconds"))
         return json_response(errors.status_success(201), 201)
 
@@ -345,6 +358,25 @@ class APIServer:
         stream = self.log_source(ns, name, container, req.query)  # raises ApiError if not started
         await stream_log(stream, send)
         return None
+
+
+def _int_param(query: dict, key: str, default: int | None = None) -> int | None:
+    """A non-negative integer query parameter; 400 naming it otherwise (never a 500)."""
+    raw = query.get(key)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise errors.bad_request(f"{key}={raw[:40]!r}: must be a non-negative integer") from None
+    if value < 0:
+        raise errors.bad_request(f"{key}={value}: must be a non-negative integer")
+    return value
+
+
+def _check_grace(value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise errors.bad_request(f"gracePeriodSeconds={str(value)[:40]}: must be a non-negative integer")
 
 
 def _strip_directives(obj):

@@ -74,6 +74,10 @@ def method_not_allowed(verb: str) -> ApiError:
     return ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested resource ({verb})")
 
 
+def request_too_large(message: str) -> ApiError:
+    return ApiError(413, "RequestEntityTooLarge", f"Request entity too large: {message}")
+
+
 def unauthorized() -> ApiError:
     return ApiError(401, "Unauthorized", "Unauthorized")
 

@@ -7,10 +7,16 @@ from urllib.parse import parse_qs
 import msgspec
 import yaml
 
+from airflow_gpu.bounded import tree_problem
 from airflow_gpu.localcluster import errors, protobuf
 from airflow_gpu.localcluster.store import decode, encode
 
 JSON = [(b"content-type", b"application/json")]
+# what the real API server accepts: 3 MiB a request (etcd's 1.5 MiB object limit, doubled for encoding);
+# depth and expanded size bound YAML alias bombs and JSON nesting before anything walks the body
+MAX_BODY_BYTES = 3 * 1024 * 1024
+MAX_BODY_VALUES = 1_000_000
+MAX_BODY_DEPTH = 100
 TRUE = ("true", "1", "True")
 
 
@@ -26,6 +32,13 @@ class Request:
         self.receive = receive
 
     def json(self):
+        body = self._parse()
+        problem = tree_problem(body, MAX_BODY_VALUES, MAX_BODY_DEPTH)
+        if problem:
+            raise errors.request_too_large(f"the request body expands to {problem}")
+        return body
+
+    def _parse(self):
         ctype = self.headers.get("content-type", "application/json").split(";")[0].strip()
         if "protobuf" in ctype:
             return protobuf.decode_body(self.body, "")
@@ -37,8 +50,10 @@ class Request:
             if "yaml" in ctype:
                 return yaml.safe_load(self.body)
             return decode(self.body)
-        except (msgspec.DecodeError, yaml.YAMLError) as exc:
-            raise errors.bad_request(f"couldn't get version/kind; json parse error: {exc}") from None
+        except (msgspec.DecodeError, yaml.YAMLError, ValueError) as exc:
+            raise errors.bad_request(f"couldn't get version/kind; json parse error: {str(exc)[:300]}") from None
+        except RecursionError:
+            raise errors.bad_request(f"the request body is nested deeper than {MAX_BODY_DEPTH} levels") from None
 
 
 class Response:
