@@ -21,6 +21,7 @@ from airflow_gpu.core.framework import place_pod
 from airflow_gpu.core.gang import admit
 from airflow_gpu.core.model import Gang, Node, PodRequest, RunningGang, TopologyLevel, TopologyRequirement
 from airflow_gpu.core.policies import DEFAULT_POLICY, make_profile
+from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.preemption import plan_preemption
 from airflow_gpu.core.queue import schedule_cycle
 from airflow_gpu.core.snapshot import Snapshot
@@ -108,7 +109,7 @@ def main() -> None:
 
     full, full_running, _ = build_cluster(0.97, seed=11, background="bestfit")
     prod = gang("prod", 64, 4, priority=10)
-    med, low, (plan, why) = timed(lambda: plan_preemption(full, prod, full_running, profile, now=7200.0))
+    med, low, (plan, why) = timed(lambda: plan_preemption(CycleState.build(full, full_running), prod, profile, now=7200.0))
     what = (f"{len(plan.victims)} victims of {len(full_running)} running, {plan.lost_gpu_seconds:.0f} GPU-s lost"
             if plan else why)
     print(f"plan_preemption, 64 x 4 GPU at {full.gpu_allocation_ratio():.0%} full: {med:.1f} ms (min {low:.1f}); {what}")
@@ -118,7 +119,7 @@ def main() -> None:
                     created_at=float(i), expected_duration=float(rng.uniform(60, 7200))) for i in range(100)]
     for s, r in ((snap, running), (full, full_running)):
         label = f"{s.gpu_allocation_ratio():.0%}"
-        med, low, res = timed(lambda: schedule_cycle(s, pending, r, profile, now=3600.0))
+        med, low, res = timed(lambda: schedule_cycle(CycleState.build(s, r), pending, profile, now=3600.0))
         print(f"schedule_cycle, 100 pending gangs, cluster {label} full: {med:.1f} ms (min {low:.1f}); "
               f"{len(res.admitted)} admitted, "
               f"{len(res.preemptions)} preemption plan(s), reservation: "

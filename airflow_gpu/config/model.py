@@ -129,6 +129,9 @@ class Team(_Strict):
     lending_limit: dict[str, GpuCount] = {}
     tiers: list[str] | None = None  # tiers this team may submit; None = all
     cohort: Annotated[str, Field(pattern=DNS_LABEL)] = "default"  # teams that lend to each other
+    # Kueue's borrowWithinCohort: while borrowing, preempt other teams' borrowers of lower priority
+    # up to this priority. Absent: off (Kueue's default; reclaim within the guarantee still works).
+    borrow_within_cohort: int | None = None
 
     @property
     def airflow_team_name(self) -> str:
