@@ -6,7 +6,7 @@ reads one `CycleState` and what-ifs run on `copy()`:
 - `book`, `usage`: the quota book and what each team uses. Usage counts the same gangs the snapshot
   holds: running ones, terminating ones (until their GPUs are free) and held plans (a binding in
   progress or a preemption's nomination), so a plan can never be admitted twice against one quota;
-- `running`: the gangs that may be preempted (not terminating, not held);
+- `running`: the gangs that may be preempted (not terminating, not held, not a nomination's victim);
 - `node_product`: node name -> GPU product label, built once per node list.
 
 API (stable; the scheduler, the simulator and the replay build on it):
@@ -15,6 +15,7 @@ API (stable; the scheduler, the simulator and the replay build on it):
     state.remove(running_gang)  # a gang leaves: capacity and usage released
     state.hold(team, placements)  # a plan reserved: capacity assumed (pods the snapshot does not
                                   # hold yet) and usage added; never a candidate
+    state.nominate(team, placements, victims)  # a preemption plan: its quota replaces the victims'
     state.without(victims)      # a copy with those gangs gone (what preemption asks)
     state.demand(placements)    # quota demand of placed pods
 `build` expects `snap` to hold every placement passed in already (the scheduler's World does);
@@ -48,7 +49,9 @@ class CycleState:
     def build(cls, snap: Snapshot, running: Iterable[RunningGang] = (), book: QuotaBook | None = None,
               held: Iterable[tuple[str, Sequence[Placement]]] = (),
               terminating: Iterable[RunningGang] = ()) -> CycleState:
-        """From a snapshot that already holds `running`, `terminating` and `held` (team, placements)."""
+        """From a snapshot that already holds `running`, `terminating` and `held` (team, placements).
+        A held nomination's victims belong in none of them (only in `snap`): the nomination's quota
+        replaces theirs, so counting both would charge the preempted quota twice."""
         running = list(running)
         node_product = node_products(snap)
         state = cls(snap, book, QuotaUsage() if book is not None else None, running, node_product)
@@ -90,12 +93,15 @@ class CycleState:
         self.running.append(rg)
 
     def remove(self, rg: RunningGang) -> None:
+        self._release(rg)
+        self.running = [r for r in self.running if r is not rg]
+
+    def _release(self, rg: RunningGang) -> None:
         for p in rg.placements:
             if p.pod in self.snap.placements:  # a pod the snapshot does not hold frees nothing
                 self.snap.forget(p.pod)
         if self.usage is not None:
             self.usage.remove(rg.gang.team, self.demand(rg.placements))
-        self.running = [r for r in self.running if r is not rg]
 
     def hold(self, team: str, placements: Sequence[Placement], assume: bool = True) -> None:
         """A plan's placements count from now on. assume=False: their capacity is held by other
@@ -107,8 +113,22 @@ class CycleState:
         if self.usage is not None:
             self.usage.add(team, self.demand(placements))
 
+    def nominate(self, team: str, placements: Sequence[Placement], victims: Iterable[RunningGang]) -> None:
+        """A preemption plan is held: its quota counts from now on, in place of its victims' (which
+        keep their GPUs in the snapshot until they are gone, and are no candidates again). Its nodes
+        are reserved by the caller (the victims still run on them)."""
+        gone = {id(v) for v in victims}
+        for v in self.running:
+            if id(v) in gone and self.usage is not None:
+                self.usage.remove(v.gang.team, self.demand(v.placements))
+        self.running = [r for r in self.running if id(r) not in gone]
+        self.hold(team, placements, assume=False)
+
     def without(self, victims: Iterable[RunningGang]) -> CycleState:
         work = self.copy()
+        gone = set()
         for v in victims:
-            work.remove(v)
+            work._release(v)
+            gone.add(id(v))
+        work.running = [r for r in work.running if id(r) not in gone]
         return work

@@ -206,8 +206,8 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
             result.reservation = Reservation(gang, frozenset(p.node for p in plan.placements), now,
                                              plan.placements, by_preemption=True)
             reserved = result.reservation.mask(work.snap)
-            # the nomination counts against quota at once; its nodes are reserved by the mask
-            work.hold(gang.team, plan.placements, assume=False)
+            # the nomination's quota counts at once, in place of its victims'; its nodes are reserved
+            work.nominate(gang.team, plan.placements, plan.victims)
             names = ", ".join(plan.victim_names)
             whom = "of lower priority or borrowing in the cohort" if plan.reclaim else "of lower priority"
             reason = f"{reason}; preempting {len(plan.victims)} gang(s) {whom}: {names}"

@@ -228,9 +228,15 @@ class Scheduler:
     def _cycle_state(self, world: World, view: View) -> CycleState:
         """Capacity and quota of everything that holds GPUs: running gangs (the preemption
         candidates), terminating ones (until their GPUs are free) and held plans (binding, nominated):
-        a plan counts against its team's quota exactly as a running gang does."""
+        a plan counts against its team's quota exactly as a running gang does. A nomination's victims
+        keep their GPUs until they are gone but no longer count against quota (the nomination does:
+        counting both would charge the preempted quota twice) and are no candidates again."""
+        released = {v for plan in world.plans.values() if plan.state == PLAN_NOMINATED for v in plan.victims}
         running, terminating = [], []
         for rg in world.running:
+            unit = world.running_units.get(rg.gang.name)
+            if unit is not None and released and {key_of(p) for p in unit.pods} <= released:
+                continue
             (terminating if self._terminating(world, rg) else running).append(rg)
         held = []
         for key, plan in world.plans.items():
