@@ -110,7 +110,7 @@ def product_demands(state: CycleState, gang: Gang) -> list[Demand]:
     book = state.book
     if book is None:
         return []
-    return [d for d in (demand_on_product(gang, book.product(p), book.weight(p))
+    return [d for d in (demand_on_product(gang, book.product(p), book.weight(p), p)
                         for p in accepted_products(state.snap, gang)) if d]
 
 
@@ -208,7 +208,7 @@ def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float,
     """Per topology level (tightest first), the cheapest victim sets that make room in one domain:
     each domain's candidates taken in victim order until its estimated room holds the gang."""
     snap = room.snap
-    base_fit = members_per_node(snap, room.gang, room.eligible)
+    base_fit = members_per_node(snap, room.gang, room.by_set)
     index = snap.shape.index
     spots = []  # per candidate: its placements on eligible nodes as (node, gpu shares, cpu, mem)
     for c in cands:
@@ -247,7 +247,7 @@ def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float,
                     touched.add(n)
                 for n in touched:
                     before = fits.get(n, int(base_fit[n]))
-                    fits[n] = room.fit_one(*rows[n])
+                    fits[n] = room.fit_one(*rows[n], n)
                     if level is not TopologyLevel.NODE:
                         space += fits[n] - before
                 if level is TopologyLevel.NODE:

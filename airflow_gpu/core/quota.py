@@ -158,11 +158,14 @@ def demand_of_placements(placements: Iterable[Placement], node_product: Mapping[
     return dict(out)
 
 
-def demand_on_product(gang: Gang, product: str, weight: float = 1.0) -> Demand:
-    """Quota demand of a gang if all of it ran on `product` (a quota product name), each GPU
-    costing `weight` GPUs of quota (normalised units)."""
+def demand_on_product(gang: Gang, product: str, weight: float = 1.0, label: str | None = None) -> Demand:
+    """Quota demand of a gang if its GPU members ran on `product` (a quota product name), each GPU
+    costing `weight` GPUs of quota (normalised units). With `label` (the node product), only the
+    members that accept it count: a pod set bound to another product is charged there."""
     out: Demand = defaultdict(int)
     for m in gang.members:
+        if label is not None and m.gpu_products and label not in m.gpu_products:
+            continue
         if m.mig_profile is not None:
             out[(product, m.mig_profile)] += 1
         elif m.gpu_milli_total:
