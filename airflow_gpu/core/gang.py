@@ -68,7 +68,7 @@ class _Within:
 def restricted(profile: Profile, mask: np.ndarray, reason: str) -> Profile:
     """`profile` with one more filter, first: only nodes in `mask`."""
     return Profile(profile.name, (_Within(mask, reason),) + tuple(profile.filters), profile.scores,
-                   profile.gpu_chooser, profile.tie_rank, profile.select)
+                   profile.gpu_chooser, profile.tie_rank)
 
 
 def _place_members(snap: Snapshot, members: list[PodRequest], profile: Profile,

@@ -82,10 +82,6 @@ def parse_time(value: Any) -> float | None:
     return dt.timestamp()
 
 
-def format_time(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _quantity(value: Any, where: str) -> Decimal:
     try:
         return parse_quantity(value)
@@ -309,11 +305,6 @@ def gang_key_of_pod(pod: Mapping) -> str | None:
     return f"{meta.get('namespace')}/{group}" if group else None
 
 
-def unit_key_of_pod(pod: Mapping) -> str:
-    """The admission unit a pod belongs to: its PodGroup, or the pod alone."""
-    return gang_key_of_pod(pod) or f"{key_of(pod)}"
-
-
 def min_member(podgroup: Mapping | None) -> int:
     if not podgroup:
         return 1
@@ -395,9 +386,12 @@ def gang_from_k8s(
     pods: list[Mapping],
     ctx: ConversionContext,
     members: list[PodRequest] | None = None,
+    pinned: Iterable[str] = (),
 ) -> Gang:
     """A Gang for PodGroup `key` (or a lone pod) and its pods. Labels/annotations on the PodGroup win
-    over those on the pods; priority is the highest spec.priority among the pods."""
+    over those on the pods; priority is the highest spec.priority among the pods. Each pod keeps its
+    own request (pod sets: a launcher and its workers). `pinned`: nodes where members of the group
+    already run, which pin the rest to their topology domain."""
     if not pods:
         raise ConversionError(f"gang {key}: no pods")
     pg_meta = (podgroup or {}).get("metadata") or {}
@@ -439,6 +433,7 @@ def gang_from_k8s(
         spot_eligible=spot_eligible,
         created_at=created_at or 0.0,
         expected_duration=duration,
+        pinned=tuple(sorted(set(pinned))),
     )
 
 

@@ -342,7 +342,10 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
             incomplete.append((unit, f"gang has {alive} of {need} pods; waiting for the rest to be created"))
             continue
         try:
-            gang = gang_from_k8s(unit.key, unit.podgroup, waiting, ctx, [memo.pod(p, ctx) for p in waiting])
+            bound_nodes = [(p.get("spec") or {}).get("nodeName") or view.assumed.get(key_of(p))
+                           for p in unit.bound(view.assumed)]
+            gang = gang_from_k8s(unit.key, unit.podgroup, waiting, ctx, [memo.pod(p, ctx) for p in waiting],
+                                 pinned=[n for n in bound_nodes if n])
         except ConversionError as exc:
             invalid.append((unit, str(exc)))
             continue
