@@ -80,11 +80,13 @@ def victim_order(preemptor: Gang, now: float):
     3. checkpointable before non-checkpointable;
     4. fewer GPU-seconds lost since the last checkpoint;
     5. most recently started first (Kueue: most recently admitted), then most recently created;
-    6. the name, for a deterministic order."""
+    6. admitted on borrowed quota first (ties of second-resolution API timestamps: the gang admitted
+       last, as the borrower);
+    7. the name, for a deterministic order."""
 
     def key(rg: RunningGang):
         return (rg.gang.team == preemptor.team, rg.gang.priority, not rg.gang.checkpointable,
-                rg.gpu_seconds_at_risk(now), -rg.started_at, -rg.gang.created_at, rg.gang.name)
+                rg.gpu_seconds_at_risk(now), -rg.started_at, -rg.gang.created_at, not rg.borrowed, rg.gang.name)
 
     return key
 
