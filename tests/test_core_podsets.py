@@ -96,3 +96,13 @@ def test_replacement_member_stays_in_its_gangs_hard_clique():
                 pinned=replacement.pinned)
     d = admit(snap, soft, profile())
     assert d.admitted and d.placements[0].node.startswith("n000") and d.placements[0].node >= "n0004"
+
+
+def test_min_member_places_at_least_that_many_together_and_the_rest_later():
+    # coscheduling: PodGroup minMember 4 of 6 pods, 4 nodes of 8 GPUs free in one clique
+    snap = Snapshot.from_nodes(cluster(4, clique=4))
+    g = gang("pg", 6, 8, level=TopologyLevel.CLIQUE, hard=True)
+    assert not admit(snap, g, profile()).admitted
+    d = admit(snap, Gang(g.name, g.team, g.tier, 0, g.members, g.topology, min_member=4), profile())
+    assert d.admitted and sorted(p.pod for p in d.placements) == ["pg-0", "pg-1", "pg-2", "pg-3"]
+    assert not admit(snap, Gang(g.name, g.team, g.tier, 0, g.members, g.topology, min_member=5), profile()).admitted

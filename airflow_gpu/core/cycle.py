@@ -33,8 +33,8 @@ from airflow_gpu.core.snapshot import Snapshot
 
 
 def node_products(snap: Snapshot) -> dict[str, str | None]:
-    """Node name -> its GPU product label: the one map every quota computation uses."""
-    return {n.name: n.gpu_product for n in snap.nodes}
+    """Node name -> its GPU product label (kept once per node list, on the snapshot's shape)."""
+    return snap.shape.node_product
 
 
 @dataclass

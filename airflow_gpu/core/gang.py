@@ -240,7 +240,19 @@ def _only_products(gang: Gang, products: list[str]) -> Gang:
 
 def admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None = None,
           usage: QuotaUsage | None = None, exclude: np.ndarray | None = None) -> GangDecision:
-    """Admit `gang` whole or not at all, within its team's quota. Changes neither snap nor usage."""
+    """Admit `gang` whole or not at all, within its team's quota; with `gang.min_member` below its
+    size, at least that many members in member order when all do not fit (coscheduling's minMember).
+    Changes neither snap nor usage."""
+    whole = _admit(snap, gang, profile, quota, usage, exclude)
+    if whole.admitted or not 0 < gang.min_member < len(gang.members):
+        return whole
+    part = _admit(snap, replace(gang, members=gang.members[: gang.min_member], min_member=0), profile, quota,
+                  usage, exclude)
+    return replace(part, gang=gang) if part.admitted else whole
+
+
+def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None,
+           usage: QuotaUsage | None, exclude: np.ndarray | None) -> GangDecision:
     if quota is None or not gang.uses_gpu:
         placed, domain, why = place_gang(snap, gang, profile, exclude)
         if placed is None:
@@ -268,7 +280,7 @@ def admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None 
 
     # Several products may pass one by one yet not mixed; then fall back to one product at a time.
     tries = [allowed] + ([[p] for p in allowed] if len(allowed) > 1 else [])
-    node_product = {n.name: n.gpu_product for n in snap.nodes}
+    node_product = snap.shape.node_product
     why = ""
     quota_refusal: QuotaVerdict | None = None
     for option in tries:

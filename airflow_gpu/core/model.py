@@ -147,6 +147,9 @@ class Gang:
     # Nodes where members of this gang already run (a replacement of a partly bound gang): they pin
     # its topology domain, as kube-scheduler's topology placement keeps a group together.
     pinned: tuple[str, ...] = ()
+    # coscheduling's minMember: at least this many members placed together (0: all of them); the
+    # others may come later, in the domain the placed ones pin
+    min_member: int = 0
 
     @property
     def gpu_milli_total(self) -> int:

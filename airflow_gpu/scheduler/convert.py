@@ -387,11 +387,13 @@ def gang_from_k8s(
     ctx: ConversionContext,
     members: list[PodRequest] | None = None,
     pinned: Iterable[str] = (),
+    min_member: int = 0,
 ) -> Gang:
     """A Gang for PodGroup `key` (or a lone pod) and its pods. Labels/annotations on the PodGroup win
     over those on the pods; priority is the highest spec.priority among the pods. Each pod keeps its
     own request (pod sets: a launcher and its workers). `pinned`: nodes where members of the group
-    already run, which pin the rest to their topology domain."""
+    already run, which pin the rest to their topology domain; `min_member`: how many of `pods` must
+    be placed together at least (0: all)."""
     if not pods:
         raise ConversionError(f"gang {key}: no pods")
     pg_meta = (podgroup or {}).get("metadata") or {}
@@ -434,6 +436,7 @@ def gang_from_k8s(
         created_at=created_at or 0.0,
         expected_duration=duration,
         pinned=tuple(sorted(set(pinned))),
+        min_member=min_member if 0 < min_member < len(reqs) else 0,
     )
 
 

@@ -138,7 +138,7 @@ class GpuProductPreference:
 
     def score(self, snap: Snapshot, pod: PodRequest, nodes: np.ndarray) -> np.ndarray:
         k = len(pod.gpu_products)
-        if k < 2 or not (pod.gpus or pod.gpu_milli or pod.mig_profile):
+        if k < 2 or not pod.uses_gpu:
             return np.zeros(len(nodes), dtype=np.int64)
         rank = {p: i for i, p in enumerate(pod.gpu_products)}
         by_id = np.array([rank.get(p, k) for p in snap.shape.products] + [k], dtype=np.int64)
