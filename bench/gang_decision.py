@@ -133,21 +133,24 @@ def main() -> None:
 def heads_until_planned(snap: Snapshot, running: list[RunningGang], profile, k: int = 4) -> None:
     """k heads of line at once on the full cluster: each cycle plans one; its plan is then held (here
     with its victims already gone), so the next cycle serves the next head."""
-    heads = [gang(f"head-{i}", 8, 8, priority=10, created_at=float(i)) for i in range(k)]
+    heads = [gang(f"head-{i}", 16, 8, priority=10, created_at=float(i)) for i in range(k)]
     state = CycleState.build(snap, running)
-    cycles, planned = 0, []
+    cycles, planned, admitted = 0, [], []
     t0 = time.perf_counter()
-    while len(planned) < k and cycles < 2 * k:
-        res = schedule_cycle(state, [h for h in heads if h.name not in planned], profile, now=7200.0)
+    while len(planned) + len(admitted) < k and cycles < 2 * k:
+        res = schedule_cycle(state, [h for h in heads if h.name not in planned + admitted], profile, now=7200.0)
         cycles += 1
+        for d in res.admitted:
+            state.hold(d.gang.team, d.placements)
+            admitted.append(d.gang.name)
         for plan in res.preemptions:
             for v in plan.victims:
                 state.remove(v)
             state.hold(plan.gang.team, plan.placements)
             planned.append(plan.gang.name)
     ms = (time.perf_counter() - t0) * 1000
-    print(f"{k} heads of line (8 x 8 GPU each) at {snap.gpu_allocation_ratio():.0%} full: {len(planned)} planned "
-          f"in {cycles} cycles, {ms:.0f} ms in all")
+    print(f"{k} heads of line (16 x 8 GPU each) at {snap.gpu_allocation_ratio():.0%} full: {len(admitted)} "
+          f"admitted, {len(planned)} with a preemption plan, in {cycles} cycles, {ms:.0f} ms in all")
 
 
 if __name__ == "__main__":
