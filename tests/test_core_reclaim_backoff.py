@@ -46,8 +46,9 @@ def test_owner_within_its_guarantee_reclaims_from_a_borrower_of_the_same_tier():
 def test_reclaim_ignores_the_borrowers_priority_but_not_a_non_preemptible_tier():
     qb, snap, running = lent_out(borrower_priority=100_000, borrower_tier=PROD)  # a higher tier borrows
     plan, why = plan_for(snap, gang("b-job", 1, 8, priority=1000, team="b"), running, profile(), 10.0, qb)
-    # Kueue: the borrowing team's lowest priority goes first, whichever gang was admitted as borrowed
-    assert plan is not None and plan.victim_names == ("a-own",), why
+    # any priority is reclaimed; of the two, the checkpointable one (DESIGN.md: never a
+    # non-checkpointable victim while a checkpointable one would do), before priority
+    assert plan is not None and plan.victim_names == ("a-borrow",), why
     qb, snap, running = lent_out(borrower_tier=TIER_INTERACTIVE)
     plan, why = plan_for(snap, gang("b-job", 1, 8, priority=1000, team="b"), running, profile(), 10.0, qb)
     # never the interactive borrower: the reclaim takes team a's other gang (team a is over its guarantee)

@@ -127,6 +127,16 @@ def test_reclaim_takes_the_borrowers_lowest_priority_first_whatever_was_flagged_
     assert plan is not None and plan.victim_names == ("a-low",), why
 
 
+def test_a_checkpointable_victim_before_a_lower_priority_non_checkpointable_one():
+    # the house rule (docs/DESIGN.md) ranks before Kueue's priority order
+    qb = book(a=(8, 16), b=(16, 0))
+    snap = Snapshot.from_nodes(cluster(3))
+    running = running_on(snap, ("a-low", "a", 8, 0), ("a-own", "a", 8, 90))
+    running.append(start(snap, gang("a-ckpt", 1, 8, team="a", priority=50, checkpointable=True), profile()))
+    plan, why = plan_preemption(CycleState.build(snap, running, qb), gang("b-job", 1, 8, team="b"), profile(), 10.0)
+    assert plan is not None and plan.victim_names == ("a-ckpt",), why
+
+
 def test_equal_priority_the_most_recently_admitted_goes_first():
     qb = book(a=(8, 16), b=(16, 0))
     snap = Snapshot.from_nodes(cluster(3))
@@ -178,7 +188,8 @@ def test_no_team_exceeds_quota_plus_borrowing_with_held_and_nominated_gangs(data
     held = []
     for i in range(data.draw(st.integers(0, 4))):
         team = data.draw(st.sampled_from("abc"))
-        g = gang(f"r{i}", 1, data.draw(st.sampled_from([4, 8])), team=team, priority=data.draw(st.integers(0, 3)))
+        g = gang(f"r{i}", 1, data.draw(st.sampled_from([4, 8])), team=team, priority=data.draw(st.integers(0, 3)),
+                 checkpointable=data.draw(st.booleans()))
         state = CycleState.build(snap, running, qb, held=held)
         if not state.check(team, {("H100", None): g.gpu_milli_total}).fits:
             continue
@@ -205,9 +216,11 @@ def test_no_team_exceeds_quota_plus_borrowing_with_held_and_nominated_gangs(data
             if v.gang.priority >= p.gang.priority:
                 assert v.gang.team != p.gang.team and p.reclaim, "equal/higher priority only by reclaim"
             # lowest priority first: a spared gang of the victim's team with lower priority could not
-            # have replaced it
+            # have replaced it (unless it is non-checkpointable and the victim is not: DESIGN.md)
             for r in running:
                 if r.gang.team != v.gang.team or r.gang.priority >= v.gang.priority or r in p.victims:
+                    continue
+                if v.gang.checkpointable and not r.gang.checkpointable:
                     continue
                 alt = [x for x in p.victims if x is not v] + [r]
                 work = state.without(alt)

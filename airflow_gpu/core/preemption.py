@@ -74,10 +74,11 @@ def effective_priority(running: RunningGang, quota: QuotaBook | None) -> int:
 
 def victim_order(preemptor: Gang, now: float):
     """The sort key of a preemption candidate, cheapest to lose first (Kueue's CandidatesOrdering,
-    then this project's cost of lost work):
+    with the house rule of docs/DESIGN.md: never a non-checkpointable victim while a checkpointable
+    alternative exists):
     1. other teams' gangs (borrowers taken back) before the preemptor's own team;
-    2. lower priority first (the gang's own priority, whatever quota it was admitted on);
-    3. checkpointable before non-checkpointable;
+    2. checkpointable before non-checkpointable (DESIGN.md; Kueue has no such notion);
+    3. lower priority first (the gang's own priority, whatever quota it was admitted on);
     4. fewer GPU-seconds lost since the last checkpoint;
     5. most recently started first (Kueue: most recently admitted), then most recently created;
     6. admitted on borrowed quota first (ties of second-resolution API timestamps: the gang admitted
@@ -85,7 +86,7 @@ def victim_order(preemptor: Gang, now: float):
     7. the name, for a deterministic order."""
 
     def key(rg: RunningGang):
-        return (rg.gang.team == preemptor.team, rg.gang.priority, not rg.gang.checkpointable,
+        return (rg.gang.team == preemptor.team, not rg.gang.checkpointable, rg.gang.priority,
                 rg.gpu_seconds_at_risk(now), -rg.started_at, -rg.gang.created_at, not rg.borrowed, rg.gang.name)
 
     return key
