@@ -7,21 +7,23 @@ CycleResult and changes nothing passed in.
 
 Order: priority (high first), then creation time, then name. A cycle admits gangs in that order on a
 working copy of the cycle state: each admission and each planned nomination counts against its
-team's quota for every later gang of the cycle. The first gang that cannot be admitted for lack of capacity (or that
-can reclaim quota) is the head of line:
+team's quota for every later gang of the cycle. The first refused gang that preemption can serve,
+or that lacks capacity, is the head of line:
 
-1. if its priority allows, core.preemption plans victims for it; the plan's nodes are reserved for
-   it (nothing else may land there while the victims leave);
-2. otherwise its earliest start is estimated (EASY backfilling): running gangs are released in
-   order of expected end (Gang.expected_duration; unknown = never) on a copy until the head fits;
-   the nodes of that future placement are reserved until then.
+1. if core.preemption finds a plan (capacity, or quota: the team's own lower-priority gangs, reclaim
+   from borrowers), the plan's nodes are reserved for it (nothing else may land there while the
+   victims leave) and its quota replaces the victims' (CycleState.nominate);
+2. otherwise, if capacity blocks it, its earliest start is estimated (EASY backfilling): running
+   gangs are released in order of expected end (Gang.expected_duration; unknown = never) on a copy
+   until the head fits; the nodes of that future placement are reserved until then.
 
 Every later gang may still be admitted this cycle (backfill), but only outside the reserved nodes,
 unless its own expected duration ends before the head's estimated start. So a backfilled gang
 never takes capacity the head is waiting for, and the head is never delayed by smaller work (as far
-as the duration estimates hold). Quota-blocked gangs do not become head: waiting on their own team's
-quota, they must not hold capacity other teams could use. One head, one plan per cycle: the caller
-acts on the plan and runs the next cycle.
+as the duration estimates hold). Quota-blocked gangs without a plan do not become head: waiting on
+their own team's quota, they must not hold capacity other teams could use. One head, one plan per
+cycle: the caller holds the plan (the scheduler writes it on the PodGroup), so the next cycle serves
+the next head - k independent heads take k cycles (bench gang_decision measures it).
 
 Back-off (DESIGN.md: "timeout + exponential back-off, then report, never spin"): a gang that failed
 to fit is not tried again until its back-off (Backoff: exponential, capped) has passed, unless the
