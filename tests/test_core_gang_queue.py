@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from fixtures.core_gang import cluster, gang, plan_for, profile, run_cycle, start
+from fixtures.core_gang import cluster, gang, profile, run_cycle, start
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fixtures.core_gang import cluster, gang, plan_for, profile, run_cycle, start
+from fixtures.core_gang import cluster, gang, plan_for, profile, start
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -12,7 +12,7 @@ from airflow_gpu.constants import TIER_PRODUCTION_TRAINING
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.gang import admit
 from airflow_gpu.core.model import RunningGang
-from airflow_gpu.core.preemption import PreemptionPolicy, plan_preemption
+from airflow_gpu.core.preemption import plan_preemption
 from airflow_gpu.core.queue import schedule_cycle
 from airflow_gpu.core.quota import QuotaBook, TeamQuota, within_limits
 from airflow_gpu.core.snapshot import Snapshot

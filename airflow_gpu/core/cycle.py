@@ -28,7 +28,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from airflow_gpu.core.model import Placement, RunningGang
-from airflow_gpu.core.quota import Demand, QuotaBook, QuotaUsage, QuotaVerdict, check, demand_of_placements
+from airflow_gpu.core.quota import (
+    Demand,
+    QuotaBook,
+    QuotaUsage,
+    QuotaVerdict,
+    borrowing,
+    check,
+    demand_of_placements,
+)
 from airflow_gpu.core.snapshot import Snapshot
 
 
@@ -78,10 +86,7 @@ class CycleState:
 
     def borrowing(self, team: str, keys: Iterable) -> bool:
         """Is `team` above its guarantee now on one of `keys`? (Kueue: the ClusterQueue borrows.)"""
-        if self.book is None or self.usage is None:
-            return False
-        tq = self.book.team(team)
-        return any(self.usage.of(team, k) > (tq.n(k) if tq else 0) for k in keys)
+        return self.book is not None and self.usage is not None and borrowing(self.book, self.usage, team, keys)
 
     # --- changes ----------------------------------------------------------------------------
     def add(self, rg: RunningGang) -> None:

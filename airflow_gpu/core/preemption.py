@@ -40,7 +40,15 @@ from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import GangDecision, accepted_products, admit, restricted
 from airflow_gpu.core.model import Gang, Placement, RunningGang, TopologyLevel
-from airflow_gpu.core.quota import Demand, QuotaBook, QuotaKey, QuotaUsage, demand_on_product
+from airflow_gpu.core.quota import (
+    Demand,
+    QuotaBook,
+    QuotaKey,
+    QuotaUsage,
+    borrowing,
+    demand_of_placements,
+    demand_on_product,
+)
 from airflow_gpu.core.room import RoomEstimate
 from airflow_gpu.core.topology import members_per_node
 
@@ -130,8 +138,7 @@ def team_borrows(running: RunningGang, quota: QuotaBook | None, usage: QuotaUsag
     ClusterQueue's usage, not how the workload was admitted)."""
     if quota is None or usage is None:
         return False
-    state = CycleState(snap=None, book=quota, usage=usage, node_product=node_product)  # type: ignore[arg-type]
-    return state.borrowing(running.gang.team, state.demand(running.placements))
+    return borrowing(quota, usage, running.gang.team, demand_of_placements(running.placements, node_product, quota))
 
 
 @dataclass(frozen=True)
@@ -196,12 +203,11 @@ def valid_order(state: CycleState, gang: Gang, victims: Iterable[RunningGang],
     if state.usage is None:
         return list(victims)
     usage = state.usage.copy()
-    probe = CycleState(state.snap, state.book, usage, node_product=state.node_product)
     out = []
     for v in victims:
-        if v.gang.team != gang.team and not probe.borrowing(v.gang.team, keys):
+        if v.gang.team != gang.team and not borrowing(state.book, usage, v.gang.team, keys):
             continue
-        usage.remove(v.gang.team, probe.demand(v.placements))
+        usage.remove(v.gang.team, state.demand(v.placements))
         out.append(v)
     return out
 

@@ -267,6 +267,13 @@ def check(book: QuotaBook, usage: QuotaUsage, team: str, demand: Mapping[QuotaKe
     return QuotaVerdict(True, borrowed=borrowed)
 
 
+def borrowing(book: QuotaBook, usage: QuotaUsage, team: str, keys: Iterable[QuotaKey]) -> bool:
+    """Is `team` above its guarantee now on one of `keys`? (Kueue: the ClusterQueue borrows; what
+    counts is its usage now, not how its workloads were admitted.)"""
+    tq = book.team(team)
+    return any(usage.of(team, k) > (tq.n(k) if tq else 0) for k in keys)
+
+
 def within_limits(book: QuotaBook, usage: QuotaUsage) -> list[str]:
     """Invariant check: every team within N + B and every cohort pool not over-drawn. Returns violations."""
     bad = []
