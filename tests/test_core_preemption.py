@@ -166,11 +166,14 @@ def test_with_quotas_victims_are_own_lower_priority_gangs_or_borrowers(scene, da
     plan, why = plan_for(snap, pending, running, profile(), 100.0, qb, usage)
     if plan is None:
         return
+    gone = usage.copy()  # once the victims (the preemptor's own among them) are gone
+    for v in plan.victims:
+        gone.remove(v.gang.team, demand_of_placements(v.placements, node_product, qb))
     for v in plan.victims:
         # equal or higher priority only as a reclaim: another team's borrower, by a gang within its guarantee
         assert qb.effective_priority(v) < pending.priority or (
             v.gang.team != pending.team and team_borrows(v, qb, usage, node_product)
-            and within_guarantee(qb, usage, pending.team, demand_of_placements(plan.placements, node_product, qb)))
+            and within_guarantee(qb, gone, pending.team, demand_of_placements(plan.placements, node_product, qb)))
         assert v.gang.preemptible and v.gang.tier != TIER_INTERACTIVE
         assert v.gang.team == pending.team or team_borrows(v, qb, usage, node_product)
     # after the plan, the gang's quota check passes

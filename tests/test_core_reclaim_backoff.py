@@ -122,6 +122,9 @@ def test_reclaim_only_takes_borrowers_of_other_teams_in_the_cohort(scene):
         assert why
         return
     own = demand_of_placements(plan.placements, node_product, qb)
+    after = usage.copy()  # the preemptor's team once the victims (its own among them) are gone
+    for v in plan.victims:
+        after.remove(v.gang.team, demand_of_placements(v.placements, node_product, qb))
     for v in plan.victims:
         assert v in running  # whole gangs
         assert v.gang.preemptible and v.gang.tier not in policy.non_preemptible_tiers
@@ -132,7 +135,7 @@ def test_reclaim_only_takes_borrowers_of_other_teams_in_the_cohort(scene):
             assert v.gang.team != pending.team
             assert qb.team(v.gang.team).cohort == qb.team(pending.team).cohort
             assert team_borrows(v, qb, usage, node_product), "a non-borrower of equal/higher priority was taken"
-            assert within_guarantee(qb, usage, pending.team, own), "reclaim by a gang beyond its guarantee"
+            assert within_guarantee(qb, after, pending.team, own), "reclaim by a gang beyond its guarantee"
         if v.gang.team != pending.team:
             assert v.borrowed or team_borrows(v, qb, usage, node_product)  # another team's guarantee is never taken
 

@@ -226,3 +226,15 @@ def test_no_team_exceeds_quota_plus_borrowing_with_held_and_nominated_gangs(data
                 work = state.without(alt)
                 d = admit(work.snap, p.gang, profile(), qb, work.usage)
                 assert not (d.admitted and d.borrowed == p.borrowed), f"{r.gang.name} would do for {v.gang.name}"
+
+
+def test_reclaim_with_the_teams_own_lower_priority_gang_when_under_its_guarantee():
+    # Kueue: a (nominal 8) uses 4 < 8 with a-low; a-high (8) needs c's borrower gone for room AND
+    # a-low gone to stay within 8 without borrowing: both are taken.
+    qb = book(a=(8, 0), b=(8, 0), c=(8, 8))
+    snap = Snapshot.from_nodes(cluster(2))
+    running = [start(snap, gang("a-low", 1, 4, team="a"), profile())] + running_on(snap, ("c-own", "c", 8, 5))
+    running.append(start(snap, gang("c-borrow", 1, 4, team="c", priority=5), profile()))
+    plan, why = plan_preemption(CycleState.build(snap, running, qb), gang("a-high", 1, 8, team="a", priority=9),
+                                profile(), 1.0)
+    assert plan is not None and set(plan.victim_names) == {"a-low", "c-borrow"} and not plan.borrowed, why

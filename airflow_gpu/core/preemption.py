@@ -126,10 +126,15 @@ def product_demands(state: CycleState, gang: Gang) -> list[Demand]:
 
 
 def under_guarantee(state: CycleState, gang: Gang) -> bool:
-    """Within its team's guarantee on some accepted product once admitted: it may reclaim."""
+    """The team uses less than its guarantee now on every key the gang needs, for some accepted
+    product (Kueue's queueUnderNominalInResourcesNeedingPreemption): it may try reclaim, and must then
+    fit within the guarantee once its victims (its own lower-priority gangs among them) are gone."""
     if state.book is None or state.usage is None:
         return False
-    return any(within_guarantee(state.book, state.usage, gang.team, d) for d in product_demands(state, gang))
+    tq = state.book.team(gang.team)
+    if tq is None:
+        return False
+    return any(all(state.usage.of(gang.team, k) < tq.n(k) for k in d) for d in product_demands(state, gang))
 
 
 def team_borrows(running: RunningGang, quota: QuotaBook | None, usage: QuotaUsage | None,
