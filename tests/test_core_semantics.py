@@ -4,6 +4,8 @@ with priorities, the pending gang, and the expected victims or admission (issue 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fixtures.core_gang import cluster, gang, profile, start
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,7 +13,7 @@ from hypothesis import strategies as st
 from airflow_gpu.constants import TIER_PRODUCTION_TRAINING
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.gang import admit
-from airflow_gpu.core.model import RunningGang
+from airflow_gpu.core.model import Gang, Node, RunningGang
 from airflow_gpu.core.preemption import plan_preemption
 from airflow_gpu.core.queue import schedule_cycle
 from airflow_gpu.core.quota import QuotaBook, TeamQuota, within_limits
@@ -238,3 +240,22 @@ def test_reclaim_with_the_teams_own_lower_priority_gang_when_under_its_guarantee
     plan, why = plan_preemption(CycleState.build(snap, running, qb), gang("a-high", 1, 8, team="a", priority=9),
                                 profile(), 1.0)
     assert plan is not None and set(plan.victim_names) == {"a-low", "c-borrow"} and not plan.borrowed, why
+
+
+def test_a_borrower_on_nodes_the_gang_may_not_use_does_not_shield_the_one_it_can_displace():
+    # research (8, borrow 8) runs sweep-spot (checkpointable, spot) and sweep-od (on-demand, borrowed);
+    # nlp's production gang may not run on spot: reclaim takes sweep-od, not the cheaper spot one.
+    qb = book(nlp=(8, 0), research=(8, 8))
+    spot = [Node(f"spot-{i}", 64_000, 512_000, gpu_count=8, gpu_product="H100", capacity_type="spot", clique="s")
+            for i in range(1)]
+    snap = Snapshot.from_nodes(cluster(1) + spot)
+    def on(g, capacity):
+        return Gang(g.name, g.team, g.tier, g.priority, tuple(replace(m, capacity_types=(capacity,)) for m in g.members),
+                    checkpointable=g.checkpointable)
+
+    running = [start(snap, on(gang("sweep-spot", 1, 8, team="research", checkpointable=True), "spot"), profile()),
+               start(snap, on(gang("sweep-od", 1, 8, team="research"), "on-demand"), profile(), at=5.0, borrowed=True)]
+    assert running[0].placements[0].node == "spot-0" and running[1].placements[0].node == "n0000"
+    prod = on(gang("nlp-ft", 1, 8, team="nlp", priority=100, tier=PROD), "on-demand")
+    plan, why = plan_preemption(CycleState.build(snap, running, qb), prod, profile(), 10.0)
+    assert plan is not None and plan.victim_names == ("sweep-od",), why

@@ -345,6 +345,22 @@ def _search(state: CycleState, gang: Gang, profile: Profile, now: float, attempt
     return chosen, decision
 
 
+def _narrowed(tries: list[Attempt], room: RoomEstimate) -> list[Attempt]:
+    """Each attempt first with only the candidates that free nodes the gang may use (Kueue: those on
+    the flavor that needs preemption), then with all. Otherwise a borrower on nodes the gang may not
+    use (spot, for work that must stay on-demand) could be taken first, and the borrowing team would
+    then no longer borrow: the gang would wait forever behind the borrower it could have displaced."""
+    index = room.snap.shape.index
+    out = []
+    for a in tries:
+        useful = tuple(c for c in a.candidates if any(room.eligible[index[p.node]] for p in c.placements
+                                                      if p.node in index))
+        if useful and len(useful) < len(a.candidates):
+            out.append(Attempt(useful, a.allow_borrowing))
+        out.append(a)
+    return out
+
+
 def plan_preemption(state: CycleState, gang: Gang, profile: Profile, now: float,
                     policy: PreemptionPolicy = PreemptionPolicy(),
                     exclude: np.ndarray | None = None) -> tuple[PreemptionPlan | None, str]:
@@ -362,7 +378,7 @@ def plan_preemption(state: CycleState, gang: Gang, profile: Profile, now: float,
     prof = profile if exclude is None else restricted(profile, ~exclude, "reserved")
     room = RoomEstimate.for_gang(state.snap, gang, prof)
     keys = {k for d in product_demands(state, gang) for k in d}
-    for attempt in tries:
+    for attempt in _narrowed(tries, room):
         found = _search(state, gang, profile, now, attempt, exclude, room, keys)
         if found is None:
             continue
