@@ -104,3 +104,8 @@ TIERS = (TIER_INTERACTIVE, TIER_PRODUCTION_TRAINING, TIER_INFERENCE, TIER_BEST_E
 # --- local cluster (airflow_gpu/localcluster) ------------------------------------------------
 ENV_CLUSTER_TOKEN = "AIRFLOW_GPU_CLUSTER_TOKEN"  # bearer token `cluster up` requires (implies TLS)
 ENV_CLUSTER_GC_FREEZE = "AIRFLOW_GPU_CLUSTER_GC_FREEZE"  # "0" turns off GC freezing (benchmark comparison)
+
+# --- pools sync against a remote Airflow (secrets from the environment or a file, never argv) ---
+ENV_API_TOKEN = "AIRFLOW_GPU_API_TOKEN"
+ENV_API_USERNAME = "AIRFLOW_GPU_API_USERNAME"
+ENV_API_PASSWORD = "AIRFLOW_GPU_API_PASSWORD"

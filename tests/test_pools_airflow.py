@@ -4,6 +4,7 @@ holding back a task whose pool_slots exceed its team pool's open slots until slo
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -65,11 +66,14 @@ def two_team_config(path: Path, nlp_gpus: int = 8) -> Path:
     return path
 
 
-def rest_sync(stack, config: Path, *extra: str, auth: tuple[str, ...] | None = None):
-    auth = auth if auth is not None else ("--username", stack.username, "--password", stack.password)
+def rest_sync(stack, config: Path, *extra: str, auth: tuple[str, ...] | None = None, password: str | None = None):
+    """Secrets go by environment (or --token-file / --password-file), never argv."""
+    auth = auth if auth is not None else ("--username", stack.username)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW_GPU_API_")}
+    env[constants.ENV_API_PASSWORD] = password if password is not None else stack.password
     return subprocess.run(
         [sys.executable, "-m", "airflow_gpu", "pools", "sync", "--config", str(config), "--api-url", stack.base_url,
-         *auth, *extra], capture_output=True, text=True, timeout=60)
+         *auth, *extra], capture_output=True, text=True, timeout=60, env=env)
 
 
 def get_pool(api, name: str) -> dict:
@@ -95,8 +99,12 @@ def test_rest_backend_sync(airflow_stack, tmp_path):
     assert (nlp["slots"], nlp["include_deferred"], nlp["team_name"]) == (56, True, None)
     assert nlp["description"].startswith(constants.POOL_DESCRIPTION_MARKER)
 
-    out = rest_sync(airflow_stack, config, auth=("--token", airflow_stack.token()))
+    token_file = tmp_path / "token"
+    token_file.write_text(airflow_stack.token() + "\n")
+    out = rest_sync(airflow_stack, config, auth=("--token-file", str(token_file)), password="")
     assert out.returncode == 0 and "no changes: 2 managed pool(s)" in out.stdout, out.stdout + out.stderr
+    out = rest_sync(airflow_stack, config, auth=("--token-file", str(tmp_path / "missing")), password="")
+    assert out.returncode == 2 and "--token-file" in out.stderr and "No such file" in out.stderr, out.stderr
 
     # update through PATCH with the full body: slots change, include_deferred stays True
     out = rest_sync(airflow_stack, two_team_config(config, nlp_gpus=4))
@@ -115,7 +123,7 @@ def test_rest_backend_sync(airflow_stack, tmp_path):
     names = {p["name"] for p in api.paginate("/api/v2/pools", "pools")}
     assert names == {"default_pool", "adhoc", "gpu.nlp.a100-80gb"}
 
-    out = rest_sync(airflow_stack, config, auth=("--username", "admin", "--password", "wrong"))
+    out = rest_sync(airflow_stack, config, password="wrong")
     assert out.returncode == 1 and "/auth/token -> 401" in out.stderr
 
 

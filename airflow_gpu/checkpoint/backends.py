@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Protocol, TypeVar
 from urllib.parse import unquote, urlparse
 
 from airflow_gpu.checkpoint.errors import CheckpointError, ConfigError
+from airflow_gpu.checkpoint.layout import check_key
 
 
 T = TypeVar("T")
@@ -89,7 +90,7 @@ class FileBackend:
         self._tmp = self.root / ".tmp"
 
     def _path(self, key: str) -> Path:
-        return self.root / key
+        return self.root / check_key(key)
 
     def _tmp_file(self) -> tuple[Path, int]:
         self._tmp.mkdir(parents=True, exist_ok=True)

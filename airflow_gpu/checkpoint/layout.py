@@ -86,9 +86,36 @@ def new_save_id(attempt: int, step: int) -> str:
 
 def parse_save_id(save_id: str) -> tuple[int, int] | None:
     parts = save_id.split("-")
-    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or not parts[2].isalnum():
         return None
     return int(parts[0]), int(parts[1])
+
+
+def check_key(key: str) -> str:
+    """A key relative to the store: no '..', '.', empty or absolute parts, so no backend resolves it
+    outside the store (file:// paths, S3 servers that normalise keys). A trailing '/' names a prefix."""
+    body = key[:-1] if isinstance(key, str) and key.endswith("/") else key
+    if (not isinstance(body, str) or not body or body.startswith("/") or "\\" in body or "\0" in body
+            or any(p in ("", ".", "..") for p in body.split("/"))):
+        raise ConfigError(f"key {key!r} is not a plain relative key inside the store")
+    return key
+
+
+def check_object_names(names: list[str]) -> None:
+    """Names of one checkpoint: each a plain relative path, none repeated, none a directory of
+    another ('a' and 'a/b' cannot both be files when restored)."""
+    seen: set[str] = set()
+    for name in names:
+        check_object_name(name)
+        if name in seen:
+            raise ConfigError(f"object name {name!r} is given twice; names in one checkpoint must be unique")
+        seen.add(name)
+    for name in names:
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in seen:
+                raise ConfigError(f"object {'/'.join(parts[:i])!r} would be the directory of object {name!r}; "
+                                  "rename one of them")
 
 
 def check_object_name(name: str) -> str:
@@ -160,23 +187,38 @@ def encode_manifest(ckpt: Checkpoint) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
+KINDS = ("files", "bytes", "numpy", "torch")
+MAX_OBJECT_SIZE = 2**50  # 1 PiB: far above any real object, far below what overflows
+
+
+def _int(value: object, what: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{what} must be an integer in {low}..{high}, got {str(value)[:40]}")
+    return value
+
+
 def decode_manifest(raw: bytes, key: str, uri: str) -> Checkpoint:
-    """Parse and cross-check a manifest; CorruptCheckpointError names the manifest and the defect."""
+    """Parse and cross-check a manifest; CorruptCheckpointError names the manifest and the defect.
+    A manifest may come from another job's store (AIRFLOW_GPU_RESUME_URI): it is untrusted input, so
+    every name and key is confined to the checkpoint's own save before anything is read or deleted."""
     try:
         body = json.loads(raw)
+        if not isinstance(body, dict):
+            raise ValueError("not a JSON object")
         if body.get("format") != FORMAT_VERSION:
             raise ValueError(f"unknown format {body.get('format')!r}")
         if body.get("checksum") != CHECKSUM_ALGORITHM:
             raise ValueError(f"unknown checksum algorithm {body.get('checksum')!r}")
         objects = tuple(
             ObjectEntry(
-                name=o["name"], key=o["key"], size=int(o["size"]), part_size=int(o["part_size"]), parts=tuple(o["parts"])
+                name=str(o["name"]), key=str(o["key"]), size=_int(o["size"], "size", 0, MAX_OBJECT_SIZE),
+                part_size=_int(o["part_size"], "part_size", 1, MAX_OBJECT_SIZE), parts=tuple(o["parts"])
             )
             for o in body["objects"]
         )
         ckpt = Checkpoint(
-            step=int(body["step"]),
-            attempt=int(body["attempt"]),
+            step=_int(body["step"], "step", 0, MAX_STEP),
+            attempt=_int(body["attempt"], "attempt", 0, MAX_ATTEMPT),
             save_id=str(body["save_id"]),
             kind=str(body["kind"]),
             created_at=float(body["created_at"]),
@@ -186,13 +228,29 @@ def decode_manifest(raw: bytes, key: str, uri: str) -> Checkpoint:
             key=key,
             uri=uri,
         )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CorruptCheckpointError(f"manifest {uri} is not a valid checkpoint manifest: {exc}") from exc
-    if parse_manifest_key(key) != (ckpt.attempt, ckpt.step):
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
+        raise CorruptCheckpointError(f"manifest {uri} is not a valid checkpoint manifest: "
+                                     f"{type(exc).__name__}: {str(exc)[:200]}") from None
+    _check_contents(ckpt, uri)
+    return ckpt
+
+
+def _check_contents(ckpt: Checkpoint, uri: str) -> None:
+    if parse_manifest_key(ckpt.key) != (ckpt.attempt, ckpt.step):
         raise CorruptCheckpointError(f"manifest {uri} says attempt {ckpt.attempt} step {ckpt.step}, which its key contradicts")
-    for o in objects:
+    for o in ckpt.objects:
         if o.size < 0 or o.part_size <= 0 or len(o.parts) != o.expected_parts():
             raise CorruptCheckpointError(f"manifest {uri}: object {o.name!r} has inconsistent size/parts")
-        if not o.key.startswith(f"{DATA}{ckpt.save_id}/"):
-            raise CorruptCheckpointError(f"manifest {uri}: object {o.name!r} lies outside its save {ckpt.save_id}")
-    return ckpt
+        if o.key != f"{DATA}{ckpt.save_id}/{o.name}":
+            raise CorruptCheckpointError(f"manifest {uri}: object {o.name!r} has key {o.key!r}, not in its save")
+    if parse_save_id(ckpt.save_id) is None:
+        raise CorruptCheckpointError(f"manifest {uri}: save id {ckpt.save_id!r} is not <attempt>-<step>-<random>")
+    try:
+        check_object_names([o.name for o in ckpt.objects])
+    except ConfigError as exc:
+        raise CorruptCheckpointError(f"manifest {uri}: {exc}") from None
+    if ckpt.kind not in KINDS:
+        raise CorruptCheckpointError(f"manifest {uri}: unknown kind {ckpt.kind!r} (one of {KINDS})")
+    if ckpt.kind != "files" and len(ckpt.objects) != 1:
+        raise CorruptCheckpointError(f"manifest {uri}: kind {ckpt.kind!r} needs exactly one object, "
+                                     f"has {len(ckpt.objects)}")

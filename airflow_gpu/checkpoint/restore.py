@@ -36,6 +36,13 @@ class Restored:
 
 def materialize(store: CheckpointStore, ckpt: Checkpoint, dest: str | Path | None = None) -> Restored:
     """Read and verify a checkpoint's data into what save() was given (see serialize.py)."""
+    try:
+        return _materialize(store, ckpt, dest)
+    except KeyError as exc:  # a kind without its object: a stray or foreign manifest
+        raise CorruptCheckpointError(str(exc.args[0] if exc.args else exc)) from None
+
+
+def _materialize(store: CheckpointStore, ckpt: Checkpoint, dest: str | Path | None) -> Restored:
     if ckpt.kind == "bytes":
         return Restored(ckpt, bytes(store.read(ckpt, BYTES_OBJECT)))
     if ckpt.kind == "numpy":

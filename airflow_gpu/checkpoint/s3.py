@@ -31,6 +31,7 @@ from botocore.exceptions import (
 
 from airflow_gpu.checkpoint.backends import AlreadyExists, ListedObject, ObjectMissing
 from airflow_gpu.checkpoint.errors import CheckpointError, ConfigError, StoreUnavailableError
+from airflow_gpu.checkpoint.layout import check_key
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -130,7 +131,7 @@ class S3Backend:
 
     # --- primitives ------------------------------------------------------------------------
     def put(self, key: str, data: bytes, *, create_only: bool = False) -> None:
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self.prefix + key, "Body": data}
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self.prefix + check_key(key), "Body": data}
         if create_only:
             kwargs["IfNoneMatch"] = "*"
         try:
@@ -143,7 +144,7 @@ class S3Backend:
     def read(self, key: str, consume: Callable[[Iterator[bytes]], T], start: int | None = None, length: int | None = None) -> T:
         """consume(chunks) over the object (or its byte range), streamed; on a network failure the
         whole range is fetched again and consume is called afresh."""
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self.prefix + key}
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self.prefix + check_key(key)}
         if length is not None:
             if length == 0:
                 return consume(iter(()))
@@ -208,7 +209,7 @@ class S3Backend:
 
     def delete(self, keys: list[str]) -> None:
         for i in range(0, len(keys), 1000):
-            batch = [{"Key": self.prefix + k} for k in keys[i : i + 1000]]
+            batch = [{"Key": self.prefix + check_key(k)} for k in keys[i : i + 1000]]
             try:
                 answer = self._call(
                     self._what("DeleteObjects", keys[i]),
@@ -222,7 +223,7 @@ class S3Backend:
 
     # --- multipart -------------------------------------------------------------------------
     def multipart_begin(self, key: str) -> Any:
-        full = self.prefix + key
+        full = self.prefix + check_key(key)
         try:
             answer = self._call(
                 self._what("CreateMultipartUpload", key),

@@ -14,6 +14,7 @@ numpy and torch are imported only when a state dict needs them.
 from __future__ import annotations
 
 import io
+import logging
 import json
 import os
 import sys
@@ -22,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from airflow_gpu.checkpoint.errors import ConfigError
-from airflow_gpu.checkpoint.layout import check_object_name
+from airflow_gpu.checkpoint.layout import check_object_names
 from airflow_gpu.checkpoint.transfer import Source
+
+log = logging.getLogger(__name__)
 
 BYTES_OBJECT = "data"
 NUMPY_OBJECT = "state.npz"
@@ -46,7 +49,7 @@ def to_sources(data: object) -> tuple[str, list[Source], dict[str, Any]]:
     if _is_path(data):
         path = Path(data)  # type: ignore[arg-type]
         if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file())
+            files = _files_inside(path)
             return "files", [Source.from_file(p.relative_to(path).as_posix(), p) for p in files], {}
         if path.is_file():
             return "files", [Source.from_file(path.name, path)], {}
@@ -69,9 +72,25 @@ def to_sources(data: object) -> tuple[str, list[Source], dict[str, Any]]:
     )
 
 
+def _files_inside(root: Path) -> list[Path]:
+    """Regular files under root. A symlink is saved as the file it points to only if that file is
+    inside root too; one pointing out of the directory is skipped with a warning, never followed."""
+    real_root = root.resolve()
+    files = []
+    for p in sorted(root.rglob("*")):
+        if p.is_symlink():
+            target = p.resolve()
+            if not target.is_relative_to(real_root):
+                log.warning("save(%s): skipping symlink %s -> %s: it points out of the directory", root, p, target)
+                continue
+        if p.is_file():
+            files.append(p)
+    return files
+
+
 def _named_files(named: Mapping[str, Any]) -> tuple[str, list[Source], dict[str, Any]]:
-    for name, value in named.items():  # validate everything before opening anything
-        check_object_name(name)
+    check_object_names(list(named))  # validate everything before opening anything
+    for name, value in named.items():
         if not _is_bytes(value) and not Path(value).is_file():
             raise ConfigError(f"save(data={{{name!r}: {str(value)!r}}}): not a file")
     sources = [
@@ -88,7 +107,7 @@ def check_metadata(metadata: object) -> dict[str, Any]:
         raise ConfigError(f"metadata must be a dict of JSON values, got {type(metadata).__name__}")
     try:
         json.dumps(metadata)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ConfigError(f"metadata must be JSON-serialisable: {exc}") from None
     return dict(metadata)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
@@ -148,20 +150,29 @@ class CheckpointStore:
         return buf
 
     def restore_files(self, ckpt: Checkpoint, dest: str | os.PathLike[str]) -> Path:
-        """Write every object of `ckpt` under directory `dest`, verifying checksums."""
+        """Write every object of `ckpt` under directory `dest`, verifying checksums. The files go to a
+        fresh staging directory next to dest first and are moved in only once all verify, so a broken
+        checkpoint leaves nothing behind (a fallback restores into a clean place) and nothing is written
+        through a symlink that happens to be in dest."""
         root = Path(dest)
+        root.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{root.name}.restoring-", dir=root.parent))
         closers = []
 
         def sink(entry: Any) -> Any:
-            write, close = file_writer(root / entry.name, entry.size)
+            write, close = file_writer(stage / entry.name, entry.size)
             closers.append(close)
             return write
 
         try:
-            download(self.backend, self.pool, list(ckpt.objects), sink, ckpt.uri)
+            try:
+                download(self.backend, self.pool, list(ckpt.objects), sink, ckpt.uri)
+            finally:
+                for close in closers:
+                    close()
+            _move_into(stage, root)
         finally:
-            for close in closers:
-                close()
+            shutil.rmtree(stage, ignore_errors=True)
         return root
 
     # --- fences and status -----------------------------------------------------------------
@@ -182,3 +193,21 @@ class CheckpointStore:
         except ValueError as exc:
             log.warning("status record %s/%s is unreadable: %s", self.uri, STATUS, exc)
             return None
+
+
+def _move_into(stage: Path, root: Path) -> None:
+    """Move the staged files into root: root itself if it does not exist (one rename), else each
+    top-level entry, replacing what is there (a symlink is replaced, never followed)."""
+    if not root.exists() and not root.is_symlink():
+        os.rename(stage, root)
+        stage.mkdir()  # the caller removes it
+        return
+    if root.is_symlink() or not root.is_dir():
+        raise ConfigError(f"restore destination {root} is not a directory; pass a directory path")
+    for child in stage.iterdir():
+        target = root / child.name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+        os.rename(child, target)

@@ -1,6 +1,6 @@
 """`airflow-gpu cluster`: the local GPU cluster (a Kubernetes API on 127.0.0.1 with simulated GPU nodes).
 
-  cluster up --spec FILE [--port N] [--state-dir DIR] [--token T] [--fresh] [--audit-log FILE]
+  cluster up --spec FILE [--port N] [--state-dir DIR] [--token-file F] [--fsync] [--fresh] [--audit-log FILE]
       runs in the foreground; prints the kubeconfig path once the API answers; SIGTERM/SIGINT stop it
       and every pod process.
   cluster interrupt NODE [--notice S] [--replace-after S] [--mode eviction|shutdown] [--kubeconfig F]
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
@@ -25,13 +24,16 @@ def register(subparsers) -> None:
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
 
-    up = sub.add_parser("up", help="run a local cluster in the foreground")
+    up = sub.add_parser("up", help="run a local cluster in the foreground", allow_abbrev=False)
     up.add_argument("--spec", required=True, help="cluster spec YAML (see examples/cluster-*.yaml)")
     up.add_argument("--port", type=int, default=0, help="API server port on 127.0.0.1 (default: a free one)")
     up.add_argument("--state-dir", help="where state, pod working dirs and the kubeconfig go "
                                         "(default: ~/.cache/airflow-gpu/cluster-<spec name>)")
-    up.add_argument("--token", default=os.environ.get(C.ENV_CLUSTER_TOKEN),
-                    help="require this bearer token (default: $AIRFLOW_GPU_CLUSTER_TOKEN, else none)")
+    up.add_argument("--token-file", help=f"require the bearer token in this file (else ${C.ENV_CLUSTER_TOKEN}, "
+                                         "else none); never on the command line, where `ps` shows it")
+    up.add_argument("--fsync", action="store_true",
+                    help="fdatasync the store log before answering a write: answered writes also survive a "
+                         "power cut (without it they survive a kill of the server)")
     up.add_argument("--bookmark-seconds", type=float, default=5.0, help="interval of watch BOOKMARK events")
     up.add_argument("--audit-log", help="write one audit.k8s.io/v1 Event per request to this file (JSON lines)")
     up.add_argument("--fresh", action="store_true",
@@ -79,10 +81,16 @@ def _up(args) -> int:
         runner = uvloop.run
     except ImportError:  # pragma: no cover
         runner = asyncio.run
+    from airflow_gpu.cli.secrets import SecretError, read_secret
     from airflow_gpu.localcluster.cluster import StateDirBusy
+    from airflow_gpu.localcluster.store import CorruptLog
 
     try:
+        args.token = read_secret(args.token_file, C.ENV_CLUSTER_TOKEN, "--token-file")
         return runner(_run(spec, state_dir, args))
+    except (SecretError, CorruptLog) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except StateDirBusy as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -95,7 +103,7 @@ async def _run(spec, state_dir: Path, args) -> int:
     from airflow_gpu.localcluster.cluster import LocalCluster
 
     cluster = LocalCluster(spec, state_dir, port=args.port, token=args.token, bookmark_seconds=args.bookmark_seconds,
-                           fresh=args.fresh, audit_log=args.audit_log)
+                           fresh=args.fresh, audit_log=args.audit_log, fsync=args.fsync)
     await cluster.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

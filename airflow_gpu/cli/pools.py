@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
+from airflow_gpu import constants as C
+
 EXIT_BAD_INPUT = 2
 EXIT_BACKEND = 1
 
@@ -17,16 +19,15 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("pools", help="team GPU quotas -> Airflow pools and Kubernetes quotas")
     sub = parser.add_subparsers(dest="pools_command", required=True, metavar="SUBCOMMAND")
 
-    sync = sub.add_parser("sync", help="create/update/delete the managed Airflow pools to match the config")
+    sync = sub.add_parser("sync", help="create/update/delete the managed Airflow pools to match the config",
+                          allow_abbrev=False)
     sync.add_argument("--config", required=True, help="quota configuration YAML")
     sync.add_argument("--dry-run", action="store_true", help="print the changes, write nothing")
     sync.add_argument("--api-url", help="a remote Airflow's API server (REST v2) instead of the local database")
-    sync.add_argument("--token", default=os.environ.get("AIRFLOW_GPU_API_TOKEN"),
-                      help="bearer token for --api-url (env AIRFLOW_GPU_API_TOKEN)")
-    sync.add_argument("--username", default=os.environ.get("AIRFLOW_GPU_API_USERNAME"),
-                      help="user for --api-url, exchanged for a token (env AIRFLOW_GPU_API_USERNAME)")
-    sync.add_argument("--password", default=os.environ.get("AIRFLOW_GPU_API_PASSWORD"),
-                      help="password for --username (env AIRFLOW_GPU_API_PASSWORD)")
+    sync.add_argument("--token-file", help=f"file holding the bearer token for --api-url (else ${C.ENV_API_TOKEN})")
+    sync.add_argument("--username", default=os.environ.get(C.ENV_API_USERNAME),
+                      help=f"user for --api-url, exchanged for a token (env {C.ENV_API_USERNAME})")
+    sync.add_argument("--password-file", help=f"file holding the password for --username (else ${C.ENV_API_PASSWORD})")
     sync.add_argument("--multi-team", choices=("auto", "on", "off"), default="auto",
                       help="set pools' team_name; auto asks the target Airflow ([core] multi_team)")
     sync.set_defaults(func=_sync)
@@ -50,8 +51,17 @@ def _sync(args) -> int:
     cfg = _load(args.config)
     if cfg is None:
         return EXIT_BAD_INPUT
-    if args.api_url and not (args.token or (args.username and args.password)):
-        print("pools sync: --api-url needs --token, or --username and --password", file=sys.stderr)
+    from airflow_gpu.cli.secrets import SecretError, read_secret
+
+    try:
+        token = read_secret(args.token_file, C.ENV_API_TOKEN, "--token-file")
+        password = read_secret(args.password_file, C.ENV_API_PASSWORD, "--password-file")
+    except SecretError as exc:
+        print(f"pools sync: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.api_url and not (token or (args.username and password)):
+        print(f"pools sync: --api-url needs --token-file (or ${C.ENV_API_TOKEN}), or --username and "
+              f"--password-file (or ${C.ENV_API_PASSWORD})", file=sys.stderr)
         return EXIT_BAD_INPUT
 
     from airflow_gpu.airflow_api import AirflowApiError
@@ -63,8 +73,8 @@ def _sync(args) -> int:
         if args.api_url:
             from airflow_gpu.pools.backends import RestBackend
 
-            backend = RestBackend(args.api_url, token=args.token, username=args.username,
-                                  password=args.password, multi_team=multi_team)
+            backend = RestBackend(args.api_url, token=token, username=args.username,
+                                  password=password, multi_team=multi_team)
         else:
             from airflow_gpu.pools.backends import DatabaseBackend
 

@@ -9,11 +9,13 @@ from inspect import isclass
 
 from pydantic import BaseModel
 
-from airflow_gpu.config.model import DNS_LABEL, MIG_PROFILE
+from airflow_gpu.config.model import DNS_LABEL, LABEL_VALUE, MIG_PROFILE
 
 _PATTERN_HINTS = {
     DNS_LABEL: "a lowercase DNS label: a-z, 0-9 and '-', starting and ending with a letter or digit",
     MIG_PROFILE: "a MIG profile name like 1g.10gb, 3g.40gb or 7g.80gb (<compute slices 1-7>g.<memory>gb)",
+    LABEL_VALUE: "a Kubernetes label value like NVIDIA-A100-SXM4-80GB: letters, digits, '-', '_', '.', "
+                 "starting and ending with a letter or digit, at most 63 characters",
 }
 
 _BOUNDS = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),

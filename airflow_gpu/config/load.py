@@ -13,18 +13,52 @@ from airflow_gpu.config.errors import ConfigError, ConfigIssue, issue_from_pydan
 from airflow_gpu.config.model import SLOTS_PER_GPU, QuotaConfig, format_gpus
 
 
+MAX_FILE_BYTES = 1024 * 1024  # a quota file for thousands of teams is ~100 KB
+MAX_VALUES = 200_000  # after YAML aliases are expanded: bounds time and memory of validation
+
+
 def load_config(path: str | Path) -> QuotaConfig:
-    """Load and validate a quota configuration file. Raises ConfigError naming every bad field."""
+    """Load and validate a quota configuration file. Raises ConfigError naming every bad field.
+    Bounded: at most MAX_FILE_BYTES of UTF-8 text that expands (aliases) to at most MAX_VALUES values."""
     source = str(path)
+    fail = lambda message: ConfigError(source, [ConfigIssue("", message)])  # noqa: E731
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(source, [ConfigIssue("", f"cannot read the file: {exc.strerror or exc}")]) from None
+        raise fail(f"cannot read the file: {exc.strerror or exc}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise fail(f"the file is larger than {MAX_FILE_BYTES // 1024} KB; a quota configuration is far smaller")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise fail(f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save the file as UTF-8") from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
-        raise ConfigError(source, [ConfigIssue("", f"not valid YAML: {_yaml_problem(exc)}")]) from None
+        raise fail(f"not valid YAML: {_yaml_problem(exc)}") from None
+    except ValueError as exc:  # e.g. an integer of thousands of digits
+        raise fail(f"not valid YAML: {str(exc)[:200]}") from None
+    except RecursionError:
+        raise fail("not valid YAML: nested too deeply") from None
+    if _count_values(data, MAX_VALUES) > MAX_VALUES:
+        raise fail(f"the configuration expands to more than {MAX_VALUES:,} values (YAML aliases?); "
+                   "write the values out or use fewer aliases")
     return parse_config(data, source=source)
+
+
+def _count_values(data: object, limit: int) -> int:
+    """Values in data counting every alias expansion, stopping once past limit (bounded time)."""
+    count, stack = 0, [data]
+    while stack and count <= limit:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
 
 
 def parse_config(data: object, source: str = "<config>") -> QuotaConfig:
@@ -51,7 +85,13 @@ def check_references(cfg: QuotaConfig) -> list[ConfigIssue]:
     add = lambda path, message: issues.append(ConfigIssue(path, message))  # noqa: E731
 
     products = {}
+    node_labels: dict[str, int] = {}
     for i, product in enumerate(cfg.products):
+        if product.node_label is not None:
+            if product.node_label in node_labels:
+                add(f"products[{i}].node_label", f"node_label {product.node_label!r} is already the label of "
+                    f"products[{node_labels[product.node_label]}]; each product needs its own node label")
+            node_labels.setdefault(product.node_label, i)
         if product.name in products:
             add(f"products[{i}].name", f"duplicate product {product.name!r} (also products[{products[product.name]}])")
         products.setdefault(product.name, i)
@@ -147,6 +187,9 @@ class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyam
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool)) or key is None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a mapping key must be a plain value, not a {type(key).__name__}", key_node.start_mark)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r}", key_node.start_mark)

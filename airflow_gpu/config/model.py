@@ -33,10 +33,13 @@ MAX_USER_PRIORITY = 1_000_000_000
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 MIG_PROFILE = r"^([1-7])g\.([1-9][0-9]*)gb$"
+# a Kubernetes label value (what nvidia.com/gpu.product holds): 1-63 of A-Z a-z 0-9 - _ ., alphanumeric ends
+LABEL_VALUE = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 
-GpuCount = Annotated[StrictInt, Field(ge=0)]
+MAX_GPUS = 1_000_000  # per team and product: far above any cluster, far below what overflows quota arithmetic
+GpuCount = Annotated[StrictInt, Field(ge=0, le=MAX_GPUS)]
 """A whole, non-negative number of GPUs (2.5, -1 and "8" are rejected)."""
-InstanceCount = Annotated[StrictInt, Field(ge=0)]
+InstanceCount = Annotated[StrictInt, Field(ge=0, le=7 * MAX_GPUS)]
 Money = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
@@ -86,7 +89,8 @@ class GpuProduct(_Strict):
     relative_speed: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0  # A100 = 1.0
     price_per_gpu_hour: Price
     mig_profiles: list[MigProfile] = []
-    node_label: str | None = None  # value of nvidia.com/gpu.product on its nodes, e.g. NVIDIA-A100-SXM4-80GB
+    # value of nvidia.com/gpu.product on its nodes, e.g. NVIDIA-A100-SXM4-80GB
+    node_label: Annotated[str, Field(pattern=LABEL_VALUE, max_length=63)] | None = None
 
     def mig_profile(self, name: str) -> MigProfile:
         for profile in self.mig_profiles:

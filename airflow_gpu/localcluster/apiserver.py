@@ -71,6 +71,8 @@ class APIServer:
                     and req.path not in ("/healthz", "/livez", "/readyz"):
                 raise errors.unauthorized()
             result = await self.route(req, send)
+            if scope["method"] != "GET":
+                await self.store.durable()  # a write is answered only once it is in the log
         except ApiError as exc:
             result = json_response(exc.status(), exc.code)
         except Exception as exc:  # never let a bad request take the server down

@@ -50,13 +50,15 @@ class StateDirBusy(RuntimeError):
 
 class LocalCluster:
     def __init__(self, spec: ClusterSpec, state_dir: str | Path, port: int = 0, token: str | None = None,
-                 bookmark_seconds: float = 5.0, fresh: bool = False, audit_log: str | Path | None = None):
+                 bookmark_seconds: float = 5.0, fresh: bool = False, audit_log: str | Path | None = None,
+                 fsync: bool = False):
         self.spec = spec
         self.state_dir = Path(state_dir).resolve()
         self.port = port
         self.token = token
         self.bookmark_seconds = bookmark_seconds
         self.fresh = fresh
+        self.fsync = fsync
         self.audit_log = Path(audit_log) if audit_log else None
         self._server: uvicorn.Server | None = None
         self.tls: tuple[Path, Path] | None = None
@@ -76,6 +78,7 @@ class LocalCluster:
     # --- start / stop ------------------------------------------------------------------------
     async def start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.state_dir, 0o700)  # the store log holds every Secret, cluster.json the token
         self._lock = open(self.state_dir / "lock", "a+")
         try:  # one cluster per state dir: two would interleave their writes to store.log
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -99,7 +102,7 @@ class LocalCluster:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", self.port))
         self.port = self._sock.getsockname()[1]
-        self.store = Store(self.state_dir, history_size=self.spec.watch_history)
+        self.store = Store(self.state_dir, history_size=self.spec.watch_history, fsync=self.fsync)
         restored = self.store.load()
         self.registry = Registry()
         self.registry.sync_crds(self.store.values(CRD_KEY))
@@ -309,7 +312,10 @@ class LocalCluster:
         info = {"pid": os.getpid(), "server": self.server_url, "token": self.token,
                 "kubeconfig": str(self.kubeconfig_path), "name": self.spec.name,
                 "ca": str(self.tls[0]) if self.tls else None}
-        (self.state_dir / "cluster.json").write_text(json.dumps(info, indent=2))
+        tmp = self.state_dir / "cluster.json.tmp"
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+            fh.write(json.dumps(info, indent=2))
+        os.replace(tmp, self.state_dir / "cluster.json")
 
 
 def _required(body: dict, key: str) -> str:
