@@ -180,6 +180,7 @@ class _Cycle:
         self.policy = policy if platform.preemption else replace(
             policy, never_preempting_tiers=frozenset(), non_preemptible_tiers=frozenset())
         self.backoff = Backoff(base=NEVER, cap=NEVER)
+        self._keys: dict[str, tuple] = {}
 
     def run(self, snap: Snapshot, pending: list[Gang], running: list[RunningGang], now: float):
         """-> (admitted [(gang, placements, borrowed)], victims [unit names])."""
@@ -197,12 +198,17 @@ class _Cycle:
         out = []
         for gang in sorted(pending, key=lambda g: (g.created_at, g.name)):
             member = gang.members[0]
-            key = replace(member, name="")
+            key = self._keys.get(member.name)
+            if key is None:
+                key = self._keys[member.name] = (member.gpus, member.gpu_milli, member.cpu_milli, member.memory_mib,
+                                                 member.gpu_products, member.capacity_types)
             if key in failed:
                 continue
             placement, _ = place_pod(work, member, self.profile)
             if placement is None:
                 failed.add(key)
+                if not work.gpu_free.any():
+                    break  # nothing left for any GPU ask
                 continue
             work.assume(placement)
             out.append((gang, (placement,), False))
