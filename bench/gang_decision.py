@@ -6,7 +6,9 @@ of 250, about 60 % of the GPUs held by running gangs of 1..8 GPUs. Side by side 
 - the same 64 pods placed one by one with `place_pod` + `assume`, as a pod-at-a-time scheduler would
   (no all-or-nothing, no topology): the floor a gang decision is compared against;
 - `plan_preemption` for a 64-pod production gang on a full cluster of lower-priority gangs;
-- one `schedule_cycle` over 100 pending gangs.
+- one `schedule_cycle` over 100 pending gangs;
+- k independent heads of line (teams each preempting their own lower-priority gangs): cycles and
+  time until every one has its plan (one plan per cycle; the next cycle sees the plan held).
 Median (and min) of repeated runs; seconds move on a shared machine, the ratios less.
 """
 
@@ -18,6 +20,7 @@ import time
 import numpy as np
 
 from airflow_gpu.core.framework import place_pod
+from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.gang import admit
 from airflow_gpu.core.model import Gang, Node, PodRequest, RunningGang, TopologyLevel, TopologyRequirement
 from airflow_gpu.core.policies import DEFAULT_POLICY, make_profile
@@ -108,7 +111,7 @@ def main() -> None:
 
     full, full_running, _ = build_cluster(0.97, seed=11, background="bestfit")
     prod = gang("prod", 64, 4, priority=10)
-    med, low, (plan, why) = timed(lambda: plan_preemption(full, prod, full_running, profile, now=7200.0))
+    med, low, (plan, why) = timed(lambda: plan_preemption(CycleState.build(full, full_running), prod, profile, now=7200.0))
     what = (f"{len(plan.victims)} victims of {len(full_running)} running, {plan.lost_gpu_seconds:.0f} GPU-s lost"
             if plan else why)
     print(f"plan_preemption, 64 x 4 GPU at {full.gpu_allocation_ratio():.0%} full: {med:.1f} ms (min {low:.1f}); {what}")
@@ -118,11 +121,36 @@ def main() -> None:
                     created_at=float(i), expected_duration=float(rng.uniform(60, 7200))) for i in range(100)]
     for s, r in ((snap, running), (full, full_running)):
         label = f"{s.gpu_allocation_ratio():.0%}"
-        med, low, res = timed(lambda: schedule_cycle(s, pending, r, profile, now=3600.0))
+        med, low, res = timed(lambda: schedule_cycle(CycleState.build(s, r), pending, profile, now=3600.0))
         print(f"schedule_cycle, 100 pending gangs, cluster {label} full: {med:.1f} ms (min {low:.1f}); "
               f"{len(res.admitted)} admitted, "
               f"{len(res.preemptions)} preemption plan(s), reservation: "
               f"{res.reservation.gang.name if res.reservation else 'none'}")
+
+    heads_until_planned(full, full_running, profile)
+
+
+def heads_until_planned(snap: Snapshot, running: list[RunningGang], profile, k: int = 4) -> None:
+    """k heads of line at once on the full cluster: each cycle plans one; its plan is then held (here
+    with its victims already gone), so the next cycle serves the next head."""
+    heads = [gang(f"head-{i}", 16, 8, priority=10, created_at=float(i)) for i in range(k)]
+    state = CycleState.build(snap, running)
+    cycles, planned, admitted = 0, [], []
+    t0 = time.perf_counter()
+    while len(planned) + len(admitted) < k and cycles < 2 * k:
+        res = schedule_cycle(state, [h for h in heads if h.name not in planned + admitted], profile, now=7200.0)
+        cycles += 1
+        for d in res.admitted:
+            state.hold(d.gang.team, d.placements)
+            admitted.append(d.gang.name)
+        for plan in res.preemptions:
+            for v in plan.victims:
+                state.remove(v)
+            state.hold(plan.gang.team, plan.placements)
+            planned.append(plan.gang.name)
+    ms = (time.perf_counter() - t0) * 1000
+    print(f"{k} heads of line (16 x 8 GPU each) at {snap.gpu_allocation_ratio():.0%} full: {len(admitted)} "
+          f"admitted, {len(planned)} with a preemption plan, in {cycles} cycles, {ms:.0f} ms in all")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,18 @@ def test_slot_helpers_use_one_unit():
         cfg.pool_slots("a100-80gb", mig_profile="9g.99gb")
 
 
+def test_borrow_within_cohort_is_off_unless_a_team_sets_a_threshold(seed_data):
+    from airflow_gpu.scheduler.loop import quota_book_from_config
+
+    seed_data["teams"][0]["borrow_within_cohort"] = 500
+    book = quota_book_from_config(parse_config(seed_data))
+    first, second = seed_data["teams"][0]["name"], seed_data["teams"][1]["name"]
+    assert book.team(first).borrow_within_cohort == 500 and book.team(second).borrow_within_cohort is None
+    seed_data["teams"][0]["borrow_within_cohort"] = "high"
+    with pytest.raises(ConfigError, match="borrow_within_cohort"):
+        parse_config(seed_data)
+
+
 def test_team_limits_default_like_kueue(seed_data):
     seed_data["teams"][0]["borrowing_limit"] = {"a100-80gb": 4}
     seed_data["teams"][0]["lending_limit"] = {"a100-80gb": 2}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from fixtures.core_gang import cluster, gang, profile, start
+from fixtures.core_gang import cluster, gang, profile, run_cycle, start
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -13,7 +13,7 @@ from airflow_gpu.core.gang import admit, place_gang
 from airflow_gpu.core.model import RunningGang
 from airflow_gpu.core.preemption import team_borrows
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements, within_limits
-from airflow_gpu.core.queue import estimate_start, queue_order, schedule_cycle
+from airflow_gpu.core.queue import estimate_start, queue_order
 from airflow_gpu.core.snapshot import Snapshot
 
 
@@ -36,7 +36,7 @@ def test_backfill_only_when_it_does_not_delay_the_head():
     quick = gang("quick", 1, 2, priority=1, created_at=1.0, expected_duration=500.0)
     slow = gang("slow", 1, 2, priority=1, created_at=2.0, expected_duration=5000.0)
     unknown = gang("unknown", 1, 2, priority=1, created_at=3.0)
-    res = schedule_cycle(snap, [unknown, slow, quick, head], running, profile(), now=0.0)
+    res = run_cycle(snap, [unknown, slow, quick, head], running, profile(), now=0.0)
     assert [d.gang.name for d in res.admitted] == ["quick"]  # done by 500, before the head's start
     assert res.reservation.gang.name == "head" and res.reservation.start == 1000.0
     assert res.reservation.nodes == {"n0000", "n0001"}
@@ -50,7 +50,7 @@ def test_smaller_gangs_backfill_outside_the_reserved_nodes():
     snap, running = two_busy_nodes()
     head = gang("head", 1, 8, priority=0, created_at=0.0)  # n0 frees at 100: reserve n0 only
     small = gang("small", 1, 4, priority=0, created_at=1.0)  # unknown duration, fits on n1
-    res = schedule_cycle(snap, [head, small], running, profile(), now=0.0)
+    res = run_cycle(snap, [head, small], running, profile(), now=0.0)
     assert res.reservation.nodes == {"n0000"} and res.reservation.start == 100.0
     assert [(d.gang.name, d.placements[0].node) for d in res.admitted] == [("small", "n0001")]
 
@@ -61,11 +61,11 @@ def test_head_with_higher_priority_gets_a_preemption_plan_and_its_nodes_are_held
                start(snap, gang("be-b", 1, 8, priority=0), profile())]
     prod = gang("prod", 1, 8, priority=100, created_at=5.0)
     notebook = gang("nb", 1, 2, priority=200, tier=TIER_INTERACTIVE, created_at=9.0)
-    res = schedule_cycle(snap, [prod], running, profile(), now=100.0)
+    res = run_cycle(snap, [prod], running, profile(), now=100.0)
     assert [p.victim_names for p in res.preemptions] == [("be-a",)]  # checkpointable, 10 s at risk
     assert res.reservation.by_preemption and "preempting 1 gang(s) of lower priority: be-a" in res.waiting["prod"]
     # the interactive notebook comes first in the queue and takes the preemption for itself
-    res = schedule_cycle(snap, [prod, notebook], running, profile(), now=100.0)
+    res = run_cycle(snap, [prod, notebook], running, profile(), now=100.0)
     assert res.reservation.gang.name == "nb" and len(res.preemptions) == 1
     assert res.waiting["prod"]  # waits this cycle: one plan per cycle
 
@@ -74,12 +74,12 @@ def test_quota_blocked_gang_does_not_hold_capacity_for_others():
     snap = Snapshot.from_nodes(cluster(2))
     qb = QuotaBook({"a": TeamQuota.from_gpus("a", {"H100": 8}), "b": TeamQuota.from_gpus("b", {"H100": 8})})
     running = [start(snap, gang("a1", 1, 8, team="a"), profile())]
-    res = schedule_cycle(snap, [gang("a2", 1, 4, team="a", priority=0), gang("b1", 1, 8, team="b")], running,
+    res = run_cycle(snap, [gang("a2", 1, 4, team="a", priority=0), gang("b1", 1, 8, team="b")], running,
                          profile(), now=0.0, quota=qb)
     assert [d.gang.name for d in res.admitted] == ["b1"] and res.reservation is None
     assert res.waiting["a2"].startswith("team quota: a uses 8 of 8 H100")
     # with a higher priority, a2 may take its own team's quota back from a1 (and only from a1)
-    res = schedule_cycle(snap, [gang("a2", 1, 4, team="a", priority=9)], running, profile(), now=0.0, quota=qb)
+    res = run_cycle(snap, [gang("a2", 1, 4, team="a", priority=9)], running, profile(), now=0.0, quota=qb)
     assert [p.victim_names for p in res.preemptions] == [("a1",)]
 
 
@@ -114,7 +114,7 @@ def queues(draw):
 def test_a_cycle_is_consistent(scene):
     snap, running, pending, quota = scene
     node_product = {n.name: n.gpu_product for n in snap.nodes}
-    res = schedule_cycle(snap, pending, running, profile(), now=10.0, quota=quota)
+    res = run_cycle(snap, pending, running, profile(), now=10.0, quota=quota)
     work = snap.copy()
     usage = QuotaUsage.from_running(running, node_product, quota) if quota else None
     ok_before = quota is None or within_limits(quota, usage) == []
@@ -162,7 +162,7 @@ def test_seed_story_production_reclaims_its_quota_from_borrowed_best_effort_trai
     arrivals = [gang("vision-ft", 1, 8, priority=100_000, team="vision", tier=PROD, created_at=0.0)] + [
         gang(f"sweep-{i}", 1, 8, priority=1000, team="research", checkpointable=True, created_at=1.0 + i)
         for i in range(3)]
-    res = schedule_cycle(snap, arrivals, running, profile(), now, qb)
+    res = run_cycle(snap, arrivals, running, profile(), now, qb)
     for d in res.admitted:
         for p in d.placements:
             snap.assume(p)
@@ -172,7 +172,7 @@ def test_seed_story_production_reclaims_its_quota_from_borrowed_best_effort_trai
 
     now = 100.0
     prod = gang("nlp-ft", 1, 8, priority=100_000, team="nlp", tier=PROD, created_at=now)
-    res = schedule_cycle(snap, [prod], running, profile(), now, qb)
+    res = run_cycle(snap, [prod], running, profile(), now, qb)
     assert res.admitted == [] and "other teams borrowed it" in res.waiting["nlp-ft"]
     (plan,) = res.preemptions
     assert plan.victim_names == ("sweep-2",) and plan.reclaim and plan.lost_gpu_seconds == 8 * 50.0
@@ -180,7 +180,7 @@ def test_seed_story_production_reclaims_its_quota_from_borrowed_best_effort_trai
         for p in v.placements:
             snap.forget(p)
         running.remove(v)
-    res = schedule_cycle(snap, [prod, plan.victims[0].gang], running, profile(), now + 30, qb)
+    res = run_cycle(snap, [prod, plan.victims[0].gang], running, profile(), now + 30, qb)
     assert [(d.gang.name, d.borrowed) for d in res.admitted] == [("nlp-ft", False)]
     assert res.waiting["sweep-2"].startswith("cohort quota: research would borrow 8 a100-80gb")
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fixtures.core_gang import cluster, gang, profile, start
+from fixtures.core_gang import cluster, gang, plan_for, profile, start
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from airflow_gpu.constants import TIER_BEST_EFFORT_TRAINING, TIER_INTERACTIVE, TIER_PRODUCTION_TRAINING
 from airflow_gpu.core.gang import admit
 from airflow_gpu.core.model import RunningGang, TopologyLevel
-from airflow_gpu.core.preemption import PreemptionPolicy, is_borrower, plan_preemption, team_borrows, within_guarantee
+from airflow_gpu.core.preemption import PreemptionPolicy, team_borrows, within_guarantee
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, check, demand_of_placements
 from airflow_gpu.core.snapshot import Snapshot
 
@@ -31,12 +31,12 @@ def test_checkpointable_victims_before_non_checkpointable_then_fewest_gpu_second
         ("ckpt-old", 1, 4, 0, {"checkpointable": True}, {"at": 0.0, "checkpoint": 10.0}),
         ("ckpt-new", 1, 4, 0, {"checkpointable": True}, {"at": 0.0, "checkpoint": 90.0}),
     ])
-    plan, why = plan_preemption(snap, gang("prod", 1, 4, priority=100, tier=PROD), running, profile(), now=100.0)
+    plan, why = plan_for(snap, gang("prod", 1, 4, priority=100, tier=PROD), running, profile(), now=100.0)
     assert plan is not None, why
     assert plan.victim_names == ("ckpt-new",)
     assert plan.lost_gpu_seconds == 4 * 10.0
     assert len(plan.placements) == 1
-    plan, _ = plan_preemption(snap, gang("prod", 1, 8, priority=100, tier=PROD), running, profile(), now=100.0)
+    plan, _ = plan_for(snap, gang("prod", 1, 8, priority=100, tier=PROD), running, profile(), now=100.0)
     # 8 GPUs: both checkpointable gangs (on one node) rather than the non-checkpointable one
     assert set(plan.victim_names) == {"ckpt-old", "ckpt-new"}
 
@@ -47,15 +47,15 @@ def test_equal_or_higher_priority_and_non_preemptible_tiers_are_never_victims():
         ("notebook", 1, 4, 0, {"tier": TIER_INTERACTIVE}, {}),
         ("pinned", 1, 4, 0, {"preemptible": False}, {}),
     ])
-    plan, why = plan_preemption(snap, gang("prod", 1, 4, priority=100, tier=PROD), running, profile(), now=5.0)
+    plan, why = plan_for(snap, gang("prod", 1, 4, priority=100, tier=PROD), running, profile(), now=5.0)
     assert plan is None and "no preemptible gang of lower priority" in why
 
 
 def test_a_never_preempting_tier_plans_nothing_and_a_fitting_gang_needs_no_plan():
     snap, running = full_cluster([("be", 1, 8, 0, {}, {})])
     policy = PreemptionPolicy(never_preempting_tiers=frozenset({PROD}))
-    assert plan_preemption(snap, gang("p", 1, 8, priority=9, tier=PROD), running, profile(), 1.0, policy=policy)[0] is None
-    plan, why = plan_preemption(snap, gang("p", 1, 8, priority=9), running, profile(), 1.0)
+    assert plan_for(snap, gang("p", 1, 8, priority=9, tier=PROD), running, profile(), 1.0, policy=policy)[0] is None
+    plan, why = plan_for(snap, gang("p", 1, 8, priority=9), running, profile(), 1.0)
     assert plan is None and why == "fits without preemption"
 
 
@@ -66,7 +66,7 @@ def test_whole_gangs_only_and_the_victim_set_is_minimal():
         ("b", 1, 6, 0, {}, {"at": 0.0}),
         ("wide", 2, 2, 0, {}, {"at": 50.0}),
     ])
-    plan, _ = plan_preemption(snap, gang("prod", 1, 2, priority=10), running, profile(), now=60.0)
+    plan, _ = plan_for(snap, gang("prod", 1, 2, priority=10), running, profile(), now=60.0)
     assert plan.victim_names == ("wide",)  # cheapest: 4 GPU x 10 s at risk < 6 x 60
     freed = {p.node for p in running[2].placements}
     assert len(freed) == 2  # both its pods go, though one node would do
@@ -82,17 +82,17 @@ def test_reclaim_preempts_borrowers_first_and_never_another_teams_guaranteed_gan
     usage = QuotaUsage.from_running(running, {n.name: n.gpu_product for n in snap.nodes}, qb)
     d = admit(snap, gang("b-job", 1, 4, priority=5, team="b"), profile(), qb, usage)
     assert not d.admitted and d.quota.reclaimable
-    plan, why = plan_preemption(snap, gang("b-job", 1, 4, priority=5, team="b"), running, profile(), 1.0, qb, usage)
+    plan, why = plan_for(snap, gang("b-job", 1, 4, priority=5, team="b"), running, profile(), 1.0, qb, usage)
     assert plan is not None, why
     assert plan.victim_names == ("a-borrow",) and plan.reclaim
     # team a's gang within its own guarantee is never taken by team b, whatever the priority
     qb = QuotaBook({"a": TeamQuota.from_gpus("a", {"H100": 16}), "b": TeamQuota.from_gpus("b", {"H100": 8})})
     snap2, running2 = full_cluster([("a-own", 2, 8, 0, {"team": "a"}, {})])
-    plan, why = plan_preemption(snap2, gang("b-job", 1, 8, priority=99, team="b"), running2, profile(), 1.0, qb)
+    plan, why = plan_for(snap2, gang("b-job", 1, 8, priority=99, team="b"), running2, profile(), 1.0, qb)
     assert plan is None and "no preemptible gang" in why
     # while team a is above its guarantee (borrowing), its gangs are reclaimable
     qb = QuotaBook({"a": TeamQuota.from_gpus("a", {"H100": 8}, {"H100": 8}), "b": TeamQuota.from_gpus("b", {"H100": 8})})
-    plan, why = plan_preemption(snap2, gang("b-job", 1, 8, priority=99, team="b"), running2, profile(), 1.0, qb)
+    plan, why = plan_for(snap2, gang("b-job", 1, 8, priority=99, team="b"), running2, profile(), 1.0, qb)
     assert plan is not None and plan.victim_names == ("a-own",)
 
 
@@ -122,7 +122,7 @@ def scenes(draw):
 @given(scenes())
 def test_plans_only_touch_lower_priority_preemptible_whole_gangs_and_are_minimal(scene):
     snap, running, pending = scene
-    plan, why = plan_preemption(snap, pending, running, profile(), now=100.0)
+    plan, why = plan_for(snap, pending, running, profile(), now=100.0)
     if plan is None:
         assert why
         return
@@ -163,16 +163,19 @@ def test_with_quotas_victims_are_own_lower_priority_gangs_or_borrowers(scene, da
                    borrowed_priority=data.draw(st.sampled_from([None, 0, 1])))
     node_product = {n.name: n.gpu_product for n in snap.nodes}
     usage = QuotaUsage.from_running(running, node_product, qb)
-    plan, why = plan_preemption(snap, pending, running, profile(), 100.0, qb, usage)
+    plan, why = plan_for(snap, pending, running, profile(), 100.0, qb, usage)
     if plan is None:
         return
+    gone = usage.copy()  # once the victims (the preemptor's own among them) are gone
+    for v in plan.victims:
+        gone.remove(v.gang.team, demand_of_placements(v.placements, node_product, qb))
     for v in plan.victims:
         # equal or higher priority only as a reclaim: another team's borrower, by a gang within its guarantee
         assert qb.effective_priority(v) < pending.priority or (
             v.gang.team != pending.team and team_borrows(v, qb, usage, node_product)
-            and within_guarantee(qb, usage, pending.team, demand_of_placements(plan.placements, node_product, qb)))
+            and within_guarantee(qb, gone, pending.team, demand_of_placements(plan.placements, node_product, qb)))
         assert v.gang.preemptible and v.gang.tier != TIER_INTERACTIVE
-        assert v.gang.team == pending.team or is_borrower(v, qb, usage, node_product)
+        assert v.gang.team == pending.team or team_borrows(v, qb, usage, node_product)
     # after the plan, the gang's quota check passes
     after = usage.copy()
     for v in plan.victims:

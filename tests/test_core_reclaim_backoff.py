@@ -6,15 +6,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from fixtures.core_gang import cluster, gang, profile, start
+from fixtures.core_gang import cluster, gang, plan_for, profile, run_cycle, start
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from airflow_gpu.constants import TIER_BEST_EFFORT_TRAINING, TIER_INTERACTIVE, TIER_PRODUCTION_TRAINING
 from airflow_gpu.core.gang import admit
-from airflow_gpu.core.preemption import PreemptionPolicy, plan_preemption, team_borrows, within_guarantee
+from airflow_gpu.core.preemption import PreemptionPolicy, team_borrows, within_guarantee
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements
-from airflow_gpu.core.queue import Backoff, schedule_cycle
+from airflow_gpu.core.queue import Backoff
 from airflow_gpu.core.snapshot import Snapshot
 
 PROD, BE = TIER_PRODUCTION_TRAINING, TIER_BEST_EFFORT_TRAINING
@@ -35,24 +35,26 @@ def lent_out(borrower_priority=1000, borrower_tier=BE, borrowed=True):
 def test_owner_within_its_guarantee_reclaims_from_a_borrower_of_the_same_tier():
     qb, snap, running = lent_out()
     b_job = gang("b-job", 1, 8, priority=1000, team="b")  # same tier and priority as the borrower
-    plan, why = plan_preemption(snap, b_job, running, profile(), 10.0, qb, policy=NEVER)
+    plan, why = plan_for(snap, b_job, running, profile(), 10.0, qb, policy=NEVER)
     assert plan is not None, why
     assert plan.victim_names == ("a-borrow",) and plan.reclaim and not plan.borrowed
-    res = schedule_cycle(snap, [b_job], running, profile(), 10.0, qb, NEVER)
+    res = run_cycle(snap, [b_job], running, profile(), 10.0, qb, NEVER)
     assert [p.victim_names for p in res.preemptions] == [("a-borrow",)]
     assert "borrowing in the cohort" in res.waiting["b-job"]
 
 
 def test_reclaim_ignores_the_borrowers_priority_but_not_a_non_preemptible_tier():
     qb, snap, running = lent_out(borrower_priority=100_000, borrower_tier=PROD)  # a higher tier borrows
-    plan, why = plan_preemption(snap, gang("b-job", 1, 8, priority=1000, team="b"), running, profile(), 10.0, qb)
+    plan, why = plan_for(snap, gang("b-job", 1, 8, priority=1000, team="b"), running, profile(), 10.0, qb)
+    # any priority is reclaimed; of the two, the checkpointable one (DESIGN.md: never a
+    # non-checkpointable victim while a checkpointable one would do), before priority
     assert plan is not None and plan.victim_names == ("a-borrow",), why
     qb, snap, running = lent_out(borrower_tier=TIER_INTERACTIVE)
-    plan, why = plan_preemption(snap, gang("b-job", 1, 8, priority=1000, team="b"), running, profile(), 10.0, qb)
+    plan, why = plan_for(snap, gang("b-job", 1, 8, priority=1000, team="b"), running, profile(), 10.0, qb)
     # never the interactive borrower: the reclaim takes team a's other gang (team a is over its guarantee)
     assert plan is not None and plan.victim_names == ("a-own",), why
     policy = PreemptionPolicy(non_preemptible_tiers=frozenset({TIER_INTERACTIVE, BE}))
-    plan, why = plan_preemption(snap, gang("b-job", 1, 8, priority=1000, team="b"), running, profile(), 10.0, qb,
+    plan, why = plan_for(snap, gang("b-job", 1, 8, priority=1000, team="b"), running, profile(), 10.0, qb,
                                 policy=policy)
     assert plan is None and "no preemptible gang" in why
 
@@ -60,20 +62,20 @@ def test_reclaim_ignores_the_borrowers_priority_but_not_a_non_preemptible_tier()
 def test_no_reclaim_beyond_the_guarantee_or_from_a_team_within_its_own():
     qb, snap, running = lent_out()
     # 12 GPUs is past b's guarantee of 8: only strictly lower priority could be preempted, and there is none
-    plan, why = plan_preemption(snap, gang("b-big", 2, 6, priority=1000, team="b"), running, profile(), 10.0, qb)
+    plan, why = plan_for(snap, gang("b-big", 2, 6, priority=1000, team="b"), running, profile(), 10.0, qb)
     assert plan is None, plan
     # team a within its guarantee (the flag says borrowed, but a-own ended): not reclaimable at equal priority
     snap2 = Snapshot.from_nodes(cluster(2))
     only = [start(snap2, gang("a-borrow", 1, 8, priority=1000, team="a"), profile(), borrowed=True)]
     usage = QuotaUsage.from_running(only, {n.name: n.gpu_product for n in snap2.nodes}, qb)
     assert not team_borrows(only[0], qb, usage, {n.name: n.gpu_product for n in snap2.nodes})
-    plan, why = plan_preemption(snap2, gang("b-job", 2, 8, priority=1000, team="b"), only, profile(), 10.0, qb, usage)
+    plan, why = plan_for(snap2, gang("b-job", 2, 8, priority=1000, team="b"), only, profile(), 10.0, qb, usage)
     assert plan is None
     # another cohort's borrower is not ours to reclaim
     other = QuotaBook({"a": TeamQuota.from_gpus("a", {"H100": 8}, {"H100": 8}, cohort="x"),
                        "c": TeamQuota.from_gpus("c", {"H100": 8}, cohort="x"),
                        "b": TeamQuota.from_gpus("b", {"H100": 8}, cohort="y")}, borrowed_priority=1000)
-    plan, why = plan_preemption(snap, gang("b-job", 1, 8, priority=1000, team="b"), running, profile(), 10.0, other)
+    plan, why = plan_for(snap, gang("b-job", 1, 8, priority=1000, team="b"), running, profile(), 10.0, other)
     assert plan is None
 
 
@@ -115,11 +117,14 @@ def test_reclaim_only_takes_borrowers_of_other_teams_in_the_cohort(scene):
     qb, snap, running, pending, policy = scene
     node_product = {n.name: n.gpu_product for n in snap.nodes}
     usage = QuotaUsage.from_running(running, node_product, qb)
-    plan, why = plan_preemption(snap, pending, running, profile(), 100.0, qb, usage, policy)
+    plan, why = plan_for(snap, pending, running, profile(), 100.0, qb, usage, policy)
     if plan is None:
         assert why
         return
     own = demand_of_placements(plan.placements, node_product, qb)
+    after = usage.copy()  # the preemptor's team once the victims (its own among them) are gone
+    for v in plan.victims:
+        after.remove(v.gang.team, demand_of_placements(v.placements, node_product, qb))
     for v in plan.victims:
         assert v in running  # whole gangs
         assert v.gang.preemptible and v.gang.tier not in policy.non_preemptible_tiers
@@ -130,7 +135,7 @@ def test_reclaim_only_takes_borrowers_of_other_teams_in_the_cohort(scene):
             assert v.gang.team != pending.team
             assert qb.team(v.gang.team).cohort == qb.team(pending.team).cohort
             assert team_borrows(v, qb, usage, node_product), "a non-borrower of equal/higher priority was taken"
-            assert within_guarantee(qb, usage, pending.team, own), "reclaim by a gang beyond its guarantee"
+            assert within_guarantee(qb, after, pending.team, own), "reclaim by a gang beyond its guarantee"
         if v.gang.team != pending.team:
             assert v.borrowed or team_borrows(v, qb, usage, node_product)  # another team's guarantee is never taken
 
@@ -160,23 +165,23 @@ def test_gangs_in_backoff_are_skipped_but_the_head_keeps_its_reservation():
     small = gang("small", 1, 4, priority=1, created_at=1.0)  # does not fit anywhere outside the reservation
     b = Backoff(base=1.0, cap=30.0)
     pending = [head, small]
-    res = schedule_cycle(snap, pending, running, profile(), 0.0, backoff=b)
+    res = run_cycle(snap, pending, running, profile(), 0.0, backoff=b)
     assert res.reservation.gang.name == "head" and set(res.waiting) == {"head", "small"}
     b.record(res, pending, 0.0)
     assert b.failures == {"head": 1, "small": 1}
     # 0.5 s later both are in back-off: the head is still tried (it comes first) and keeps its nodes;
     # the gang behind it is skipped, its last reason standing
-    res = schedule_cycle(snap, pending, running, profile(), 0.5, backoff=b)
+    res = run_cycle(snap, pending, running, profile(), 0.5, backoff=b)
     assert res.reservation.gang.name == "head" and res.reservation.nodes == {"n0000"}
     assert res.deferred == ["small"] and "small" not in res.waiting
     b.record(res, pending, 0.5)
     assert b.failures == {"head": 2, "small": 1}  # a deferred gang is not charged again
-    res = schedule_cycle(snap, pending, running, profile(), 1.0, backoff=b)
+    res = run_cycle(snap, pending, running, profile(), 1.0, backoff=b)
     assert "small" in res.waiting  # its 1 s back-off has passed
     # an admitted gang, or one no longer pending, is forgotten
     b.record(res, [head], 1.0)
     assert set(b.failures) == {"head"}
-    res = schedule_cycle(Snapshot.from_nodes(cluster(2)), [head], [], profile(), 2.0, backoff=b)
+    res = run_cycle(Snapshot.from_nodes(cluster(2)), [head], [], profile(), 2.0, backoff=b)
     assert [d.gang.name for d in res.admitted] == ["head"]
     b.record(res, [head], 2.0)
     assert b.failures == {}
@@ -185,8 +190,8 @@ def test_gangs_in_backoff_are_skipped_but_the_head_keeps_its_reservation():
 def test_backoff_never_changes_what_is_admitted_when_everything_is_ready():
     snap = Snapshot.from_nodes(cluster(2))
     gangs = [gang(f"g{i}", 1, 4, priority=i % 3, created_at=float(i)) for i in range(6)]
-    plain = schedule_cycle(snap, gangs, [], profile(), 0.0)
-    with_b = schedule_cycle(snap, gangs, [], profile(), 0.0, backoff=Backoff())
+    plain = run_cycle(snap, gangs, [], profile(), 0.0)
+    with_b = run_cycle(snap, gangs, [], profile(), 0.0, backoff=Backoff())
     assert [d.gang.name for d in plain.admitted] == [d.gang.name for d in with_b.admitted]
     assert plain.waiting == with_b.waiting and with_b.deferred == []
 
@@ -195,5 +200,5 @@ def test_replace_keeps_borrowed_flag_for_reclaim_ordering():
     # two borrowers of team a: the one admitted as borrowed goes first, whatever else differs
     qb, snap, running = lent_out()
     running = [replace(running[0], borrowed=False), running[1]]
-    plan, _ = plan_preemption(snap, gang("b-job", 1, 8, priority=1000, team="b"), running, profile(), 10.0, qb)
+    plan, _ = plan_for(snap, gang("b-job", 1, 8, priority=1000, team="b"), running, profile(), 10.0, qb)
     assert plan.victim_names == ("a-borrow",)

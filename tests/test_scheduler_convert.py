@@ -120,6 +120,14 @@ def test_world_waits_for_every_member_and_orders_by_priority():
         ("team-nlp/big", "gang has 1 of 2 pods; waiting for the rest to be created")]
 
 
+def test_a_partly_bound_gang_pins_its_pending_members_and_counts_bound_ones_toward_min_member():
+    pods = [pod("g0", 1, group="pg", node_name="a", phase="Running"), pod("g1", 1, group="pg"),
+            pod("g2", 1, group="pg"), pod("g3", 1, group="pg")]
+    w = build_world(_view(pods, [podgroup("pg", 3)]), "airflow-gpu", ConversionContext())
+    ((_, g),) = w.pending
+    assert g.pinned == ("a",) and len(g.members) == 3 and g.min_member == 2
+
+
 def test_running_pods_and_nominated_plans_hold_gpus():
     running = [pod(f"r{i}", 1, node_name="a", phase="Running") for i in range(6)]
     members = [pod(f"g{i}", 8, group="big") for i in range(2)]

@@ -2,6 +2,8 @@
 
     airflow-gpu simulate inflation --nodes CSV --pods CSV --policy NAME --seed N [--ratio 1.3]
                                    [--json] [--assignments FILE]
+    airflow-gpu simulate replay (--pods CSV --nodes CSV | --seed-scenario) [--capacity F] [--seed N]
+                                [--platforms a,b] [--json] [--events DIR] [--plots DIR] [--report FILE]
 """
 
 from __future__ import annotations
@@ -31,6 +33,96 @@ def register(subparsers) -> None:
     inflation.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     inflation.add_argument("--assignments", type=Path, help="write the final placement as CSV to this file")
     inflation.set_defaults(func=_inflation)
+    _register_replay(modes)
+
+
+def _register_replay(modes) -> None:
+    from airflow_gpu.sim.replay import PLATFORMS
+
+    rp = modes.add_parser("replay", help="time replay of a trace on the scheduler's own cycle, naive vs full + ablations")
+    src = rp.add_mutually_exclusive_group(required=True)
+    src.add_argument("--pods", type=Path, help="openb pod list CSV (with creation/deletion times and qos)")
+    src.add_argument("--seed-scenario", action="store_true", help="the design's seed example (generated)")
+    rp.add_argument("--nodes", type=Path, help="openb node list CSV (with --pods)")
+    rp.add_argument("--capacity", type=float, default=1.0, help="keep this seeded fraction of the nodes (0, 1]")
+    rp.add_argument("--seed", type=int, default=42, help="seed of capacity, teams, spot and the generator")
+    rp.add_argument("--days", type=float, help="seed scenario: days of arrivals (default from SeedParams)")
+    rp.add_argument("--config", type=Path, help="quota config for tiers and prices (default examples/seed-quotas.yaml)")
+    rp.add_argument("--platforms", default=",".join(PLATFORMS), help=f"comma-separated, from {', '.join(PLATFORMS)}")
+    rp.add_argument("--json", action="store_true", help="print one JSON object")
+    rp.add_argument("--events", type=Path, help="write <platform>.csv (every job attempt) and quota JSON here")
+    rp.add_argument("--plots", type=Path, help="write utilization.png, wait_cdf.png, ablations.png here")
+    rp.add_argument("--report", type=Path, help="write a markdown report to this file")
+    rp.set_defaults(func=_replay)
+
+
+def _replay(args) -> int:
+    from airflow_gpu.sim.replay import PLATFORMS, replay
+    from airflow_gpu.sim.replay_report import markdown, plot, summarize, write_events
+    from airflow_gpu.sim.settings import DEFAULT_CONFIG, openb_setting, seed_setting
+    from airflow_gpu.sim.traces import TraceError, trace_name
+    from airflow_gpu.sim.workload import SeedParams
+
+    names = [n.strip() for n in args.platforms.split(",") if n.strip()]
+    unknown = [n for n in names if n not in PLATFORMS]
+    if unknown or not names:
+        print(f"--platforms: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(PLATFORMS)}",
+              file=sys.stderr)
+        return 2
+    if not 0 < args.capacity <= 1:
+        print(f"--capacity must be in (0, 1], got {args.capacity}", file=sys.stderr)
+        return 2
+    config = args.config or DEFAULT_CONFIG
+    params = None
+    try:
+        if args.seed_scenario:
+            params = SeedParams() if args.days is None else SeedParams(days=args.days)
+            setting = seed_setting(params, args.seed, config)
+            if args.capacity < 1:
+                from dataclasses import replace as _replace
+
+                from airflow_gpu.sim.workload import keep_capacity
+                setting = _replace(setting, nodes=tuple(keep_capacity(list(setting.nodes), args.capacity, args.seed)))
+            trace = "seed-scenario"
+        else:
+            if args.nodes is None:
+                print("--pods needs --nodes (the node list CSV)", file=sys.stderr)
+                return 2
+            setting = openb_setting(args.nodes, args.pods, args.capacity, args.seed, config)
+            trace = trace_name(args.pods)
+    except (TraceError, ValueError) as exc:
+        print(f"airflow-gpu simulate replay: {exc}", file=sys.stderr)
+        return 2
+
+    results = []
+    for name in names:
+        if sys.stderr.isatty():
+            from rich.progress import Progress
+
+            with Progress(transient=True) as bar:
+                task = bar.add_task(name, total=None)
+                results.append(replay(setting, PLATFORMS[name],
+                                      progress=lambda d, t: bar.update(task, completed=d, total=t)))
+        else:
+            results.append(replay(setting, PLATFORMS[name]))
+    doc = {"trace": trace, "capacity": args.capacity, "seed": args.seed,
+           "nodes": len(setting.nodes), "gpus": sum(n.gpu_count for n in setting.nodes), "jobs": len(setting.jobs),
+           "platforms": {r.platform.name: summarize(r) for r in results}}
+    if params is not None:
+        doc["parameters"] = params.describe()
+    if args.events:
+        for r in results:
+            write_events(r, args.events)
+    if args.plots:
+        plot(results, doc["platforms"], args.plots)
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(markdown(doc))
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        print(markdown(doc), end="")
+    return 0
 
 
 def _inflation(args) -> int:

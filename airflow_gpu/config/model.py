@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from airflow_gpu import constants
+from airflow_gpu.core.tiers import TierPolicy, priority_class_name
 
 SLOTS_PER_GPU = 7
 """Airflow pool slots per whole GPU: one slot is one MIG compute slice (1/7 GPU)."""
@@ -112,7 +113,7 @@ class Tier(_Strict):
 
     @property
     def priority_class_name(self) -> str:
-        return f"airflow-gpu-{self.name}"
+        return priority_class_name(self.name)
 
 
 class Team(_Strict):
@@ -133,6 +134,9 @@ class Team(_Strict):
     lending_limit: dict[str, GpuCount] = {}
     tiers: list[str] | None = None  # tiers this team may submit; None = all
     cohort: Annotated[str, Field(pattern=DNS_LABEL)] = "default"  # teams that lend to each other
+    # Kueue's borrowWithinCohort: while borrowing, preempt other teams' borrowers of lower priority
+    # up to this priority. Absent: off (Kueue's default; reclaim within the guarantee still works).
+    borrow_within_cohort: int | None = None
 
     @property
     def airflow_team_name(self) -> str:
@@ -191,6 +195,10 @@ class QuotaConfig(_Strict):
             if team.name == name:
                 return team
         raise KeyError(f"unknown team {name!r} (teams: {', '.join(t.name for t in self.teams)})")
+
+    def tier_policies(self) -> dict[str, TierPolicy]:
+        """The one adapter from this file to core's tier rule: tier name -> core.tiers.TierPolicy."""
+        return {t.name: TierPolicy(t.priority, t.preemptible, t.spot_eligible) for t in self.tiers}
 
     def node_label_aliases(self) -> dict[str, str]:
         """nvidia.com/gpu.product node label value -> product name, for products that declare one."""

@@ -14,7 +14,7 @@ the lowest rank in `Profile.tie_rank` wins. With a seeded shuffled rank this is 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
@@ -110,11 +110,9 @@ class Profile:
     scores: tuple[tuple[ScorePlugin, float], ...] = ()
     gpu_chooser: GpuChooser | None = None
     tie_rank: np.ndarray | None = None
-    # optional custom selector(snap, pod, feasible node indices) -> (node index, gpu shares or None)
-    select: object | None = field(default=None, repr=False)
 
     def with_tie_rank(self, rank: np.ndarray) -> Profile:
-        return Profile(self.name, self.filters, self.scores, self.gpu_chooser, np.asarray(rank), self.select)
+        return Profile(self.name, self.filters, self.scores, self.gpu_chooser, np.asarray(rank))
 
 
 def run_filters(snap: Snapshot, pod: PodRequest, filters) -> tuple[np.ndarray, FilterDiagnosis]:
@@ -156,9 +154,6 @@ def place_pod(snap: Snapshot, pod: PodRequest, profile: Profile) -> tuple[Placem
     nodes = np.flatnonzero(ok)
     if not len(nodes):
         return None, diagnosis
-    if profile.select is not None:
-        node, shares = profile.select(snap, pod, nodes)
-        return snap.placement_for(pod, node, shares), diagnosis
     if len(nodes) == 1 or not profile.scores:
         if profile.tie_rank is not None and len(nodes) > 1:
             node = int(nodes[np.argmin(profile.tie_rank[nodes])])
@@ -168,9 +163,3 @@ def place_pod(snap: Snapshot, pod: PodRequest, profile: Profile) -> tuple[Placem
         node = pick_best(nodes, total_scores(snap, pod, profile, nodes), profile.tie_rank)
     shares = profile.gpu_chooser.choose_gpus(snap, pod, node) if profile.gpu_chooser else None
     return snap.placement_for(pod, node, shares), diagnosis
-
-
-def feasible_nodes(snap: Snapshot, pod: PodRequest, profile: Profile) -> tuple[np.ndarray, FilterDiagnosis]:
-    """Node indices passing every filter of `profile` (for callers that place several pods at once)."""
-    ok, diagnosis = run_filters(snap, pod, profile.filters)
-    return np.flatnonzero(ok), diagnosis

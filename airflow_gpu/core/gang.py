@@ -68,7 +68,7 @@ class _Within:
 def restricted(profile: Profile, mask: np.ndarray, reason: str) -> Profile:
     """`profile` with one more filter, first: only nodes in `mask`."""
     return Profile(profile.name, (_Within(mask, reason),) + tuple(profile.filters), profile.scores,
-                   profile.gpu_chooser, profile.tie_rank, profile.select)
+                   profile.gpu_chooser, profile.tie_rank)
 
 
 def _place_members(snap: Snapshot, members: list[PodRequest], profile: Profile,
@@ -102,6 +102,8 @@ def place_gang(snap: Snapshot, gang: Gang, profile: Profile,
     """
     if not gang.members:
         raise ValueError(f"gang {gang.name}: has no members")
+    if gang.pinned:
+        return _place_pinned(snap, gang, profile, exclude)
     # Largest members first: they are the hardest to fit, small ones fill around them.
     members = sorted(gang.members, key=lambda m: (-m.gpu_milli_total, -m.cpu_milli, -m.memory_mib))
     base = profile if exclude is None else restricted(profile, ~exclude, "node(s) reserved for another gang")
@@ -135,44 +137,85 @@ def place_gang(snap: Snapshot, gang: Gang, profile: Profile,
     return None, "", last_why or no_fit_reason(snap, gang, base)
 
 
-def _demand_words(gang: Gang) -> tuple[str, int, str]:
-    """(unit, how many units in all, product text) for the wait reason, from the largest member."""
-    big = max(gang.members, key=lambda m: (m.gpu_milli_total, m.mig_profile is not None))
+def pinned_domain(snap: Snapshot, gang: Gang) -> np.ndarray:
+    """[N] bool: the nodes of the topology domain (at the gang's level) where its bound members run."""
+    level = gang.topology.level
+    known = [snap.shape.index[n] for n in gang.pinned if n in snap.shape.index]
+    mask = np.zeros(len(snap), dtype=bool)
+    if level is TopologyLevel.ANY:
+        mask[:] = True
+    elif level is TopologyLevel.NODE:
+        mask[known] = True
+    else:
+        ids = snap.shape.domain_ids(level.value)
+        doms = {int(ids[i]) for i in known if ids[i] >= 0}
+        mask = np.isin(ids, list(doms)) if doms else mask
+        mask[known] = True
+    return mask
+
+
+def _place_pinned(snap: Snapshot, gang: Gang, profile: Profile,
+                  exclude: np.ndarray | None) -> tuple[tuple[Placement, ...] | None, str, str]:
+    """The rest of a partly bound gang: inside the domain its bound members pin; a soft requirement
+    then widens to anywhere, a hard one never does."""
+    where = f"the {gang.topology.level.value} of its bound members"
+    inside = restricted(profile, pinned_domain(snap, gang), f"node(s) outside {where}")
+    free = replace(gang, pinned=())
+    placed, domain, why = place_gang(snap, free, inside, exclude)
+    if placed is not None:
+        return placed, f"{domain}, {where}", ""
+    if gang.topology.hard:
+        return None, "", f"{why} (kept to {where}: the topology requirement is hard)"
+    return place_gang(snap, free, profile, exclude)
+
+
+def _demand_words(gang: Gang) -> tuple[str, int, str, str]:
+    """(unit, how many units in all, product text, per-set breakdown) for the wait reason, from the
+    gang's GPU pod sets (a CPU-only launcher asks no GPU)."""
+    gpu_sets = [ps for ps in gang.pod_sets if ps.request.uses_gpu] or list(gang.pod_sets)
+    big = gpu_sets[0].request
     products = "|".join(big.gpu_products) if big.gpu_products else "GPU"
-    n = len(gang.members)
+    n = sum(ps.count for ps in gpu_sets)
     if big.gpus:
-        return "gpus", n * big.gpus, products
+        whole = [ps for ps in gpu_sets if ps.request.gpus]
+        parts = " + ".join(f"{ps.count} pods x {ps.request.gpus}" for ps in whole)
+        return "gpus", sum(ps.count * ps.request.gpus for ps in whole), products, parts
     if big.gpu_milli:
-        return "share", n, f"{big.gpu_milli}-milli {products} shares"
+        return "share", n, f"{big.gpu_milli}-milli {products} shares", ""
     if big.mig_profile:
-        return "mig", n, f"{big.mig_profile} MIG slices"
-    return "pods", n, "pods"
+        return "mig", n, f"{big.mig_profile} MIG slices", ""
+    return "pods", n, "pods", ""
 
 
 def no_fit_reason(snap: Snapshot, gang: Gang, profile: Profile) -> str:
     """'needs 16 x H100 in one NVLink clique; largest free block is 8' and the like."""
-    fit = members_per_node(snap, gang, eligible_nodes(snap, gang, profile))
+    eligible = eligible_nodes(snap, gang, profile)
     req = gang.topology
     level = req.level if req.hard else TopologyLevel.ANY
     if len(gang.members) == 1:
         level = TopologyLevel.NODE
+    unit, total, what, parts = _demand_words(gang)
+    if unit == "gpus":
+        # whole GPUs free on nodes that suit the GPU members, in the best domain of the level
+        gpu_set = next(s for s, ps in enumerate(gang.pod_sets) if ps.request.gpus)
+        per_node = np.where(eligible[gpu_set], snap.whole_free_gpus(), 0)
+    else:
+        per_node = members_per_node(snap, gang, eligible)
     if level is TopologyLevel.NODE:
-        block = int(fit.max()) if len(fit) else 0
+        block = int(per_node.max()) if len(per_node) else 0
     elif level is TopologyLevel.ANY:
-        block = int(fit.sum())
+        block = int(per_node.sum())
     else:
         ids = snap.shape.domain_ids(level.value)
         known = ids >= 0
-        block = int(np.bincount(ids[known], weights=fit[known]).max()) if known.any() else 0
-    unit, total, what = _demand_words(gang)
-    per = max(m.gpus for m in gang.members) if unit == "gpus" else 1
-    have = min(block, len(gang.members)) * per
+        block = int(np.bincount(ids[known], weights=per_node[known]).max()) if known.any() else 0
     if unit == "gpus":
         head = f"needs {total} GPUs {_WHERE[level]}" if what == "GPU" else f"needs {total} x {what} {_WHERE[level]}"
         if len(gang.members) > 1:
-            head += f" ({len(gang.members)} pods x {per})"
+            head += f" ({parts})"
+        have = min(block, total)
         return f"{head}; {have} free" if level is TopologyLevel.ANY else f"{head}; largest free block is {have}"
-    return f"needs {total} x {what} {_WHERE[level]}; room for {have}"
+    return f"needs {total} x {what} {_WHERE[level]}; room for {min(block, total)}"
 
 
 def accepted_products(snap: Snapshot, gang: Gang) -> list[str]:
@@ -185,23 +228,32 @@ def accepted_products(snap: Snapshot, gang: Gang) -> list[str]:
     return out or list(snap.shape.products)
 
 
-def _uses_gpus(gang: Gang) -> bool:
-    return any(m.gpus or m.gpu_milli or m.mig_profile for m in gang.members)
-
-
 def _only_products(gang: Gang, products: list[str]) -> Gang:
-    members = tuple(
-        replace(m, gpu_products=tuple(p for p in (m.gpu_products or products) if p in products))
-        if (m.gpus or m.gpu_milli or m.mig_profile) else m
-        for m in gang.members
-    )
-    return replace(gang, members=members)
+    """GPU members restricted to `products`; a pod set that accepts none of them keeps its own
+    (its quota is checked where it is placed)."""
+    def only(m: PodRequest) -> PodRequest:
+        kept = tuple(p for p in (m.gpu_products or products) if p in products)
+        return replace(m, gpu_products=kept) if m.uses_gpu and kept else m
+
+    return replace(gang, members=tuple(only(m) for m in gang.members))
 
 
 def admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None = None,
           usage: QuotaUsage | None = None, exclude: np.ndarray | None = None) -> GangDecision:
-    """Admit `gang` whole or not at all, within its team's quota. Changes neither snap nor usage."""
-    if quota is None or not _uses_gpus(gang):
+    """Admit `gang` whole or not at all, within its team's quota; with `gang.min_member` below its
+    size, at least that many members in member order when all do not fit (coscheduling's minMember).
+    Changes neither snap nor usage."""
+    whole = _admit(snap, gang, profile, quota, usage, exclude)
+    if whole.admitted or not 0 < gang.min_member < len(gang.members):
+        return whole
+    part = _admit(snap, replace(gang, members=gang.members[: gang.min_member], min_member=0), profile, quota,
+                  usage, exclude)
+    return replace(part, gang=gang) if part.admitted else whole
+
+
+def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None,
+           usage: QuotaUsage | None, exclude: np.ndarray | None) -> GangDecision:
+    if quota is None or not gang.uses_gpu:
         placed, domain, why = place_gang(snap, gang, profile, exclude)
         if placed is None:
             return GangDecision(gang, False, reason=why, blocked_by=BLOCKED_CAPACITY)
@@ -214,7 +266,8 @@ def admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None 
     allowed: list[str] = []
     refusal: QuotaVerdict | None = None
     for label in products:
-        verdict = check(quota, usage, gang.team, demand_on_product(gang, quota.product(label), quota.weight(label)))
+        verdict = check(quota, usage, gang.team,
+                        demand_on_product(gang, quota.product(label), quota.weight(label), label))
         if verdict.fits:
             allowed.append(label)
         elif refusal is None:
@@ -227,7 +280,7 @@ def admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None 
 
     # Several products may pass one by one yet not mixed; then fall back to one product at a time.
     tries = [allowed] + ([[p] for p in allowed] if len(allowed) > 1 else [])
-    node_product = {n.name: n.gpu_product for n in snap.nodes}
+    node_product = snap.shape.node_product
     why = ""
     quota_refusal: QuotaVerdict | None = None
     for option in tries:

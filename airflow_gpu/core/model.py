@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 
 GPU_MILLI = 1000  # one whole GPU
 
@@ -92,6 +93,25 @@ class PodRequest:
         """GPU demand in milli-GPU (a MIG slice counts 0 here; its size is a config matter)."""
         return self.gpus * GPU_MILLI + self.gpu_milli
 
+    @property
+    def uses_gpu(self) -> bool:
+        return bool(self.gpus or self.gpu_milli or self.mig_profile)
+
+    @property
+    def shape(self) -> tuple:
+        """Everything but the name: pods of one shape are interchangeable (one pod set)."""
+        return (self.cpu_milli, self.memory_mib, self.gpus, self.gpu_milli, self.mig_profile, self.gpu_products,
+                self.node_selector, self.tolerations, self.capacity_types)
+
+
+@dataclass(frozen=True)
+class PodSet:
+    """Members of a gang with one shape: the launcher, the workers (Kueue's podSets). Each set has
+    its own count, request, products and node constraints."""
+
+    request: PodRequest  # the first member; every member of the set has its shape
+    count: int
+
 
 class TopologyLevel(str, Enum):
     """How close a multi-node gang's members must be, tightest first."""
@@ -124,10 +144,31 @@ class Gang:
     spot_eligible: bool = False
     created_at: float = 0.0
     expected_duration: float | None = None  # seconds, if known: lets smaller gangs backfill safely
+    # Nodes where members of this gang already run (a replacement of a partly bound gang): they pin
+    # its topology domain, as kube-scheduler's topology placement keeps a group together.
+    pinned: tuple[str, ...] = ()
+    # coscheduling's minMember: at least this many members placed together (0: all of them); the
+    # others may come later, in the domain the placed ones pin
+    min_member: int = 0
 
     @property
     def gpu_milli_total(self) -> int:
         return sum(m.gpu_milli_total for m in self.members)
+
+    @cached_property
+    def pod_sets(self) -> tuple[PodSet, ...]:
+        """Members grouped by shape, largest GPU ask first (the hardest to fit)."""
+        first: dict[tuple, PodRequest] = {}
+        counts: dict[tuple, int] = {}
+        for m in self.members:
+            first.setdefault(m.shape, m)
+            counts[m.shape] = counts.get(m.shape, 0) + 1
+        sets = [PodSet(first[k], counts[k]) for k in first]
+        return tuple(sorted(sets, key=lambda ps: (-ps.request.gpu_milli_total, -ps.request.cpu_milli)))
+
+    @property
+    def uses_gpu(self) -> bool:
+        return any(m.uses_gpu for m in self.members)
 
 
 @dataclass(frozen=True)

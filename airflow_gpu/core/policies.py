@@ -25,6 +25,7 @@ from airflow_gpu.core.plugins.scores import (
     GpuClusteringScore,
     GpuPackingScore,
     GpuProductPreference,
+    LeastAllocatedScore,
     RandomGpu,
     RandomScore,
 )
@@ -36,7 +37,9 @@ STRANDING_WEIGHT = 2.0
 WASTE_WEIGHT = 6.0
 LOOKAHEAD_DIVISOR = 500.0
 BASELINES = ("random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd")
-POLICIES = BASELINES + (DEFAULT_POLICY,)
+# spread: kube-scheduler's default spreading (LeastAllocated), the naive platform of the replay
+SPREAD_POLICY = "spread"
+POLICIES = BASELINES + (DEFAULT_POLICY, SPREAD_POLICY)
 # the anchors' policy labels (../shared/anchors/fgd_gpu_allocation.csv)
 ANCHOR_LABELS = {
     "random": "01-Random",
@@ -80,6 +83,8 @@ def _make_profile(name, typical, rng, tie_rank) -> Profile:
         return Profile(name, filters, ((GpuClusteringScore(), 1.0),), BestFitGpu(), tie_rank)
     if name == "gpupacking":
         return Profile(name, filters, ((GpuPackingScore(), 1.0),), BestFitGpu(), tie_rank)
+    if name == SPREAD_POLICY:
+        return Profile(name, filters, ((LeastAllocatedScore(), 1.0),), BestFitGpu(), tie_rank)
     if name == "bestfit":
         return Profile(name, filters, ((BestFitScore(), 1.0),), BestFitGpu(), tie_rank)
     if name in ("fgd", DEFAULT_POLICY):

@@ -1,26 +1,31 @@
 """Preemption planning: which running gangs to stop so that a pending gang fits. It plans; it does not act.
 
-Rules (DESIGN.md, Preemption and quotas):
-- victims have strictly lower priority than the preemptor (a borrowed gang counts at the quota
-  book's best-effort `borrowed_priority`), are preemptible, and are not of a non-preemptible tier;
-- reclaim (Kueue's reclaimWithinCohort: Any): a gang that stays within its team's guarantee may
-  also preempt another team's gang in its cohort that is BORROWING, whatever that gang's priority
-  (borrowed quota is lent, not owned); still never a non-preemptible tier or gang, still whole gangs;
-- whole gangs only: a victim is a RunningGang, all of its pods go;
-- with quotas, another team's gang is a candidate only while that team borrows (its guarantee is not
-  touched), so reclaim is preemption of borrowers; a team's own lower-priority gangs are candidates too;
-- order of candidates: borrowers first (admitted as borrowed, then the other gangs of a team above its
-  guarantee), checkpointable before non-checkpointable, then the fewest
-  GPU-seconds lost since the last checkpoint, then lower priority, then the most recently started.
+Semantics follow Kueue's preemption (pkg/scheduler/preemption), ClusterQueue = team, cohort = cohort,
+flavor = GPU product. Candidates (whole gangs, preemptible, not of a non-preemptible tier):
+- the preemptor's own team: gangs of lower priority (a gang admitted on borrowed quota counts at the
+  quota book's best-effort `borrowed_priority`); none when its tier never preempts (PriorityClass
+  preemptionPolicy: Never);
+- other teams of its cohort, only while that team BORROWS (uses more than its guarantee now, on a
+  key the preemptor needs) - another team's guarantee is never taken:
+  * reclaim (Kueue reclaimWithinCohort: Any): when the preemptor would stay within its team's
+    guarantee on some accepted product, any priority; the preemptor must then fit WITHOUT borrowing;
+  * borrowWithinCohort (Kueue's opt-in, per team: TeamQuota.borrow_within_cohort = the highest
+    victim priority): a preemptor that will borrow may take borrowers of lower priority up to the
+    threshold. Off by default, as in Kueue.
+Attempts, as Kueue's getTargets: with only own-team candidates, or borrowWithinCohort set: all of
+them, borrowing allowed; else first the reclaim set without borrowing (if the team is under its
+guarantee), then own-team candidates only, borrowing allowed.
+
+Order: one comparator, `victim_order` (its criteria are numbered there), used by every search. While
+victims are taken in order, another team's gang is skipped once its team no longer borrows (Kueue's
+minimalPreemptions), so reclaim takes back only what was lent, lowest priority first.
 
 Search. When capacity (not quota) is what is missing, victims are chosen per topology domain (a node,
-clique, rack, zone, as admission would place the gang): each domain's candidates in the order above
-until the domain's estimated room holds the gang; the domain whose set is cheapest wins, by
-(non-checkpointable victims, victims that are not borrowers, GPU-seconds lost), tightest level
-first. Otherwise (quota reclaim, or no domain works) the shortest feasible prefix of the global
-order is found by bisection. Either way the set is then made minimal: each victim whose removal is
-not needed is given back, most expensive first, until none can be. A cheap room estimate (the one
-admission uses to pick domains) rules out hopeless sets before a full placement is tried.
+clique, rack, zone, as admission would place the gang): each domain's candidates in order until its
+estimated room holds the gang; the cheapest domain set wins, tightest level first. Otherwise the
+shortest feasible prefix of the order is found by bisection. Either way the set is then made
+minimal: victims are given back, last taken first (Kueue's fillBackWorkloads), while the gang still
+fits. A cheap room estimate rules out hopeless sets before a full placement is tried.
 """
 
 from __future__ import annotations
@@ -31,12 +36,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from airflow_gpu.constants import TIER_INTERACTIVE
+from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import GangDecision, accepted_products, admit, restricted
 from airflow_gpu.core.model import Gang, Placement, RunningGang, TopologyLevel
-from airflow_gpu.core.quota import Demand, QuotaBook, QuotaUsage, check, demand_of_placements, demand_on_product
+from airflow_gpu.core.quota import (
+    Demand,
+    QuotaBook,
+    QuotaKey,
+    QuotaUsage,
+    borrowing,
+    demand_of_placements,
+    demand_on_product,
+)
 from airflow_gpu.core.room import RoomEstimate
-from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.core.topology import members_per_node
 
 
@@ -67,59 +80,24 @@ def effective_priority(running: RunningGang, quota: QuotaBook | None) -> int:
     return quota.effective_priority(running) if quota is not None else running.gang.priority
 
 
-def _node_products(snap: Snapshot) -> dict[str, str | None]:
-    return {n.name: n.gpu_product for n in snap.nodes}
+def victim_order(preemptor: Gang, now: float):
+    """The sort key of a preemption candidate, cheapest to lose first (Kueue's CandidatesOrdering,
+    with the house rule of docs/DESIGN.md: never a non-checkpointable victim while a checkpointable
+    alternative exists):
+    1. other teams' gangs (borrowers taken back) before the preemptor's own team;
+    2. checkpointable before non-checkpointable (DESIGN.md; Kueue has no such notion);
+    3. lower priority first (the gang's own priority, whatever quota it was admitted on);
+    4. fewer GPU-seconds lost since the last checkpoint;
+    5. most recently started first (Kueue: most recently admitted), then most recently created;
+    6. admitted on borrowed quota first (ties of second-resolution API timestamps: the gang admitted
+       last, as the borrower);
+    7. the name, for a deterministic order."""
 
+    def key(rg: RunningGang):
+        return (rg.gang.team == preemptor.team, not rg.gang.checkpointable, rg.gang.priority,
+                rg.gpu_seconds_at_risk(now), -rg.started_at, -rg.gang.created_at, not rg.borrowed, rg.gang.name)
 
-def is_borrower(running: RunningGang, quota: QuotaBook | None, usage: QuotaUsage | None,
-                node_product: dict[str, str | None]) -> bool:
-    """Admitted on borrowed quota, or its team is above its guarantee on a product the gang uses."""
-    return running.borrowed or team_borrows(running, quota, usage, node_product)
-
-
-def team_borrows(running: RunningGang, quota: QuotaBook | None, usage: QuotaUsage | None,
-                 node_product: dict[str, str | None]) -> bool:
-    """Its team uses more than its guarantee, now, on a key the gang holds. The admission-time
-    `borrowed` flag alone may be stale (the team's other gangs ended since): reclaim regardless of
-    priority needs the team to be borrowing now, as Kueue checks the ClusterQueue's usage."""
-    if quota is None or usage is None:
-        return False
-    tq = quota.team(running.gang.team)
-    demand = demand_of_placements(running.placements, node_product, quota)
-    return any(usage.of(running.gang.team, k) > (tq.n(k) if tq else 0) for k in demand)
-
-
-def candidates(gang: Gang, running: Iterable[RunningGang], now: float, quota: QuotaBook | None = None,
-               usage: QuotaUsage | None = None, policy: PreemptionPolicy = PreemptionPolicy(),
-               node_product: dict[str, str | None] | None = None,
-               below: int | None = None, reclaim_within_cohort: bool = False) -> list[RunningGang]:
-    """Running gangs `gang` may preempt, cheapest to lose first. below: priority bound (default the
-    gang's own priority); victims' effective priority must be strictly lower, except, with `reclaim_within_cohort`
-    (the gang is within its team's guarantee), for other teams' borrowers in its cohort."""
-    # A tier that never preempts (PriorityClass preemptionPolicy: Never) gives up priority preemption,
-    # not its team's guarantee: reclaiming lent quota stays allowed (Kueue decides reclaim per queue).
-    by_priority = gang.tier not in policy.never_preempting_tiers
-    if not by_priority and not reclaim_within_cohort:
-        return []
-    bound = gang.priority if below is None else below
-    node_product = node_product or {}
-    keyed = []
-    for rg in running:
-        if rg.gang.name == gang.name or not rg.gang.preemptible or rg.gang.tier in policy.non_preemptible_tiers:
-            continue
-        borrower = is_borrower(rg, quota, usage, node_product)
-        reclaimable = (reclaim_within_cohort and rg.gang.team != gang.team
-                       and team_borrows(rg, quota, usage, node_product)
-                       and same_cohort(quota, rg.gang.team, gang.team))
-        if not reclaimable and (not by_priority or effective_priority(rg, quota) >= bound):
-            continue
-        if quota is not None and rg.gang.team != gang.team and not borrower:
-            continue  # another team's guaranteed quota is not ours to take
-        # admitted as borrowed first, then other gangs of a team above its guarantee, then the rest
-        keyed.append(((not rg.borrowed, not borrower, not rg.gang.checkpointable, rg.gpu_seconds_at_risk(now),
-                       effective_priority(rg, quota), -rg.started_at, rg.gang.name), rg))
-    keyed.sort(key=lambda kv: kv[0])
-    return [rg for _, rg in keyed]
+    return key
 
 
 def same_cohort(quota: QuotaBook | None, team_a: str, team_b: str) -> bool:
@@ -138,27 +116,121 @@ def within_guarantee(quota: QuotaBook, usage: QuotaUsage, team: str, demand: Dem
     return tq is not None and bool(demand) and all(usage.of(team, k) + d <= tq.n(k) for k, d in demand.items())
 
 
-def _gang_demand(gang: Gang, snap: Snapshot, quota: QuotaBook) -> Demand:
-    """The gang's quota demand on its most preferred product (for "is quota the problem?")."""
-    products = accepted_products(snap, gang)
-    return demand_on_product(gang, quota.product(products[0]), quota.weight(products[0])) if products else {}
+def product_demands(state: CycleState, gang: Gang) -> list[Demand]:
+    """The gang's quota demand on each product it accepts (Kueue's flavors), preference order."""
+    book = state.book
+    if book is None:
+        return []
+    return [d for d in (demand_on_product(gang, book.product(p), book.weight(p), p)
+                        for p in accepted_products(state.snap, gang)) if d]
 
 
-def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float, quota, usage, node_product,
+def under_guarantee(state: CycleState, gang: Gang) -> bool:
+    """The team uses less than its guarantee now on every key the gang needs, for some accepted
+    product (Kueue's queueUnderNominalInResourcesNeedingPreemption): it may try reclaim, and must then
+    fit within the guarantee once its victims (its own lower-priority gangs among them) are gone."""
+    if state.book is None or state.usage is None:
+        return False
+    tq = state.book.team(gang.team)
+    if tq is None:
+        return False
+    return any(all(state.usage.of(gang.team, k) < tq.n(k) for k in d) for d in product_demands(state, gang))
+
+
+def team_borrows(running: RunningGang, quota: QuotaBook | None, usage: QuotaUsage | None,
+                 node_product: dict[str, str | None]) -> bool:
+    """Its team uses more than its guarantee, now, on a key the gang holds (Kueue checks the
+    ClusterQueue's usage, not how the workload was admitted)."""
+    if quota is None or usage is None:
+        return False
+    return borrowing(quota, usage, running.gang.team, demand_of_placements(running.placements, node_product, quota))
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One candidate list to search, and whether the preemptor may borrow once admitted."""
+
+    candidates: tuple[RunningGang, ...]
+    allow_borrowing: bool
+
+
+def attempts(state: CycleState, gang: Gang, now: float,
+             policy: PreemptionPolicy = PreemptionPolicy()) -> list[Attempt]:
+    """The candidate lists to try, in order (see the module docstring)."""
+    book = state.book
+    by_priority = gang.tier not in policy.never_preempting_tiers
+    reclaim = under_guarantee(state, gang)
+    tq = book.team(gang.team) if book is not None else None
+    threshold = tq.borrow_within_cohort if tq is not None else None
+    keys: set[QuotaKey] = {k for d in product_demands(state, gang) for k in d}
+    own, others = [], []
+    for rg in state.running:
+        if rg.gang.name == gang.name or not rg.gang.preemptible or rg.gang.tier in policy.non_preemptible_tiers:
+            continue
+        if book is None or rg.gang.team == gang.team:
+            if by_priority and effective_priority(rg, book) < gang.priority:
+                own.append(rg)
+            continue
+        if not same_cohort(book, rg.gang.team, gang.team) or not state.borrowing(rg.gang.team, keys):
+            continue
+        if reclaim:
+            others.append(rg)
+        elif threshold is not None and by_priority and rg.gang.priority < gang.priority \
+                and rg.gang.priority <= threshold:
+            others.append(rg)
+    order = victim_order(gang, now)
+    own.sort(key=order)
+    everyone = tuple(sorted(own + others, key=order))
+    if not others:
+        return [Attempt(tuple(own), True)] if own else []
+    if threshold is not None:
+        return [Attempt(everyone, True)]
+    out = [Attempt(everyone, False)]
+    if own:
+        out.append(Attempt(tuple(own), True))
+    return out
+
+
+def candidates(state: CycleState, gang: Gang, now: float,
+               policy: PreemptionPolicy = PreemptionPolicy()) -> list[RunningGang]:
+    """Every running gang `gang` may preempt in some attempt, in victim order."""
+    seen: dict[str, RunningGang] = {}
+    for a in attempts(state, gang, now, policy):
+        for rg in a.candidates:
+            seen.setdefault(rg.gang.name, rg)
+    return sorted(seen.values(), key=victim_order(gang, now))
+
+
+def valid_order(state: CycleState, gang: Gang, victims: Iterable[RunningGang],
+                keys: set[QuotaKey]) -> list[RunningGang]:
+    """`victims` in order, dropping another team's gang once its team no longer borrows with the
+    earlier ones gone (Kueue's minimalPreemptions). Quota only: cheap."""
+    if state.usage is None:
+        return list(victims)
+    usage = state.usage.copy()
+    out = []
+    for v in victims:
+        if v.gang.team != gang.team and not borrowing(state.book, usage, v.gang.team, keys):
+            continue
+        usage.remove(v.gang.team, state.demand(v.placements))
+        out.append(v)
+    return out
+
+
+def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float,
                     per_level: int = 3) -> list[list[RunningGang]]:
     """Per topology level (tightest first), the cheapest victim sets that make room in one domain:
-    each domain's candidates taken in preference order until its estimated room holds the gang."""
+    each domain's candidates taken in victim order until its estimated room holds the gang."""
     snap = room.snap
-    base_fit = members_per_node(snap, room.gang, room.eligible)
+    base_fit = members_per_node(snap, room.gang, room.by_set)
     index = snap.shape.index
     spots = []  # per candidate: its placements on eligible nodes as (node, gpu shares, cpu, mem)
     for c in cands:
         spots.append([(index[p.node], p.gpu_shares, p.cpu_milli, p.memory_mib)
                       for p in c.placements if room.eligible[index[p.node]]])
-    # A set's cost: non-checkpointable victims first (never one while a checkpointable set
-    # would do), then victims that are not borrowers, then GPU-seconds lost.
-    cost = [((not c.gang.checkpointable), (not c.borrowed) + (not is_borrower(c, quota, usage, node_product)),
-             c.gpu_seconds_at_risk(now)) for c in cands]
+    # A set's cost: non-checkpointable victims first (never one while a checkpointable set would
+    # do), then the sum of victim priorities' ranks, then GPU-seconds lost.
+    cost = [(not c.gang.checkpointable, c.gpu_seconds_at_risk(now)) for c in cands]
     out: list[list[RunningGang]] = []
     for level in room.levels:
         ids = room.ids(level)
@@ -189,14 +261,14 @@ def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float, qu
                     touched.add(n)
                 for n in touched:
                     before = fits.get(n, int(base_fit[n]))
-                    fits[n] = room.fit_one(*rows[n])
+                    fits[n] = room.fit_one(*rows[n], n)
                     if level is not TopologyLevel.NODE:
                         space += fits[n] - before
                 if level is TopologyLevel.NODE:
                     space = max(fits.values(), default=0)
                 if space >= room.want:
-                    key = (sum(cost[i][0] for i in taken), sum(cost[i][1] for i in taken),
-                           sum(cost[i][2] for i in taken), len(taken), d)
+                    key = (sum(cost[i][0] for i in taken), max(taken), sum(cost[i][1] for i in taken),
+                           len(taken), d)
                     found.append((key, taken))
                     break
         found.sort(key=lambda kv: kv[0])
@@ -207,86 +279,48 @@ def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float, qu
 class _Feasibility:
     """Would `gang` be admitted if `victims` were gone? Memoised per victim set."""
 
-    def __init__(self, snap, gang, profile, quota, usage, exclude, node_product, borrowed_bound):
-        self.snap, self.gang, self.profile = snap, gang, profile
-        self.quota, self.usage, self.exclude = quota, usage, exclude
-        self.node_product = node_product
-        self.borrowed_bound = borrowed_bound
+    def __init__(self, state: CycleState, gang: Gang, profile: Profile, exclude, allow_borrowing: bool):
+        self.state, self.gang, self.profile, self.exclude = state, gang, profile, exclude
+        self.allow_borrowing = allow_borrowing
         self.memo: dict[frozenset[str], GangDecision | None] = {}
         self.room: RoomEstimate | None = None  # set once the candidates are known
-
-
-    def without(self, victims: Sequence[RunningGang]) -> tuple[Snapshot, QuotaUsage | None]:
-        snap = self.snap.copy()
-        usage = self.usage.copy() if self.usage is not None else None
-        for v in victims:
-            for p in v.placements:
-                if p.pod in snap.placements:  # a pod the snapshot does not hold frees nothing
-                    snap.forget(p.pod)
-            if usage is not None:
-                usage.remove(v.gang.team, demand_of_placements(v.placements, self.node_product, self.quota))
-        return snap, usage
 
     def __call__(self, victims: Sequence[RunningGang]) -> GangDecision | None:
         key = frozenset(v.gang.name for v in victims)
         if key in self.memo:
             return self.memo[key]
-        snap, usage = self.without(victims)
-        if self.room is not None and not self.room.may_fit(snap):
+        work = self.state.without(victims)
+        if self.room is not None and not self.room.may_fit(work.snap):
             self.memo[key] = None  # admission would find no domain with room either
             return None
-        decision = admit(snap, self.gang, self.profile, self.quota, usage, self.exclude)
-        ok: GangDecision | None = decision if decision.admitted else None
-        if ok is not None and ok.borrowed and self.borrowed_bound is not None:
-            # Admitted on borrowed quota, the gang itself runs at best-effort priority: it may only
-            # displace gangs below that.
-            if any(effective_priority(v, self.quota) >= self.borrowed_bound for v in victims):
-                ok = None
+        decision = admit(work.snap, self.gang, self.profile, work.book, work.usage, self.exclude)
+        ok = decision if decision.admitted and (self.allow_borrowing or not decision.borrowed) else None
         self.memo[key] = ok
         return ok
 
 
-def plan_preemption(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], profile: Profile, now: float,
-                    quota: QuotaBook | None = None, usage: QuotaUsage | None = None,
-                    policy: PreemptionPolicy = PreemptionPolicy(),
-                    exclude: np.ndarray | None = None) -> tuple[PreemptionPlan | None, str]:
-    """The cheapest minimal set of running gangs whose removal lets `gang` be admitted.
-
-    `snap` holds every running gang's placements; `usage` is the quota usage they make up.
-    Returns (plan, "") or (None, why no plan).
-    """
-    node_product = _node_products(snap)
-    if quota is not None and usage is None:
-        usage = QuotaUsage.from_running(running, node_product, quota)
-    bound = None
-    if quota is not None and quota.borrowed_priority is not None:
-        bound = min(gang.priority, quota.borrowed_priority)
-    feasible = _Feasibility(snap, gang, profile, quota, usage, exclude, node_product, bound)
-    if feasible([]) is not None:
-        return None, "fits without preemption"
-    may_reclaim = quota is not None and within_guarantee(quota, usage, gang.team, _gang_demand(gang, snap, quota))
-    cands = candidates(gang, running, now, quota, usage, policy, node_product, reclaim_within_cohort=may_reclaim)
-    if not cands:
-        also = " and no borrower in its cohort" if may_reclaim else ""
-        return None, f"no preemptible gang of lower priority than {gang.priority}{also} to make room"
-
-    prof = profile if exclude is None else restricted(profile, ~exclude, "reserved")
-    room = RoomEstimate.for_gang(snap, gang, prof)
+def _search(state: CycleState, gang: Gang, profile: Profile, now: float, attempt: Attempt,
+            exclude, room: RoomEstimate, keys: set[QuotaKey]) -> tuple[list[RunningGang], GangDecision] | None:
+    """The minimal victim set of one attempt, or None."""
+    feasible = _Feasibility(state, gang, profile, exclude, attempt.allow_borrowing)
     feasible.room = room
-    quota_short = quota is not None and not check(
-        quota, usage, gang.team, _gang_demand(gang, snap, quota)).fits
-
+    cands = valid_order(state, gang, attempt.candidates, keys)
+    if not cands:
+        return None
+    ok = lambda vs: feasible(vs) if len(valid_order(state, gang, vs, keys)) == len(vs) else None  # noqa: E731
+    demands = product_demands(state, gang)
+    quota_short = bool(demands) and not any(state.check(gang.team, d).fits for d in demands)
     chosen: list[RunningGang] | None = None
     if not quota_short:
         # Capacity only: victims concentrated in one topology domain, the cheapest domain first.
-        for prefix in domain_prefixes(room, cands, now, quota, usage, node_product):
-            if feasible(prefix) is not None:
+        for prefix in domain_prefixes(room, cands, now):
+            if ok(prefix) is not None:
                 chosen = prefix
                 break
     if chosen is None:
         if feasible(cands) is None:
-            return None, f"stopping all {len(cands)} preemptible gangs of lower priority or borrowing would not make room"
-        # Shortest feasible prefix of the global preference order (bisection; room only grows).
+            return None
+        # Shortest feasible prefix of the order (bisection; room only grows).
         lo, hi = 1, len(cands)
         while lo < hi:
             mid = (lo + hi) // 2
@@ -297,19 +331,61 @@ def plan_preemption(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], 
         chosen = list(cands[:lo])
         if feasible(chosen) is None:  # placement heuristics are not perfectly monotone
             chosen = list(cands)
-
-    # Give back every victim not needed, most expensive first, until no single one can be spared.
+    # Give back victims not needed, last taken first, until no single one can be spared.
     changed = True
     while changed and len(chosen) > 1:
         changed = False
         for v in reversed(list(chosen)):
             rest = [c for c in chosen if c is not v]
-            if rest and feasible(rest) is not None:
+            if rest and ok(rest) is not None:
                 chosen = rest
                 changed = True
     decision = feasible(chosen)
     assert decision is not None
-    victims = tuple(chosen)
-    lost = sum(v.gpu_seconds_at_risk(now) for v in victims)
-    reclaim = any(v.gang.team != gang.team for v in victims)
-    return PreemptionPlan(gang, victims, decision.placements, lost, decision.borrowed, reclaim), ""
+    return chosen, decision
+
+
+def _narrowed(tries: list[Attempt], room: RoomEstimate) -> list[Attempt]:
+    """Each attempt first with only the candidates that free nodes the gang may use (Kueue: those on
+    the flavor that needs preemption), then with all. Otherwise a borrower on nodes the gang may not
+    use (spot, for work that must stay on-demand) could be taken first, and the borrowing team would
+    then no longer borrow: the gang would wait forever behind the borrower it could have displaced."""
+    index = room.snap.shape.index
+    out = []
+    for a in tries:
+        useful = tuple(c for c in a.candidates if any(room.eligible[index[p.node]] for p in c.placements
+                                                      if p.node in index))
+        if useful and len(useful) < len(a.candidates):
+            out.append(Attempt(useful, a.allow_borrowing))
+        out.append(a)
+    return out
+
+
+def plan_preemption(state: CycleState, gang: Gang, profile: Profile, now: float,
+                    policy: PreemptionPolicy = PreemptionPolicy(),
+                    exclude: np.ndarray | None = None) -> tuple[PreemptionPlan | None, str]:
+    """The cheapest minimal set of running gangs whose removal lets `gang` be admitted.
+
+    `state` holds every gang that takes capacity or quota; its `running` gangs are the candidates.
+    Returns (plan, "") or (None, why no plan).
+    """
+    if _Feasibility(state, gang, profile, exclude, True)([]) is not None:
+        return None, "fits without preemption"
+    tries = attempts(state, gang, now, policy)
+    if not tries:
+        also = " and no borrower in its cohort" if under_guarantee(state, gang) else ""
+        return None, f"no preemptible gang of lower priority than {gang.priority}{also} to make room"
+    prof = profile if exclude is None else restricted(profile, ~exclude, "reserved")
+    room = RoomEstimate.for_gang(state.snap, gang, prof)
+    keys = {k for d in product_demands(state, gang) for k in d}
+    for attempt in _narrowed(tries, room):
+        found = _search(state, gang, profile, now, attempt, exclude, room, keys)
+        if found is None:
+            continue
+        chosen, decision = found
+        victims = tuple(sorted(chosen, key=victim_order(gang, now)))
+        lost = sum(v.gpu_seconds_at_risk(now) for v in victims)
+        reclaim = any(v.gang.team != gang.team for v in victims)
+        return PreemptionPlan(gang, victims, decision.placements, lost, decision.borrowed, reclaim), ""
+    n = len(candidates(state, gang, now, policy))
+    return None, f"stopping all {n} preemptible gangs of lower priority or borrowing would not make room"

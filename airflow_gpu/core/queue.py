@@ -1,21 +1,29 @@
 """The queue of pending gangs and one scheduling cycle over it (Kueue's queue / scheduler split).
 
-Order: priority (high first), then creation time, then name. A cycle admits gangs in that order on a
-working copy of the snapshot. The first gang that cannot be admitted for lack of capacity (or that
-can reclaim quota) is the head of line:
+API: `schedule_cycle(state, pending, profile, now, policy=PreemptionPolicy(), backoff=None)` where
+`state` is a core.cycle.CycleState (capacity and quota usage of every running, terminating and held
+gang; build it with `CycleState.build(snap, running, book, held=..., terminating=...)`). It returns a
+CycleResult and changes nothing passed in.
 
-1. if its priority allows, core.preemption plans victims for it; the plan's nodes are reserved for
-   it (nothing else may land there while the victims leave);
-2. otherwise its earliest start is estimated (EASY backfilling): running gangs are released in
-   order of expected end (Gang.expected_duration; unknown = never) on a copy until the head fits;
-   the nodes of that future placement are reserved until then.
+Order: priority (high first), then creation time, then name. A cycle admits gangs in that order on a
+working copy of the cycle state: each admission and each planned nomination counts against its
+team's quota for every later gang of the cycle. The first refused gang that preemption can serve,
+or that lacks capacity, is the head of line:
+
+1. if core.preemption finds a plan (capacity, or quota: the team's own lower-priority gangs, reclaim
+   from borrowers), the plan's nodes are reserved for it (nothing else may land there while the
+   victims leave) and its quota replaces the victims' (CycleState.nominate);
+2. otherwise, if capacity blocks it, its earliest start is estimated (EASY backfilling): running
+   gangs are released in order of expected end (Gang.expected_duration; unknown = never) on a copy
+   until the head fits; the nodes of that future placement are reserved until then.
 
 Every later gang may still be admitted this cycle (backfill), but only outside the reserved nodes,
 unless its own expected duration ends before the head's estimated start. So a backfilled gang
 never takes capacity the head is waiting for, and the head is never delayed by smaller work (as far
-as the duration estimates hold). Quota-blocked gangs do not become head: waiting on their own team's
-quota, they must not hold capacity other teams could use. One head, one plan per cycle: the caller
-acts on the plan and runs the next cycle.
+as the duration estimates hold). Quota-blocked gangs without a plan do not become head: waiting on
+their own team's quota, they must not hold capacity other teams could use. One head, one plan per
+cycle: the caller holds the plan (the scheduler writes it on the PodGroup), so the next cycle serves
+the next head - k independent heads take k cycles (bench gang_decision measures it).
 
 Back-off (DESIGN.md: "timeout + exponential back-off, then report, never spin"): a gang that failed
 to fit is not tried again until its back-off (Backoff: exponential, capped) has passed, unless the
@@ -33,11 +41,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, admit, place_gang
 from airflow_gpu.core.model import Gang, Placement, RunningGang
 from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy, plan_preemption
-from airflow_gpu.core.quota import QuotaBook, QuotaUsage, demand_of_placements
 from airflow_gpu.core.room import RoomEstimate
 from airflow_gpu.core.snapshot import Snapshot
 
@@ -158,16 +166,14 @@ def _when(start: float, now: float) -> str:
     return "when gangs of unknown duration end" if math.isinf(start) else f"in ~{max(0.0, start - now):.0f} s"
 
 
-def schedule_cycle(snap: Snapshot, pending: Iterable[Gang], running: Sequence[RunningGang], profile: Profile,
-                   now: float, quota: QuotaBook | None = None,
+def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile, now: float,
                    policy: PreemptionPolicy = PreemptionPolicy(),
                    backoff: Backoff | None = None) -> CycleResult:
     """Admit what can start now, plan at most one preemption, hold one reservation. Changes nothing
-    passed in (`backoff` is only read; Backoff.record books the result): `snap` must hold every
-    running gang's placements."""
-    work = snap.copy()
-    node_product = {n.name: n.gpu_product for n in snap.nodes}
-    usage = QuotaUsage.from_running(running, node_product, quota) if quota is not None else None
+    passed in (`backoff` is only read; Backoff.record books the result). `state` (core.cycle) holds
+    every gang that takes capacity or quota: running, terminating and held plans."""
+    work = state.copy()
+    running = list(state.running)
     result = CycleResult()
     started: list[RunningGang] = []  # admitted this cycle: they hold capacity until their own end
     reserved: np.ndarray | None = None
@@ -178,40 +184,40 @@ def schedule_cycle(snap: Snapshot, pending: Iterable[Gang], running: Sequence[Ru
             result.deferred.append(gang.name)
             continue
         exclude = reserved if res is not None and not res.lets_through(gang, now) else None
-        decision = admit(work, gang, profile, quota, usage, exclude)
+        decision = admit(work.snap, gang, profile, work.book, work.usage, exclude)
         if decision.admitted:
-            for p in decision.placements:
-                work.assume(p)
-            if usage is not None:
-                usage.add(gang.team, demand_of_placements(decision.placements, node_product, quota))
+            # held, not running: a gang admitted this cycle is no preemption candidate in it
+            work.hold(gang.team, decision.placements)
             started.append(RunningGang(gang, decision.placements, now, borrowed=decision.borrowed))
             result.admitted.append(decision)
             continue
 
         reason = decision.reason
         if res is not None:
-            if exclude is not None and admit(work, gang, profile, quota, usage).admitted:
+            if exclude is not None and admit(work.snap, gang, profile, work.book, work.usage).admitted:
                 reason = f"would delay {res.gang.name}, which holds {len(res.nodes)} node(s) " \
                          f"and starts {_when(res.start, now)}"
             result.waiting[gang.name] = reason
             continue
 
-        may_reclaim = decision.quota is not None and (decision.quota.reclaimable or decision.quota.own_excess)
-        if decision.blocked_by == BLOCKED_CAPACITY or may_reclaim:
-            plan, _ = plan_preemption(work, gang, running, profile, now, quota, usage, policy)
-            if plan is not None:
-                result.preemptions.append(plan)
-                result.reservation = Reservation(gang, frozenset(p.node for p in plan.placements), now,
-                                                 plan.placements, by_preemption=True)
-                reserved = result.reservation.mask(work)
-                names = ", ".join(plan.victim_names)
-                whom = "of lower priority or borrowing in the cohort" if plan.reclaim else "of lower priority"
-                reason = f"{reason}; preempting {len(plan.victims)} gang(s) {whom}: {names}"
-            elif decision.blocked_by == BLOCKED_CAPACITY:
-                est = estimate_start(work, gang, list(running) + started, profile, now)
-                if est is not None:
-                    result.reservation = est
-                    reserved = est.mask(work)
-                    reason = f"{reason}; {len(est.nodes)} node(s) reserved, earliest start {_when(est.start, now)}"
+        # Kueue: a quota refusal may be solved by preemption too (the team's own lower-priority
+        # gangs, or reclaim from borrowers), so every refused gang asks for a plan.
+        plan, _ = plan_preemption(work, gang, profile, now, policy)
+        if plan is not None:
+            result.preemptions.append(plan)
+            result.reservation = Reservation(gang, frozenset(p.node for p in plan.placements), now,
+                                             plan.placements, by_preemption=True)
+            reserved = result.reservation.mask(work.snap)
+            # the nomination's quota counts at once, in place of its victims'; its nodes are reserved
+            work.nominate(gang.team, plan.placements, plan.victims)
+            names = ", ".join(plan.victim_names)
+            whom = "of lower priority or borrowing in the cohort" if plan.reclaim else "of lower priority"
+            reason = f"{reason}; preempting {len(plan.victims)} gang(s) {whom}: {names}"
+        elif decision.blocked_by == BLOCKED_CAPACITY:
+            est = estimate_start(work.snap, gang, running + started, profile, now)
+            if est is not None:
+                result.reservation = est
+                reserved = est.mask(work.snap)
+                reason = f"{reason}; {len(est.nodes)} node(s) reserved, earliest start {_when(est.start, now)}"
         result.waiting[gang.name] = reason
     return result

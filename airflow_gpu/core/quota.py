@@ -51,6 +51,9 @@ class TeamQuota:
     borrowing_limit: Mapping[QuotaKey, int] = field(default_factory=dict)  # absent key = 0
     lending_limit: Mapping[QuotaKey, int] = field(default_factory=dict)  # absent key = all of nominal
     cohort: str = DEFAULT_COHORT
+    # Kueue's borrowWithinCohort (opt-in): while borrowing, this team may preempt other teams'
+    # borrowers of lower priority up to this one. None: off (Kueue's default).
+    borrow_within_cohort: int | None = None
 
     def __post_init__(self) -> None:
         for what, table in (("quota", self.nominal), ("borrowing_limit", self.borrowing_limit),
@@ -68,6 +71,7 @@ class TeamQuota:
         lending_limit: Mapping[str, float] | None = None,
         mig_quota: Mapping[str, Mapping[str, int]] | None = None,
         cohort: str = DEFAULT_COHORT,
+        borrow_within_cohort: int | None = None,
     ) -> TeamQuota:
         """Build from the config's units: whole GPUs per product, MIG instances per product and profile."""
 
@@ -78,7 +82,7 @@ class TeamQuota:
         for product, profiles in (mig_quota or {}).items():
             for profile, count in profiles.items():
                 nominal[(product, profile)] = int(count)
-        return cls(team, nominal, milli(borrowing_limit), milli(lending_limit), cohort)
+        return cls(team, nominal, milli(borrowing_limit), milli(lending_limit), cohort, borrow_within_cohort)
 
     def n(self, key: QuotaKey) -> int:
         return self.nominal.get(key, 0)
@@ -111,7 +115,8 @@ class QuotaBook:
         book = {}
         for t in teams:
             tq = TeamQuota.from_gpus(t.name, t.quota, t.borrowing_limit, t.lending_limit,  # type: ignore[attr-defined]
-                                     getattr(t, "mig_quota", None), getattr(t, "cohort", DEFAULT_COHORT))
+                                     getattr(t, "mig_quota", None), getattr(t, "cohort", DEFAULT_COHORT),
+                                     getattr(t, "borrow_within_cohort", None))
             book[tq.team] = tq
         return cls(book, dict(aliases or {}), borrowed_priority)
 
@@ -153,11 +158,14 @@ def demand_of_placements(placements: Iterable[Placement], node_product: Mapping[
     return dict(out)
 
 
-def demand_on_product(gang: Gang, product: str, weight: float = 1.0) -> Demand:
-    """Quota demand of a gang if all of it ran on `product` (a quota product name), each GPU
-    costing `weight` GPUs of quota (normalised units)."""
+def demand_on_product(gang: Gang, product: str, weight: float = 1.0, label: str | None = None) -> Demand:
+    """Quota demand of a gang if its GPU members ran on `product` (a quota product name), each GPU
+    costing `weight` GPUs of quota (normalised units). With `label` (the node product), only the
+    members that accept it count: a pod set bound to another product is charged there."""
     out: Demand = defaultdict(int)
     for m in gang.members:
+        if label is not None and m.gpu_products and label not in m.gpu_products:
+            continue
         if m.mig_profile is not None:
             out[(product, m.mig_profile)] += 1
         elif m.gpu_milli_total:
@@ -257,6 +265,13 @@ def check(book: QuotaBook, usage: QuotaUsage, team: str, demand: Mapping[QuotaKe
         if after > n:
             borrowed = True
     return QuotaVerdict(True, borrowed=borrowed)
+
+
+def borrowing(book: QuotaBook, usage: QuotaUsage, team: str, keys: Iterable[QuotaKey]) -> bool:
+    """Is `team` above its guarantee now on one of `keys`? (Kueue: the ClusterQueue borrows; what
+    counts is its usage now, not how its workloads were admitted.)"""
+    tq = book.team(team)
+    return any(usage.of(team, k) > (tq.n(k) if tq else 0) for k in keys)
 
 
 def within_limits(book: QuotaBook, usage: QuotaUsage) -> list[str]:

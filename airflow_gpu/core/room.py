@@ -12,25 +12,20 @@ import numpy as np
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.model import GPU_MILLI, Gang, RunningGang, TopologyLevel
 from airflow_gpu.core.snapshot import Snapshot
-from airflow_gpu.core.topology import eligible_nodes, members_per_node
-
-_LADDER = (TopologyLevel.NODE, TopologyLevel.CLIQUE, TopologyLevel.RACK, TopologyLevel.ZONE, TopologyLevel.ANY)
+from airflow_gpu.core.topology import LADDER, eligible_nodes, fit_count, members_per_node
 
 
 class RoomEstimate:
     """Members of `gang` that fit per node and per domain, at the topology levels it may use."""
 
     def __init__(self, snap: Snapshot, gang: Gang, eligible: np.ndarray):
-        self.snap, self.gang, self.eligible = snap, gang, eligible
+        """eligible: [S, N] per pod set (core.topology.eligible_nodes)."""
+        self.snap, self.gang, self.by_set = snap, gang, eligible
+        self.eligible = eligible.any(axis=0)  # [N] the node suits some member
         self.want = len(gang.members)
         req = gang.topology
-        last = _LADDER.index(req.level) if req.hard else len(_LADDER) - 1
-        self.levels = [TopologyLevel.NODE] if self.want == 1 else list(_LADDER[: last + 1])
-        m = gang.members
-        self.cpu = max(x.cpu_milli for x in m)
-        self.mem = max(x.memory_mib for x in m)
-        self.gpus = max(x.gpus for x in m)
-        self.share = max(x.gpu_milli for x in m)
+        last = LADDER.index(req.level) if req.hard else len(LADDER) - 1
+        self.levels = [TopologyLevel.NODE] if self.want == 1 else list(LADDER[: last + 1])
 
     @classmethod
     def for_gang(cls, snap: Snapshot, gang: Gang, profile: Profile) -> RoomEstimate:
@@ -49,7 +44,7 @@ class RoomEstimate:
         return self.snap.shape.domain_ids(level.value)
 
     def may_fit(self, snap: Snapshot) -> bool:
-        fit = members_per_node(snap, self.gang, self.eligible)
+        fit = members_per_node(snap, self.gang, self.by_set)
         for level in self.levels:
             ids = self.ids(level)
             known = ids >= 0
@@ -60,17 +55,12 @@ class RoomEstimate:
     def tracker(self, snap: Snapshot) -> RoomTracker:
         return RoomTracker(self, snap)
 
-    def fit_one(self, row: np.ndarray, cpu: int, mem: int) -> int:
-        fit = self.want
-        if self.cpu:
-            fit = min(fit, cpu // self.cpu)
-        if self.mem:
-            fit = min(fit, mem // self.mem)
-        if self.gpus:
-            fit = min(fit, int((row == GPU_MILLI).sum()) // self.gpus)
-        elif self.share:
-            fit = min(fit, int((row // self.share).sum()))
-        return max(0, fit)
+    def fit_one(self, row: np.ndarray, cpu: int, mem: int, node: int) -> int:
+        """members_per_node for one node from its free GPU row, CPU and memory (MIG not counted:
+        still an upper bound)."""
+        cpu_a, mem_a, rows = np.array([cpu]), np.array([mem]), row[None, :]
+        return int(sum(fit_count(ps.request, ps.count, cpu_a, mem_a, rows)[0]
+                       for s, ps in enumerate(self.gang.pod_sets) if self.by_set[s, node]))
 
 class RoomTracker:
     """The room estimate kept up to date while running gangs are released one by one on `snap`
@@ -78,7 +68,7 @@ class RoomTracker:
 
     def __init__(self, room: RoomEstimate, snap: Snapshot):
         self.room, self.snap = room, snap
-        self.fit = members_per_node(snap, room.gang, room.eligible).astype(np.int64)
+        self.fit = members_per_node(snap, room.gang, room.by_set).astype(np.int64)
         self.sums = []
         for level in room.levels:
             ids = room.ids(level)
@@ -101,7 +91,7 @@ class RoomTracker:
         for n in touched:
             if not room.eligible[n]:
                 continue
-            new = room.fit_one(snap.gpu_free[n], int(snap.cpu_free[n]), int(snap.mem_free[n]))
+            new = room.fit_one(snap.gpu_free[n], int(snap.cpu_free[n]), int(snap.mem_free[n]), n)
             delta = new - int(self.fit[n])
             self.fit[n] = new
             for ids, sums in self.sums:

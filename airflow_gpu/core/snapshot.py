@@ -109,6 +109,11 @@ class ClusterShape:
         return self.cached_mask(("product", products), lambda: np.isin(self.product_id, ids))
 
     @cached_property
+    def node_product(self) -> dict[str, str | None]:
+        """Node name -> its GPU product label: the one map every quota computation uses."""
+        return {n.name: n.gpu_product for n in self.nodes}
+
+    @cached_property
     def total_gpu_milli(self) -> int:
         return int(self.gpu_count.sum()) * GPU_MILLI
 

@@ -13,16 +13,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from airflow_gpu.core.framework import Profile, run_filters
-from airflow_gpu.core.model import GPU_MILLI, Gang, TopologyLevel
+from airflow_gpu.core.model import GPU_MILLI, Gang, PodRequest, TopologyLevel
 from airflow_gpu.core.snapshot import Snapshot
 
-_LEVELS = (TopologyLevel.NODE, TopologyLevel.CLIQUE, TopologyLevel.RACK, TopologyLevel.ZONE, TopologyLevel.ANY)
+# The topology level ladder, tightest first: the one copy (room, preemption and wait reasons use it).
+LADDER = (TopologyLevel.NODE, TopologyLevel.CLIQUE, TopologyLevel.RACK, TopologyLevel.ZONE, TopologyLevel.ANY)
 
 
 @dataclass(frozen=True)
 class Domain:
     """A node subset to place a whole gang in. nodes_needed is an estimate (members per node from
-    the free capacity for the gang's largest member), used to order candidates."""
+    the free capacity, pod set by pod set), used to order candidates."""
 
     level: TopologyLevel
     name: str
@@ -30,41 +31,71 @@ class Domain:
     nodes_needed: int
 
 
-def members_per_node(snap: Snapshot, gang: Gang, eligible: np.ndarray | None = None) -> np.ndarray:
-    """[N] how many of the gang's largest member fit on each node's free capacity (0 if not eligible)."""
-    cpu = max(m.cpu_milli for m in gang.members)
-    mem = max(m.memory_mib for m in gang.members)
-    gpus = max(m.gpus for m in gang.members)
-    share = max(m.gpu_milli for m in gang.members)
-    big = np.iinfo(np.int64).max // 4
-    fit = np.full(len(snap), big, dtype=np.int64)
-    if cpu:
-        fit = np.minimum(fit, snap.cpu_free // cpu)
-    if mem:
-        fit = np.minimum(fit, snap.mem_free // mem)
-    if gpus:
-        fit = np.minimum(fit, snap.whole_free_gpus() // gpus)
-    elif share:
+def fit_count(req: PodRequest, count: int, cpu, mem, gpu_rows, mig_rows=None, mig_profiles=()) -> np.ndarray:
+    """How many pods shaped like `req` (at most `count`) fit, alone, on each row's free capacity:
+    cpu [k], mem [k], gpu_rows [k, G] milli free per GPU, mig_rows [k, P] (None: MIG not counted)."""
+    fit = np.full(len(cpu), count, dtype=np.int64)
+    if req.cpu_milli:
+        fit = np.minimum(fit, cpu // req.cpu_milli)
+    if req.memory_mib:
+        fit = np.minimum(fit, mem // req.memory_mib)
+    if req.gpus:
+        fit = np.minimum(fit, (gpu_rows == GPU_MILLI).sum(axis=1) // req.gpus)
+    elif req.gpu_milli:
         # shares never span GPUs: count how many shares each GPU holds
-        fit = np.minimum(fit, (snap.gpu_free // share).sum(axis=1))
-    fit = np.minimum(fit, len(gang.members))
+        fit = np.minimum(fit, (gpu_rows // req.gpu_milli).sum(axis=1))
+    elif req.mig_profile is not None and mig_rows is not None:
+        col = mig_profiles.index(req.mig_profile) if req.mig_profile in mig_profiles else -1
+        fit = np.minimum(fit, mig_rows[:, col] if col >= 0 else 0)
+    return np.maximum(fit, 0)
+
+
+def set_fits(snap: Snapshot, gang: Gang, eligible: np.ndarray | None = None) -> np.ndarray:
+    """[S, N] how many members of each pod set (gang.pod_sets) fit alone on each node's free
+    capacity (0 where the set is not eligible; eligible is [S, N] or [N])."""
+    sets = gang.pod_sets
+    out = np.empty((len(sets), len(snap)), dtype=np.int64)
+    for s, ps in enumerate(sets):
+        out[s] = fit_count(ps.request, ps.count, snap.cpu_free, snap.mem_free, snap.gpu_free, snap.mig_free,
+                           snap.shape.mig_profiles)
     if eligible is not None:
-        fit = np.where(eligible, fit, 0)
-    return fit
+        out = np.where(eligible if eligible.ndim == 2 else eligible[None, :], out, 0)
+    return out
+
+
+def members_per_node(snap: Snapshot, gang: Gang, eligible: np.ndarray | None = None) -> np.ndarray:
+    """[N] an upper bound of the gang's members that fit on each node: every pod set counted alone."""
+    return set_fits(snap, gang, eligible).sum(axis=0)
+
+
+def set_counts(gang: Gang) -> np.ndarray:
+    return np.array([ps.count for ps in gang.pod_sets], dtype=np.int64)
+
+
+def free_table(snap: Snapshot, node_ok: np.ndarray) -> np.ndarray:
+    """[3, N] free CPU, memory and whole GPUs of the nodes in `node_ok` (0 elsewhere)."""
+    return np.where(node_ok[None, :], np.stack([snap.cpu_free, snap.mem_free, snap.whole_free_gpus()]), 0)
+
+
+def gang_needs(gang: Gang) -> np.ndarray:
+    """[3] CPU, memory and whole GPUs of all members together."""
+    return np.array([sum(m.cpu_milli for m in gang.members), sum(m.memory_mib for m in gang.members),
+                     sum(m.gpus for m in gang.members)], dtype=np.int64)
+
+
+def holds_every_set(fits: np.ndarray, counts: np.ndarray, nodes: np.ndarray, free: np.ndarray,
+                    needs: np.ndarray) -> bool:
+    """Each pod set has room in `nodes` counted alone, and the sets together fit the nodes' free
+    CPU, memory and whole GPUs: rules out the hopeless, the placement decides."""
+    return bool((fits[:, nodes].sum(axis=1) >= counts).all() and (free[:, nodes].sum(axis=1) >= needs).all())
 
 
 def eligible_nodes(snap: Snapshot, gang: Gang, profile: Profile) -> np.ndarray:
-    """[N] bool: nodes that pass the profile's filters for EVERY member taken alone."""
-    ok = np.ones(len(snap), dtype=bool)
-    seen = set()
-    for member in gang.members:
-        key = (member.cpu_milli, member.memory_mib, member.gpus, member.gpu_milli, member.mig_profile,
-               member.gpu_products, member.node_selector, member.tolerations, member.capacity_types)
-        if key in seen:
-            continue
-        seen.add(key)
-        mask, _ = run_filters(snap, member, profile.filters)
-        ok &= mask
+    """[S, N] bool: nodes that pass the profile's filters for a member of each pod set."""
+    sets = gang.pod_sets
+    ok = np.empty((len(sets), len(snap)), dtype=bool)
+    for s, ps in enumerate(sets):
+        ok[s], _ = run_filters(snap, ps.request, profile.filters)
     return ok
 
 
@@ -76,14 +107,21 @@ def candidate_domains(snap: Snapshot, gang: Gang, profile: Profile | None = None
     (by the largest-member estimate) are left out, so an empty list means "does not fit now".
     """
     eligible = eligible_nodes(snap, gang, profile) if profile is not None else None
-    fit = members_per_node(snap, gang, eligible)
+    fits = set_fits(snap, gang, eligible)
+    fit = fits.sum(axis=0)
+    counts = set_counts(gang)
     want = len(gang.members)
+    mixed = len(counts) > 1
+    if mixed:
+        free, needs = free_table(snap, fits.any(axis=0)), gang_needs(gang)
     req = gang.topology
-    limit = _LEVELS.index(req.level) if req.hard else len(_LEVELS) - 1
+    limit = LADDER.index(req.level) if req.hard else len(LADDER) - 1
     out: list[Domain] = []
 
     # one node: every member on it; tightest (fewest GPUs left over) first, then node order
     whole = np.flatnonzero(fit >= want)
+    if mixed:
+        whole = whole[(fits[:, whole] >= counts[:, None]).all(axis=0) & (free[:, whole] >= needs[:, None]).all(axis=0)]
     if len(whole):
         leftover = snap.gpu_free[whole].sum(axis=1) - gang.gpu_milli_total
         order = whole[np.lexsort((whole, leftover))]
@@ -95,7 +133,7 @@ def candidate_domains(snap: Snapshot, gang: Gang, profile: Profile | None = None
     # not nest (a clique may span racks), so a tighter domain across L boundaries is skipped
     bound = snap.shape.domain_ids(req.level.value) if req.hard and req.level is not TopologyLevel.ANY else None
 
-    for level in _LEVELS[1 : limit + 1]:
+    for level in LADDER[1 : limit + 1]:
         if level is TopologyLevel.ANY:
             ids = np.zeros(len(snap), dtype=np.int64)
             names = ["*"]
@@ -113,15 +151,10 @@ def candidate_domains(snap: Snapshot, gang: Gang, profile: Profile | None = None
                 if len(spans) != 1 or spans[0] < 0:
                     continue
             cum = np.cumsum(fit[order])
-            if cum[-1] < want:
+            if cum[-1] < want or (mixed and not holds_every_set(fits, counts, order, free, needs)):
                 continue
             needed = int(np.searchsorted(cum, want) + 1)
             found.append(Domain(level, name, order, needed))
         found.sort(key=lambda dom: (dom.nodes_needed, dom.name))
         out.extend(found)
     return out
-
-
-def gpus_free_total(snap: Snapshot, nodes: np.ndarray) -> int:
-    """Whole GPUs free in a node subset (for wait reasons such as 'largest free block')."""
-    return int((snap.gpu_free[nodes] == GPU_MILLI).sum())

@@ -16,7 +16,6 @@ from typing import Any, Iterable, Mapping
 from kubernetes.utils.quantity import parse_quantity
 
 from airflow_gpu import constants as C
-from airflow_gpu.core.capacity import confine_to_eligible_capacity, is_spot_eligible
 from airflow_gpu.core.model import (
     Gang,
     Node,
@@ -28,6 +27,7 @@ from airflow_gpu.core.model import (
     TopologyLevel,
     TopologyRequirement,
 )
+from airflow_gpu.core.tiers import DEFAULT_TIER, TierPolicy, decide, resolve_tier, tier_of_priority_class  # noqa: F401
 
 PODGROUP_GROUP = "scheduling.x-k8s.io"
 PODGROUP_VERSION = "v1alpha1"
@@ -38,8 +38,6 @@ PODGROUP_KIND = "PodGroup"
 # filtered by the same taint/toleration logic as every other taint.
 TAINT_UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
 TAINT_NOT_READY = "node.kubernetes.io/not-ready"
-
-DEFAULT_TIER = "default"
 
 
 class ConversionError(ValueError):
@@ -80,10 +78,6 @@ def parse_time(value: Any) -> float | None:
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return dt.timestamp()
-
-
-def format_time(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _quantity(value: Any, where: str) -> Decimal:
@@ -309,11 +303,6 @@ def gang_key_of_pod(pod: Mapping) -> str | None:
     return f"{meta.get('namespace')}/{group}" if group else None
 
 
-def unit_key_of_pod(pod: Mapping) -> str:
-    """The admission unit a pod belongs to: its PodGroup, or the pod alone."""
-    return gang_key_of_pod(pod) or f"{key_of(pod)}"
-
-
 def min_member(podgroup: Mapping | None) -> int:
     if not podgroup:
         return 1
@@ -334,13 +323,6 @@ def schedule_timeout(podgroup: Mapping | None) -> int | None:
     return value
 
 
-@dataclass(frozen=True)
-class TierPolicy:
-    priority: int = 0
-    preemptible: bool = True
-    spot_eligible: bool = False
-
-
 @dataclass
 class ConversionContext:
     """What a Kubernetes object does not say by itself: which team owns a namespace, what a tier allows."""
@@ -356,7 +338,7 @@ class ConversionContext:
             return cls()
         return cls(
             team_by_namespace={t.namespace: t.name for t in cfg.teams},
-            tiers={t.name: TierPolicy(t.priority, t.preemptible, t.spot_eligible) for t in cfg.tiers},
+            tiers=cfg.tier_policies(),
             product_labels={p.name: p.node_label for p in cfg.products if p.node_label},
         )
 
@@ -383,21 +365,20 @@ def parse_topology(value: str | None, where: str) -> TopologyRequirement:
     return TopologyRequirement(level=lvl, hard=mode.strip().lower() == "hard")
 
 
-def tier_of_priority_class(name: str) -> str:
-    """PriorityClass name -> tier: `airflow-gpu-<tier>` (as pools render-k8s names them) or the tier itself."""
-    prefix = "airflow-gpu-"
-    return name[len(prefix):] if name.startswith(prefix) else name
-
-
 def gang_from_k8s(
     key: str,
     podgroup: Mapping | None,
     pods: list[Mapping],
     ctx: ConversionContext,
     members: list[PodRequest] | None = None,
+    pinned: Iterable[str] = (),
+    min_member: int = 0,
 ) -> Gang:
     """A Gang for PodGroup `key` (or a lone pod) and its pods. Labels/annotations on the PodGroup win
-    over those on the pods; priority is the highest spec.priority among the pods."""
+    over those on the pods; priority is the highest spec.priority among the pods. Each pod keeps its
+    own request (pod sets: a launcher and its workers). `pinned`: nodes where members of the group
+    already run, which pin the rest to their topology domain; `min_member`: how many of `pods` must
+    be placed together at least (0: all)."""
     if not pods:
         raise ConversionError(f"gang {key}: no pods")
     pg_meta = (podgroup or {}).get("metadata") or {}
@@ -407,12 +388,9 @@ def gang_from_k8s(
     namespace = pods[0]["metadata"].get("namespace", "")
     team = label(C.LABEL_TEAM) or ctx.team_by_namespace.get(namespace) or namespace
     pcs = [(p.get("spec") or {}).get("priorityClassName") for p in pods]
-    classes = [tier_of_priority_class(pc) for pc in pcs if pc]
-    tier = label(C.LABEL_TIER) or _first(t for t in classes if t in ctx.tiers) or _first(classes) or DEFAULT_TIER
-    policy = ctx.tiers.get(tier)
+    tier = resolve_tier(label(C.LABEL_TIER), pcs, ctx.tiers)
     priorities = [(p.get("spec") or {}).get("priority") for p in pods]
     known = [int(p) for p in priorities if p is not None]
-    priority = max(known) if known else (policy.priority if policy else 0)
     checkpointable = (annotation(C.ANNOTATION_CHECKPOINTABLE) or "").lower() == "true"
     duration_text = annotation(C.ANNOTATION_EXPECTED_DURATION)
     try:
@@ -423,22 +401,22 @@ def gang_from_k8s(
         ) from None
     created = [parse_time(m.get("creationTimestamp")) for m in metas]
     created_at = parse_time(pg_meta.get("creationTimestamp")) or min((c for c in created if c), default=0.0)
-    spot_eligible = policy is not None and is_spot_eligible(policy.spot_eligible, checkpointable)
     reqs = tuple(members if members is not None else (pod_request_from_k8s(p, ctx.product_labels) for p in pods))
-    if policy is not None:  # a gang of an unknown tier keeps what its pods ask for
-        reqs = confine_to_eligible_capacity(reqs, spot_eligible)
+    decision = decide(ctx.tiers.get(tier), reqs, checkpointable, max(known) if known else None)
     return Gang(
         name=key,
         team=team,
         tier=tier,
-        priority=priority,
-        members=reqs,
+        priority=decision.priority,
+        members=decision.members,
         topology=parse_topology(annotation(C.ANNOTATION_TOPOLOGY), f"gang {key}"),
-        preemptible=policy.preemptible if policy else True,
+        preemptible=decision.preemptible,
         checkpointable=checkpointable,
-        spot_eligible=spot_eligible,
+        spot_eligible=decision.spot_eligible,
         created_at=created_at or 0.0,
         expected_duration=duration,
+        pinned=tuple(sorted(set(pinned))),
+        min_member=min_member if 0 < min_member < len(reqs) else 0,
     )
 
 

@@ -39,6 +39,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from airflow_gpu import constants as C
+from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import GangDecision
 from airflow_gpu.core.model import Placement, RunningGang
@@ -180,12 +181,11 @@ class Scheduler:
         if not leader:
             return world
         self._handle_plans(world, view, now)
-        running = [rg for rg in world.running if not self._terminating(world, rg)]
         pending = [g for _, g in world.pending]
         units = {g.name: u for u, g in world.pending}
         if self._room.changed(world):
             self.backoff.reset()
-        result = schedule_cycle(world.snapshot, pending, running, self.profile, now, self.book,
+        result = schedule_cycle(self._cycle_state(world, view), pending, self.profile, now,
                                 self._policy_with(view), self.backoff)
         self.backoff.record(result, pending, now)
         if self._room.head_moved(result.reservation):
@@ -224,6 +224,35 @@ class Scheduler:
         if self.settings.policy not in LEARNING or not self._memo.pods:
             return
         self.profile = make_profile(self.settings.policy, typical=TypicalPods.from_pods(self._memo.pods.values()))
+
+    def _cycle_state(self, world: World, view: View) -> CycleState:
+        """Capacity and quota of everything that holds GPUs: running gangs (the preemption
+        candidates), terminating ones (until their GPUs are free) and held plans (binding, nominated):
+        a plan counts against its team's quota exactly as a running gang does. A nomination's victims
+        keep their GPUs until they are gone but no longer count against quota (the nomination does:
+        counting both would charge the preempted quota twice) and are no candidates again."""
+        released = {v for plan in world.plans.values() if plan.state == PLAN_NOMINATED for v in plan.victims}
+        running, terminating = [], []
+        for rg in world.running:
+            unit = world.running_units.get(rg.gang.name)
+            if unit is not None and released and {key_of(p) for p in unit.pods} <= released:
+                continue
+            (terminating if self._terminating(world, rg) else running).append(rg)
+        held = []
+        for key, plan in world.plans.items():
+            unit = world.units[key]
+            pending = unit.pending(self.settings.scheduler_name, view.assumed)
+            placements = [plan.placements[key_of(p)] for p in pending if key_of(p) in plan.placements]
+            if placements:
+                held.append((self._team_of(unit, pending), placements))
+        return CycleState.build(world.snapshot, running, self.book, held=held, terminating=terminating)
+
+    def _team_of(self, unit: Unit, pods: list[dict]) -> str:
+        try:
+            return gang_from_k8s(unit.key, unit.podgroup, pods, self.ctx).team
+        except ValueError:  # unreadable members: the plan is reported and dropped elsewhere
+            namespace = unit.key.partition("/")[0]
+            return self.ctx.team_by_namespace.get(namespace, namespace)
 
     @staticmethod
     def _terminating(world: World, rg: RunningGang) -> bool:

@@ -337,12 +337,16 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
         except ConversionError as exc:
             invalid.append((unit, str(exc)))
             continue
-        alive = len(waiting) + len(unit.bound(view.assumed))
+        bound = unit.bound(view.assumed)
+        alive = len(waiting) + len(bound)
         if alive < need:
             incomplete.append((unit, f"gang has {alive} of {need} pods; waiting for the rest to be created"))
             continue
         try:
-            gang = gang_from_k8s(unit.key, unit.podgroup, waiting, ctx, [memo.pod(p, ctx) for p in waiting])
+            # minMember counts bound members too: the rest must place at least what is missing
+            bound_nodes = [(p.get("spec") or {}).get("nodeName") or view.assumed.get(key_of(p)) for p in bound]
+            gang = gang_from_k8s(unit.key, unit.podgroup, waiting, ctx, [memo.pod(p, ctx) for p in waiting],
+                                 pinned=[n for n in bound_nodes if n], min_member=max(1, need - len(bound)))
         except ConversionError as exc:
             invalid.append((unit, str(exc)))
             continue

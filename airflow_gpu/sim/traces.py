@@ -30,6 +30,7 @@ class TracePod:
     qos: str = ""
     creation_time: int | None = None
     deletion_time: int | None = None
+    scheduled_time: int | None = None  # None: the trace never scheduled it
 
 
 def _rows(path: Path, required: tuple[str, ...]):
@@ -114,6 +115,7 @@ def load_pods(path) -> list[TracePod]:
                 qos=(row.get("qos") or "").strip(),
                 creation_time=_opt_int(row, "creation_time"),
                 deletion_time=_opt_int(row, "deletion_time"),
+                scheduled_time=_opt_int(row, "scheduled_time"),
             )
         )
     if not pods:

@@ -48,7 +48,7 @@ class GpuProduct:
     name = "GpuProduct"
 
     def filter(self, snap: Snapshot, pod: PodRequest) -> FilterResult:
-        if not pod.gpu_products or not (pod.gpus or pod.gpu_milli or pod.mig_profile):
+        if not pod.gpu_products or not pod.uses_gpu:
             return FilterResult(_all(snap), "")
         return FilterResult(
             snap.shape.product_mask(pod.gpu_products),

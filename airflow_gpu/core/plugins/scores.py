@@ -68,6 +68,21 @@ class BestFitScore:
         return normalize_min_max(((1.0 - left) * MAX_NODE_SCORE).astype(np.int64))
 
 
+class LeastAllocatedScore:
+    """kube-scheduler's default NodeResourcesLeastAllocated (spreading): most free (CPU, total GPU)
+    fraction after placing, 0.5/0.5, by node capacity. The naive baseline's placement."""
+
+    name = "LeastAllocated"
+
+    def score(self, snap: Snapshot, pod: PodRequest, nodes: np.ndarray) -> np.ndarray:
+        cpu_cap = np.maximum(snap.shape.cpu_cap[nodes], 1)
+        gpu_cap = np.maximum(snap.shape.gpu_exists[nodes].sum(axis=1) * GPU_MILLI, 1)
+        free = 0.5 * (snap.cpu_free[nodes] - pod.cpu_milli) / cpu_cap + 0.5 * (
+            snap.gpu_free[nodes].sum(axis=1) - _pod_gpu_total(pod)
+        ) / gpu_cap
+        return (np.clip(free, 0.0, 1.0) * MAX_NODE_SCORE).astype(np.int64)
+
+
 class GpuClusteringScore:
     """Keep GPU pods of one kind (share / k-GPU) together: same-kind-only nodes best, then mixed
     nodes with that kind, then empty nodes, then other kinds; fuller nodes first within each band."""
@@ -138,7 +153,7 @@ class GpuProductPreference:
 
     def score(self, snap: Snapshot, pod: PodRequest, nodes: np.ndarray) -> np.ndarray:
         k = len(pod.gpu_products)
-        if k < 2 or not (pod.gpus or pod.gpu_milli or pod.mig_profile):
+        if k < 2 or not pod.uses_gpu:
             return np.zeros(len(nodes), dtype=np.int64)
         rank = {p: i for i, p in enumerate(pod.gpu_products)}
         by_id = np.array([rank.get(p, k) for p in snap.shape.products] + [k], dtype=np.int64)

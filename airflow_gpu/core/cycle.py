@@ -1,0 +1,139 @@
+"""One cycle state: capacity AND quota usage, changed together (Kueue's pkg/cache snapshot).
+
+Every decision of a scheduling cycle (admission, preemption planning, the earliest-start estimate)
+reads one `CycleState` and what-ifs run on `copy()`:
+- `snap`: free capacity; it holds every gang that takes GPUs (running, terminating, held plans);
+- `book`, `usage`: the quota book and what each team uses. Usage counts the same gangs the snapshot
+  holds: running ones, terminating ones (until their GPUs are free) and held plans (a binding in
+  progress or a preemption's nomination), so a plan can never be admitted twice against one quota;
+- `running`: the gangs that may be preempted (not terminating, not held, not a nomination's victim);
+- `node_product`: node name -> GPU product label, built once per node list.
+
+API (stable; the scheduler, the simulator and the replay build on it):
+    state = CycleState.build(snap, running, book, held=[(team, placements), ...], terminating=[...])
+    state.add(running_gang)     # a gang starts: capacity assumed, usage added, becomes a candidate
+    state.remove(running_gang)  # a gang leaves: capacity and usage released
+    state.hold(team, placements)  # a plan reserved: capacity assumed (pods the snapshot does not
+                                  # hold yet) and usage added; never a candidate
+    state.nominate(team, placements, victims)  # a preemption plan: its quota replaces the victims'
+    state.without(victims)      # a copy with those gangs gone (what preemption asks)
+    state.demand(placements)    # quota demand of placed pods
+`build` expects `snap` to hold every placement passed in already (the scheduler's World does);
+`CycleState.from_running(nodes_snap, running, ...)` is the shortcut when only running gangs exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from airflow_gpu.core.model import Placement, RunningGang
+from airflow_gpu.core.quota import (
+    Demand,
+    QuotaBook,
+    QuotaUsage,
+    QuotaVerdict,
+    borrowing,
+    check,
+    demand_of_placements,
+)
+from airflow_gpu.core.snapshot import Snapshot
+
+
+def node_products(snap: Snapshot) -> dict[str, str | None]:
+    """Node name -> its GPU product label (kept once per node list, on the snapshot's shape)."""
+    return snap.shape.node_product
+
+
+@dataclass
+class CycleState:
+    snap: Snapshot
+    book: QuotaBook | None = None
+    usage: QuotaUsage | None = None
+    running: list[RunningGang] = field(default_factory=list)
+    node_product: dict[str, str | None] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, snap: Snapshot, running: Iterable[RunningGang] = (), book: QuotaBook | None = None,
+              held: Iterable[tuple[str, Sequence[Placement]]] = (),
+              terminating: Iterable[RunningGang] = ()) -> CycleState:
+        """From a snapshot that already holds `running`, `terminating` and `held` (team, placements).
+        A held nomination's victims belong in none of them (only in `snap`): the nomination's quota
+        replaces theirs, so counting both would charge the preempted quota twice."""
+        running = list(running)
+        node_product = node_products(snap)
+        state = cls(snap, book, QuotaUsage() if book is not None else None, running, node_product)
+        if book is not None:
+            for rg in running + list(terminating):
+                state.usage.add(rg.gang.team, state.demand(rg.placements))
+            for team, placements in held:
+                state.usage.add(team, state.demand(placements))
+        return state
+
+    def copy(self) -> CycleState:
+        return CycleState(self.snap.copy(), self.book, self.usage.copy() if self.usage is not None else None,
+                          list(self.running), self.node_product)
+
+    # --- quota views ------------------------------------------------------------------------
+    def demand(self, placements: Iterable[Placement]) -> Demand:
+        return demand_of_placements(placements, self.node_product, self.book)
+
+    def check(self, team: str, demand: Demand) -> QuotaVerdict:
+        """May `team` take `demand` now? Always fits without a quota book."""
+        if self.book is None or self.usage is None:
+            return QuotaVerdict(True)
+        return check(self.book, self.usage, team, demand)
+
+    def borrowing(self, team: str, keys: Iterable) -> bool:
+        """Is `team` above its guarantee now on one of `keys`? (Kueue: the ClusterQueue borrows.)"""
+        return self.book is not None and self.usage is not None and borrowing(self.book, self.usage, team, keys)
+
+    # --- changes ----------------------------------------------------------------------------
+    def add(self, rg: RunningGang) -> None:
+        for p in rg.placements:
+            if p.pod not in self.snap.placements:
+                self.snap.assume(p)
+        if self.usage is not None:
+            self.usage.add(rg.gang.team, self.demand(rg.placements))
+        self.running.append(rg)
+
+    def remove(self, rg: RunningGang) -> None:
+        self._release(rg)
+        self.running = [r for r in self.running if r is not rg]
+
+    def _release(self, rg: RunningGang) -> None:
+        for p in rg.placements:
+            if p.pod in self.snap.placements:  # a pod the snapshot does not hold frees nothing
+                self.snap.forget(p.pod)
+        if self.usage is not None:
+            self.usage.remove(rg.gang.team, self.demand(rg.placements))
+
+    def hold(self, team: str, placements: Sequence[Placement], assume: bool = True) -> None:
+        """A plan's placements count from now on. assume=False: their capacity is held by other
+        means (a nomination's nodes are reserved while its victims still run on them)."""
+        if assume:
+            for p in placements:
+                if p.pod not in self.snap.placements:
+                    self.snap.assume(p)
+        if self.usage is not None:
+            self.usage.add(team, self.demand(placements))
+
+    def nominate(self, team: str, placements: Sequence[Placement], victims: Iterable[RunningGang]) -> None:
+        """A preemption plan is held: its quota counts from now on, in place of its victims' (which
+        keep their GPUs in the snapshot until they are gone, and are no candidates again). Its nodes
+        are reserved by the caller (the victims still run on them)."""
+        gone = {id(v) for v in victims}
+        for v in self.running:
+            if id(v) in gone and self.usage is not None:
+                self.usage.remove(v.gang.team, self.demand(v.placements))
+        self.running = [r for r in self.running if id(r) not in gone]
+        self.hold(team, placements, assume=False)
+
+    def without(self, victims: Iterable[RunningGang]) -> CycleState:
+        work = self.copy()
+        gone = set()
+        for v in victims:
+            work._release(v)
+            gone.add(id(v))
+        work.running = [r for r in work.running if id(r) not in gone]
+        return work

@@ -1,0 +1,75 @@
+"""What a workload tier decides: priority, whether it may be preempted, whether it may run on spot.
+
+One rule for the scheduler (objects read back from the cluster), the simulator and the operator's
+dry run (arguments of a DAG task), so all three build identical gangs. Pure: the config is adapted
+to `TierPolicy` values by `airflow_gpu.config.QuotaConfig.tier_policies()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from airflow_gpu.core.capacity import confine_to_eligible_capacity, is_spot_eligible
+from airflow_gpu.core.model import PodRequest
+
+DEFAULT_TIER = "default"  # the tier of a gang that names none
+PRIORITY_CLASS_PREFIX = "airflow-gpu-"  # PriorityClass of tier T is `airflow-gpu-T` (pools render-k8s)
+
+
+@dataclass(frozen=True)
+class TierPolicy:
+    priority: int = 0
+    preemptible: bool = True
+    spot_eligible: bool = False
+
+
+@dataclass(frozen=True)
+class TierDecision:
+    """The tier's verdict on one gang."""
+
+    priority: int
+    preemptible: bool
+    spot_eligible: bool
+    members: tuple[PodRequest, ...]  # confined to on-demand unless spot-eligible
+
+
+def priority_class_name(tier: str) -> str:
+    return f"{PRIORITY_CLASS_PREFIX}{tier}"
+
+
+def tier_of_priority_class(name: str) -> str:
+    """PriorityClass name -> tier: `airflow-gpu-<tier>` or the tier itself."""
+    return name[len(PRIORITY_CLASS_PREFIX):] if name.startswith(PRIORITY_CLASS_PREFIX) else name
+
+
+def decide(
+    policy: TierPolicy | None,
+    members: tuple[PodRequest, ...],
+    checkpointable: bool,
+    priority: int | None = None,
+) -> TierDecision:
+    """Apply a tier to a gang. `priority`: one already set on the pods (spec.priority) wins over
+    the tier's. The unknown-tier rule: no policy -> priority 0, preemptible, not spot-eligible, and
+    the members keep what their pods ask for (the scheduler does not rewrite what it does not know)."""
+    if policy is None:
+        return TierDecision(priority if priority is not None else 0, True, False, members)
+    spot = is_spot_eligible(policy.spot_eligible, checkpointable)
+    return TierDecision(
+        priority=priority if priority is not None else policy.priority,
+        preemptible=policy.preemptible,
+        spot_eligible=spot,
+        members=confine_to_eligible_capacity(members, spot),
+    )
+
+
+def resolve_tier(named: str | None, priority_classes: list[str], tiers: Mapping[str, TierPolicy]) -> str:
+    """The tier of a gang: the one named (label), else the first PriorityClass that maps to a known
+    tier, else the first PriorityClass's tier, else DEFAULT_TIER."""
+    if named:
+        return named
+    classes = [tier_of_priority_class(pc) for pc in priority_classes if pc]
+    for t in classes:
+        if t in tiers:
+            return t
+    return classes[0] if classes else DEFAULT_TIER

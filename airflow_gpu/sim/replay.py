@@ -1,0 +1,440 @@
+"""Time replay of jobs on a simulated clock, driving the scheduler's own cycle (core.queue).
+
+The clock jumps from event to event (arrival, finish, spot interruption, node back). After the
+events of one instant, one scheduling cycle runs; its admissions bind at once and its preemption
+victims stop at once (SIGTERM + grace: a checkpoint at the stop when the platform has one), the
+preemptor binding in the next cycle of the same instant. Everything that decides (order, gangs,
+quota and borrowing, reservations, victims, placement, spot eligibility) is core/; this module only
+keeps the clock and the books. The coupling to core's cycle is `_Cycle` (one small adapter).
+
+Stopped work (preempted, interrupted) goes back to the queue with its place (submit time) and
+resumes from its last checkpoint: with `sigterm_checkpoint` everything up to the stop, else the
+last periodic checkpoint, without checkpoints nothing.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from airflow_gpu.constants import CAPACITY_SPOT
+from airflow_gpu.core.capacity import confine_to_eligible_capacity, is_spot_eligible
+from airflow_gpu.core.framework import place_pod
+from airflow_gpu.core.model import GPU_MILLI, Gang, Node, Placement, RunningGang, TopologyLevel, TopologyRequirement
+from airflow_gpu.core.plugins.fgd import TypicalPods
+from airflow_gpu.core.policies import DEFAULT_POLICY, SPREAD_POLICY, make_profile
+from airflow_gpu.core.preemption import PreemptionPolicy
+from airflow_gpu.core.queue import Backoff, schedule_cycle
+from airflow_gpu.core.quota import QuotaBook, TeamQuota
+from airflow_gpu.core.snapshot import Snapshot
+from airflow_gpu.sim.workload import Job, mark_spot, whole_gpus
+
+FINISHED, PREEMPTED, INTERRUPTED, FAILED = "finished", "preempted", "interrupted", "failed"
+NEVER = 1e15  # back-off of a gang that did not fit: until room appears (Backoff.reset)
+
+
+@dataclass(frozen=True)
+class Platform:
+    """One way to run the cluster. `queue`: "cycle" = core.queue.schedule_cycle (the scheduler's),
+    "fifo" = kube-scheduler-like: pods one by one in arrival order, whatever fits binds."""
+
+    name: str
+    queue: str = "cycle"
+    gang: bool = True  # all workers at once; False: one by one, partial gangs hold their GPUs
+    preemption: bool = True
+    shares: bool = True  # GPU shares / MIG slices; False: a whole GPU for every share
+    spot: bool = True
+    quotas: bool = True
+    borrowing: bool = True
+    checkpoints: bool = True
+    sigterm_checkpoint: bool = True  # save at SIGTERM (preemption, spot notice); False: interval only
+    policy: str = DEFAULT_POLICY
+
+
+FULL = Platform("full")
+PLATFORMS: dict[str, Platform] = {
+    "naive": Platform("naive", queue="fifo", gang=False, preemption=False, shares=False, spot=False, quotas=False,
+                      borrowing=False, checkpoints=False, sigterm_checkpoint=False, policy=SPREAD_POLICY),
+    "full": FULL,
+    "no-preemption": replace(FULL, name="no-preemption", preemption=False),
+    "no-gang": replace(FULL, name="no-gang", gang=False),
+    "no-mig": replace(FULL, name="no-mig", shares=False),
+    "no-spot": replace(FULL, name="no-spot", spot=False),
+    "no-borrowing": replace(FULL, name="no-borrowing", borrowing=False),
+    "bestfit-placement": replace(FULL, name="bestfit-placement", policy="bestfit"),
+    "interval-checkpoints": replace(FULL, name="interval-checkpoints", sigterm_checkpoint=False),
+}
+
+
+@dataclass(frozen=True)
+class TierRule:
+    priority: int
+    preemptible: bool
+    spot_eligible: bool
+
+
+@dataclass(frozen=True)
+class SpotModel:
+    share: float = 0.25  # fraction of nodes that are spot (on platforms with spot)
+    interruptions_per_node_day: float = 0.5
+    notice_seconds: float = 120.0
+    replace_after_seconds: float = 900.0
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Everything a replay needs besides the platform: same for every platform of one run."""
+
+    nodes: tuple[Node, ...]
+    jobs: tuple[Job, ...]
+    tiers: dict[str, TierRule]
+    teams: dict[str, float]  # team -> guaranteed share of every product's GPUs
+    preemption_policy: PreemptionPolicy
+    borrowed_priority: int | None
+    prices: dict[str, tuple[float, float]]  # gpu product -> (on-demand, spot) per GPU-hour
+    spot: SpotModel = SpotModel()
+    seed: int = 0
+
+
+@dataclass
+class Attempt:
+    job: Job
+    attempt: int
+    holds: list[tuple[str, float, Placement]] = field(default_factory=list)  # (unit, since, placement)
+    start: float | None = None  # all workers bound: the work runs
+    end: float | None = None
+    outcome: str = ""
+    kept: float = 0.0  # seconds of this attempt's work kept (finished, or saved by a checkpoint)
+
+
+@dataclass
+class JobState:
+    job: Job
+    units: dict[str, Gang]  # unit name -> the gang the queue sees
+    done: float = 0.0  # work seconds saved so far
+    attempt: Attempt | None = None
+    attempts: int = 0
+    first_start: float | None = None
+    finished_at: float | None = None
+    borrowed: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass
+class ReplayResult:
+    platform: Platform
+    setting: Setting
+    attempts: list[Attempt]
+    jobs: dict[str, JobState]
+    nodes: tuple[Node, ...]
+    quota: QuotaBook | None
+    horizon: float
+    end: float
+    preemptions: int
+    interruptions: int
+    guarantee: dict[str, tuple[float, float]]  # team -> (met, wanted) GPU-seconds within guarantee
+    util_curve: list[tuple[float, float]]  # (time, allocated GPU fraction)
+    seconds: float = 0.0
+
+
+def quota_book(setting: Setting, nodes: list[Node], platform: Platform) -> QuotaBook | None:
+    if not platform.quotas:
+        return None
+    per_product: dict[str, int] = defaultdict(int)
+    for n in nodes:
+        if n.gpu_product:
+            per_product[n.gpu_product] += n.gpu_count
+    teams = {}
+    for team, share in setting.teams.items():
+        nominal = {p: math.floor(c * share * 1000) / 1000 for p, c in per_product.items()}
+        borrow = dict(per_product) if platform.borrowing else {}
+        teams[team] = TeamQuota.from_gpus(team, nominal, borrow)
+    return QuotaBook(teams, borrowed_priority=setting.borrowed_priority)
+
+
+def _unit_gangs(job: Job, platform: Platform, tiers: dict[str, TierRule]) -> dict[str, Gang]:
+    rule = tiers[job.tier]
+    worker = job.worker if platform.shares else whole_gpus(job.worker)
+    checkpointable = job.checkpointable and platform.checkpoints
+    eligible = platform.spot and is_spot_eligible(rule.spot_eligible, checkpointable)
+    priority = 0 if platform.queue == "fifo" else rule.priority
+    members = tuple(replace(worker, name=f"{job.name}/w{i}") for i in range(job.workers))
+    members = confine_to_eligible_capacity(members, eligible)
+    common = dict(team=job.team, tier=job.tier, priority=priority, preemptible=rule.preemptible,
+                  checkpointable=checkpointable, spot_eligible=eligible, created_at=job.submit,
+                  topology=TopologyRequirement(TopologyLevel.CLIQUE, hard=False))
+    if platform.gang:
+        return {job.name: Gang(name=job.name, members=members, **common)}
+    return {m.name: Gang(name=m.name, members=(m,), **common) for m in members}
+
+
+class _Cycle:
+    """The one adapter to core's queue: pending + running in, admissions and victims out."""
+
+    def __init__(self, platform: Platform, profile, quota: QuotaBook | None, policy: PreemptionPolicy):
+        self.platform, self.profile, self.quota = platform, profile, quota
+        self.policy = policy if platform.preemption else replace(
+            policy, never_preempting_tiers=frozenset(), non_preemptible_tiers=frozenset())
+        self.backoff = Backoff(base=NEVER, cap=NEVER)
+        self._keys: dict[str, tuple] = {}
+
+    def run(self, snap: Snapshot, pending: list[Gang], running: list[RunningGang], now: float):
+        """-> (admitted [(gang, placements, borrowed)], victims [unit names])."""
+        if self.platform.queue == "fifo":
+            return self._fifo(snap, pending), []
+        result = schedule_cycle(snap, pending, running, self.profile, now, self.quota, self.policy, self.backoff)
+        self.backoff.record(result, pending, now)
+        admitted = [(d.gang, d.placements, d.borrowed) for d in result.admitted]
+        victims = [v.gang.name for p in result.preemptions for v in p.victims] if self.platform.preemption else []
+        return admitted, victims
+
+    def _fifo(self, snap: Snapshot, pending: list[Gang]):
+        work = snap.copy()
+        failed: set = set()  # asks that did not fit this cycle: capacity only shrinks within it
+        out = []
+        for gang in sorted(pending, key=lambda g: (g.created_at, g.name)):
+            member = gang.members[0]
+            key = self._keys.get(member.name)
+            if key is None:
+                key = self._keys[member.name] = (member.gpus, member.gpu_milli, member.cpu_milli, member.memory_mib,
+                                                 member.gpu_products, member.capacity_types)
+            if key in failed:
+                continue
+            placement, _ = place_pod(work, member, self.profile)
+            if placement is None:
+                failed.add(key)
+                if not work.gpu_free.any():
+                    break  # nothing left for any GPU ask
+                continue
+            work.assume(placement)
+            out.append((gang, (placement,), False))
+        return out
+
+    def room_appeared(self) -> None:
+        self.backoff.reset()
+
+
+class Replay:
+    def __init__(self, setting: Setting, platform: Platform):
+        self.setting, self.platform = setting, platform
+        nodes = list(setting.nodes)
+        if platform.spot:
+            nodes = mark_spot(nodes, setting.spot.share, setting.seed)
+        self.nodes = tuple(nodes)
+        self.snap = Snapshot.from_nodes(self.nodes)
+        self.quota = quota_book(setting, nodes, platform)
+        workers = [j.worker if platform.shares else whole_gpus(j.worker) for j in setting.jobs]
+        tie = np.random.default_rng(setting.seed + 2).permutation(len(self.nodes))
+        profile = make_profile(platform.policy, typical=TypicalPods.from_pods(workers), tie_rank=tie,
+                               prefer_products=False)
+        self.cycle = _Cycle(platform, profile, self.quota, setting.preemption_policy)
+        self.node_product = {n.name: n.gpu_product for n in self.nodes}
+        self.events: list[tuple[float, int, str, object]] = []
+        self.seq = 0
+        self.states: dict[str, JobState] = {}
+        self.pending: dict[str, Gang] = {}
+        self.placed: dict[str, tuple[str, tuple[Placement, ...], float]] = {}  # unit -> (job, placements, since)
+        self.attempts: list[Attempt] = []
+        self.preemptions = self.interruptions = 0
+        self.down: dict[str, Placement] = {}
+        self.team_alloc: dict[str, float] = defaultdict(float)
+        self.team_pending: dict[str, float] = defaultdict(float)
+        self.guarantee = {t: [0.0, 0.0] for t in setting.teams}
+        self.allocated = 0
+        self.util_curve: list[tuple[float, float]] = []
+        self.total_milli = sum(n.gpu_count for n in self.nodes) * GPU_MILLI
+        self.last_t = 0.0
+
+    # --- events -----------------------------------------------------------------------------------
+    def push(self, t: float, kind: str, what: object) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, what))
+
+    def _schedule_interruptions(self, horizon: float) -> None:
+        s = self.setting.spot
+        rng = np.random.default_rng(self.setting.seed + 3)
+        rate = s.interruptions_per_node_day / 86400
+        for n in self.nodes:
+            if n.capacity_type != CAPACITY_SPOT or rate <= 0:
+                continue
+            t = 0.0
+            while True:
+                t += rng.exponential(1 / rate)
+                if t > horizon:
+                    break
+                self.push(t + s.notice_seconds, "interrupt", n.name)
+                t += s.notice_seconds + s.replace_after_seconds
+
+    # --- books ------------------------------------------------------------------------------------
+    def _advance(self, now: float) -> None:
+        dt = now - self.last_t
+        if dt > 0:
+            q = self.quota
+            for team, acc in self.guarantee.items():
+                tq = q.team(team) if q is not None else None
+                guar = sum(tq.nominal.values()) if tq is not None else self.total_milli * self.setting.teams[team]
+                acc[0] += dt * min(self.team_alloc[team], guar)
+                acc[1] += dt * min(self.team_alloc[team] + self.team_pending[team], guar)
+        self.last_t = now
+
+    def _enqueue(self, st: JobState) -> None:
+        for name, gang in st.units.items():
+            self.pending[name] = gang
+        self.team_pending[st.job.team] += st.job.gpu_milli
+
+    def _bind(self, gang: Gang, placements: tuple[Placement, ...], borrowed: bool, now: float) -> None:
+        job_name = gang.name.split("/")[0]
+        st = self.states[job_name]
+        for p in placements:
+            self.snap.assume(p)
+        del self.pending[gang.name]
+        milli = gang.gpu_milli_total
+        self.team_pending[gang.team] -= milli
+        self.team_alloc[gang.team] += milli
+        self.allocated += milli
+        self.placed[gang.name] = (job_name, placements, now)
+        st.borrowed[gang.name] = borrowed
+        if st.attempt is None:
+            st.attempts += 1
+            st.attempt = Attempt(st.job, st.attempts)
+            self.attempts.append(st.attempt)
+        st.attempt.holds += [(gang.name, now, p) for p in placements]
+        if all(u in self.placed for u in st.units):
+            st.attempt.start = now
+            st.first_start = now if st.first_start is None else st.first_start
+            self.push(now + st.job.work - st.done, "finish", (job_name, st.attempts))
+
+    def _release(self, st: JobState, now: float, outcome: str) -> None:
+        a = st.attempt
+        for unit in st.units:
+            if unit in self.placed:
+                _, placements, _ = self.placed.pop(unit)
+                for p in placements:
+                    self.snap.forget(p.pod)
+                milli = st.units[unit].gpu_milli_total
+                self.team_alloc[st.job.team] -= milli
+                self.allocated -= milli
+            else:
+                self.pending.pop(unit, None)
+                self.team_pending[st.job.team] -= st.units[unit].gpu_milli_total
+        a.end, a.outcome = now, outcome
+        ran = 0.0 if a.start is None else now - a.start
+        if outcome == FINISHED:
+            a.kept = ran
+        elif not st.units[next(iter(st.units))].checkpointable:
+            a.kept = 0.0
+        elif self.platform.sigterm_checkpoint:
+            a.kept = ran
+        else:
+            interval = st.job.checkpoint_interval
+            a.kept = math.floor((st.done + ran) / interval) * interval - st.done if interval > 0 else 0.0
+            a.kept = max(0.0, a.kept)
+        st.done += a.kept
+        st.attempt = None
+        if outcome == FINISHED:
+            st.finished_at = now
+        else:
+            self._enqueue(st)
+        self.cycle.room_appeared()
+
+    def _interrupt(self, node: str, now: float) -> None:
+        hit = {job for job, placements, _ in self.placed.values() if any(p.node == node for p in placements)}
+        for job in sorted(hit):
+            self.interruptions += 1
+            self._release(self.states[job], now, INTERRUPTED)
+        n = self.nodes[self.snap.node_index(node)]
+        block = Placement(f"__down__/{node}", node, tuple((i, GPU_MILLI) for i in range(n.gpu_count)),
+                          cpu_milli=n.cpu_milli, memory_mib=n.memory_mib)
+        self.snap.assume(block)
+        self.down[node] = block
+        self.push(now + self.setting.spot.replace_after_seconds, "back", node)
+
+    def _running(self, now: float) -> list[RunningGang]:
+        out = []
+        for unit, (job, placements, since) in self.placed.items():
+            st = self.states[job]
+            gang = st.units[unit]
+            ckpt = None
+            a = st.attempt
+            if gang.checkpointable and a is not None and a.start is not None and st.job.checkpoint_interval > 0:
+                iv = st.job.checkpoint_interval
+                done_now = st.done + now - a.start
+                ckpt = a.start + (math.floor(done_now / iv) * iv - st.done)
+                ckpt = ckpt if ckpt >= a.start else None
+            out.append(RunningGang(gang, placements, since, last_checkpoint_at=ckpt,
+                                   borrowed=st.borrowed.get(unit, False)))
+        return out
+
+    # --- the loop ---------------------------------------------------------------------------------
+    def run(self, progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+        import time
+
+        t0 = time.perf_counter()
+        jobs = self.setting.jobs
+        horizon = max(j.submit for j in jobs) if jobs else 0.0
+        for j in jobs:
+            self.states[j.name] = JobState(j, _unit_gangs(j, self.platform, self.setting.tiers))
+            self.push(j.submit, "arrive", j.name)
+        if self.platform.spot:
+            self._schedule_interruptions(horizon)
+        total = len(self.events)
+        handled = 0
+        now = 0.0
+        while self.events:
+            now = self.events[0][0]
+            self._advance(now)
+            while self.events and self.events[0][0] == now:
+                _, _, kind, what = heapq.heappop(self.events)
+                handled += 1
+                self._handle(kind, what, now)
+            self._cycles(now)
+            if progress is not None and handled % 500 < 5:
+                progress(handled, max(total, handled))
+        end = now
+        for st in self.states.values():  # partial gangs that never completed: they held GPUs for nothing
+            if st.attempt is not None:
+                self._release(st, end, FAILED)
+        result = ReplayResult(self.platform, self.setting, self.attempts, self.states, self.nodes, self.quota,
+                              horizon, end, self.preemptions, self.interruptions,
+                              {t: (a[0], a[1]) for t, a in self.guarantee.items()}, self.util_curve)
+        result.seconds = time.perf_counter() - t0
+        return result
+
+    def _handle(self, kind: str, what, now: float) -> None:
+        if kind == "arrive":
+            self._enqueue(self.states[what])
+        elif kind == "finish":
+            job, attempt = what
+            st = self.states[job]
+            if st.attempt is not None and st.attempts == attempt and st.attempt.start is not None:
+                self._release(st, now, FINISHED)
+        elif kind == "interrupt":
+            self._interrupt(what, now)
+        elif kind == "back":
+            self.snap.forget(self.down.pop(what).pod)
+            self.cycle.room_appeared()
+
+    def _cycles(self, now: float) -> None:
+        for _ in range(4):  # victims stop at once; the preemptor binds in the next cycle
+            if not self.pending:
+                break
+            admitted, victims = self.cycle.run(self.snap, list(self.pending.values()), self._running(now), now)
+            for gang, placements, borrowed in admitted:
+                self._bind(gang, placements, borrowed, now)
+            for job in sorted({v.split("/")[0] for v in victims}):
+                st = self.states[job]
+                if st.attempt is not None:
+                    self.preemptions += 1
+                    self._release(st, now, PREEMPTED)
+            if not victims:
+                break
+        self.util_curve.append((now, self.allocated / self.total_milli if self.total_milli else 0.0))
+
+
+def replay(setting: Setting, platform: Platform, progress=None) -> ReplayResult:
+    return Replay(setting, platform).run(progress)
+

@@ -1,0 +1,56 @@
+"""Build a replay Setting from the quota config (tiers, prices: the scheduler's config adapter) and a
+workload source (the openb trace or the seed-scenario generator)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from airflow_gpu.sim.replay import Setting, SpotModel, TierRule
+from airflow_gpu.sim.traces import load_nodes, load_pods
+from airflow_gpu.sim.workload import OPENB_TEAMS, SeedParams, keep_capacity, openb_jobs, seed_scenario
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "seed-quotas.yaml"
+
+
+def _from_config(config: Path):
+    from airflow_gpu.config import load_config
+    from airflow_gpu.scheduler.loop import preemption_policy_from_config
+
+    cfg = load_config(config)
+    tiers = {t.name: TierRule(t.priority, t.preemptible, t.spot_eligible) for t in cfg.tiers}
+    preemptible = [t.priority for t in cfg.tiers if t.preemptible]
+    prices = {}
+    for p in cfg.products:
+        price = p.price_per_gpu_hour
+        if price is not None:
+            prices[p.node_label or p.name] = (float(price.on_demand), float(price.spot))
+    return cfg, tiers, preemption_policy_from_config(cfg), (min(preemptible) if preemptible else None), prices
+
+
+def openb_setting(nodes_csv: Path, pods_csv: Path, capacity: float, seed: int, config: Path = DEFAULT_CONFIG,
+                  spot: SpotModel = SpotModel()) -> Setting:
+    """The openb trace on a seeded `capacity` fraction of its GPU nodes. Teams: OPENB_TEAMS, each
+    guaranteed an equal share of every product; the config's first product's price for every GPU
+    model (the trace's models have no public price)."""
+    _, tiers, policy, borrowed, prices = _from_config(config)
+    nodes = keep_capacity(load_nodes(nodes_csv), capacity, seed)
+    jobs = openb_jobs(load_pods(pods_csv), seed)
+    price = next(iter(prices.values()), (0.0, 0.0))
+    prices = {n.gpu_product: price for n in nodes if n.gpu_product}
+    share = 1.0 / len(OPENB_TEAMS)
+    return Setting(tuple(nodes), tuple(jobs), tiers, {t: share for t in OPENB_TEAMS}, policy, borrowed, prices,
+                   spot, seed)
+
+
+def seed_setting(params: SeedParams, seed: int, config: Path = DEFAULT_CONFIG) -> Setting:
+    """The seed scenario: teams of `quota_gpus` guaranteed GPUs (serving half of that), the config's
+    A100 prices, spot as in `params`."""
+    _, tiers, policy, borrowed, prices = _from_config(config)
+    nodes, jobs = seed_scenario(params, seed)
+    total = sum(n.gpu_count for n in nodes)
+    teams = {t: params.quota_gpus / total for t in params.teams}
+    teams[params.serving_team] = params.quota_gpus / 2 / total
+    price = next(iter(prices.values()), (0.0, 0.0))
+    spot = SpotModel(params.spot_share, params.interruptions_per_node_day, params.notice_seconds,
+                     params.replace_after_seconds)
+    return Setting(tuple(nodes), tuple(jobs), tiers, teams, policy, borrowed, {"A100-80GB": price}, spot, seed)

@@ -1,0 +1,49 @@
+"""The tier rule shared by the scheduler, the simulator and the operator's dry run (core/tiers.py),
+and its one adapter from the quota config."""
+
+from __future__ import annotations
+
+from airflow_gpu import constants as C
+from airflow_gpu.config import load_config
+from airflow_gpu.core.model import PodRequest
+from airflow_gpu.core.tiers import (
+    DEFAULT_TIER,
+    TierPolicy,
+    decide,
+    priority_class_name,
+    resolve_tier,
+    tier_of_priority_class,
+)
+
+
+def test_known_tier_sets_priority_preemptible_and_confines_to_on_demand_without_checkpoint():
+    members = (PodRequest("w0", gpus=1),)
+    best_effort = TierPolicy(priority=100, preemptible=True, spot_eligible=True)
+    d = decide(best_effort, members, checkpointable=True)
+    assert (d.priority, d.preemptible, d.spot_eligible, d.members) == (100, True, True, members)
+    d = decide(best_effort, members, checkpointable=False)
+    assert not d.spot_eligible and d.members[0].capacity_types == (C.CAPACITY_ON_DEMAND,)
+    assert decide(best_effort, members, True, priority=7).priority == 7  # spec.priority wins
+
+
+def test_unknown_tier_keeps_what_the_pods_ask_for():
+    members = (PodRequest("w0", gpus=1, capacity_types=(C.CAPACITY_SPOT,)), PodRequest("w1", gpus=1))
+    d = decide(None, members, checkpointable=True)
+    assert (d.priority, d.preemptible, d.spot_eligible, d.members) == (0, True, False, members)
+
+
+def test_tier_names_and_priority_classes_round_trip():
+    tiers = {"production-training": TierPolicy()}
+    assert tier_of_priority_class(priority_class_name("inference")) == "inference"
+    assert resolve_tier("x", ["airflow-gpu-production-training"], tiers) == "x"
+    assert resolve_tier(None, ["other", "airflow-gpu-production-training"], tiers) == "production-training"
+    assert resolve_tier(None, ["other"], tiers) == "other"
+    assert resolve_tier(None, [], tiers) == DEFAULT_TIER
+
+
+def test_config_adapter(repo_root):
+    cfg = load_config(repo_root / "examples" / "seed-quotas.yaml")
+    policies = cfg.tier_policies()
+    for tier in cfg.tiers:
+        assert policies[tier.name] == TierPolicy(tier.priority, tier.preemptible, tier.spot_eligible)
+        assert tier.priority_class_name == priority_class_name(tier.name)
