@@ -13,13 +13,15 @@ COMMAND_MODULES = {
     "cluster": "cluster",
     "simulate": "simulate",
     "scheduler": "scheduler",
+    "queue": "queue",
+    "report": "queue",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="airflow-gpu", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module_name in COMMAND_MODULES.values():
+    for module_name in dict.fromkeys(COMMAND_MODULES.values()):
         module = importlib.import_module(f"{__name__}.{module_name}")
         module.register(subparsers)
     return parser

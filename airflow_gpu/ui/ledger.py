@@ -1,0 +1,106 @@
+"""The chargeback ledger's records (core.chargeback.Usage) from durable sources.
+
+1. Pods on the cluster: one record per pod that held GPUs (start = its container start, end = its
+   container end, or now while it runs); node -> product and capacity type; a pod with a
+   DisruptionTarget condition lost the GPU-seconds since its last checkpoint (annotation), by
+   preemption (PreemptionByScheduler) or interruption (every other disruption reason).
+2. The operator's XCom results in the Airflow metadata DB, for task tries whose pods are gone (pods of
+   an interrupted node are garbage-collected): gpu_seconds and lost_gpu_seconds of the try, the product
+   from the task's pool `gpu.<team>.<product>`, capacity type unknown (priced on-demand).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable, Mapping
+
+from airflow_gpu import constants as C
+from airflow_gpu.core.chargeback import CAPACITY_UNKNOWN, CAUSE_INTERRUPTION, CAUSE_PREEMPTION, Usage
+from airflow_gpu.scheduler.convert import capacity_type_of, key_of, parse_time
+
+
+def try_key(labels: Mapping[str, str]) -> tuple | None:
+    """(dag_id, task_id, run_id, try_number) of an operator's pod, None for other pods."""
+    parts = tuple(labels.get(k) for k in (C.LABEL_DAG_ID, C.LABEL_TASK_ID, C.LABEL_RUN_ID, C.LABEL_TRY_NUMBER))
+    return parts if all(parts) else None
+
+
+def pod_gpus(pod: Mapping) -> float:
+    """Whole GPUs, MIG slices as sevenths (the pool slot unit)."""
+    total = 0.0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        req = {**((c.get("resources") or {}).get("limits") or {}), **((c.get("resources") or {}).get("requests") or {})}
+        for name, value in req.items():
+            if name == C.RESOURCE_GPU:
+                total += float(value)
+            elif name.startswith(C.RESOURCE_MIG_PREFIX):
+                total += float(value) * int(name[len(C.RESOURCE_MIG_PREFIX):].split("g")[0] or 1) / 7
+    return total
+
+
+def _run_span(pod: Mapping, now: float) -> tuple[float, float] | None:
+    starts, ends, running = [], [], False
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        if "running" in state:
+            starts.append(parse_time(state["running"].get("startedAt")))
+            running = True
+        elif "terminated" in state:
+            starts.append(parse_time(state["terminated"].get("startedAt")))
+            ends.append(parse_time(state["terminated"].get("finishedAt")))
+    starts = [s for s in starts if s]
+    if not starts:
+        return None
+    end = now if running or not ends else max(e for e in ends if e) if any(ends) else now
+    return min(starts), end
+
+
+def disruption_cause(pod: Mapping) -> str | None:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == C.CONDITION_DISRUPTION_TARGET and cond.get("status") == "True":
+            return CAUSE_PREEMPTION if cond.get("reason") == C.REASON_PREEMPTION_BY_SCHEDULER else CAUSE_INTERRUPTION
+    return None
+
+
+def usage_from_pods(pods: Iterable[Mapping], nodes: Mapping[str, Mapping], team_of, product_of,
+                    now: float | None = None) -> list[Usage]:
+    """`team_of(pod)` and `product_of(node_label)` come from the quota config."""
+    now = time.time() if now is None else now
+    out = []
+    for pod in pods:
+        gpus = pod_gpus(pod)
+        span = _run_span(pod, now)
+        if not gpus or span is None:
+            continue
+        meta = pod.get("metadata") or {}
+        node = nodes.get((pod.get("spec") or {}).get("nodeName") or "") or {}
+        node_labels = (node.get("metadata") or {}).get("labels") or {}
+        capacity = capacity_type_of(node_labels) if node else CAPACITY_UNKNOWN
+        product = product_of(node_labels.get(C.NODE_GPU_PRODUCT))
+        cause = disruption_cause(pod)
+        lost = 0.0
+        if cause:
+            ckpt = parse_time((meta.get("annotations") or {}).get(C.ANNOTATION_LAST_CHECKPOINT_TIME))
+            lost = gpus * max(0.0, span[1] - max(span[0], ckpt or span[0]))
+        out.append(Usage(team_of(pod), product, capacity, gpus, span[0], span[1], lost, cause, key_of(pod)))
+    return out
+
+
+def usage_from_xcom(results: Iterable[Mapping], covered: set[tuple]) -> list[Usage]:
+    """`results`: dicts with team, product, try (dag, task, run, try), start, end and the operator's
+    XCom value (gpu_seconds, lost_gpu_seconds, interruptions, preemptions). Tries in `covered` are
+    already counted from their pods."""
+    out = []
+    for r in results:
+        if r["try"] in covered:
+            continue
+        value = r["value"] or {}
+        gpu_seconds = float(value.get("gpu_seconds") or 0)
+        if gpu_seconds <= 0:
+            continue
+        end = r["end"]
+        span = max(1e-9, end - r["start"])
+        cause = CAUSE_PREEMPTION if value.get("preemptions") else CAUSE_INTERRUPTION if value.get("interruptions") else None
+        out.append(Usage(r["team"], r["product"], CAPACITY_UNKNOWN, gpu_seconds / span, r["start"], end,
+                         float(value.get("lost_gpu_seconds") or 0), cause, "/".join(map(str, r["try"]))))
+    return out

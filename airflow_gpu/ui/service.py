@@ -1,0 +1,104 @@
+"""What the plugin's routes and the CLI answer: the queue and the chargeback report, filtered to
+what a user may see. Settings from Airflow's config section [airflow_gpu] (env
+AIRFLOW__AIRFLOW_GPU__KUBECONFIG / __QUOTA_CONFIG / __LOSS_POLICY)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from dataclasses import dataclass
+
+from airflow_gpu.core.chargeback import POLICY_PLATFORM, charge, check_policy
+from airflow_gpu.scheduler.convert import ConversionContext
+from airflow_gpu.ui import ledger, queue, sources
+
+SECTION = "airflow_gpu"
+CSV_FIELDS = ("team", "product", "capacity_type", "gpu_hours", "lost_interruption_hours",
+              "lost_preemption_hours", "cost")
+
+
+@dataclass
+class Settings:
+    kubeconfig: str | None
+    quota_config: str | None
+    loss_policy: str = POLICY_PLATFORM
+    base_url: str = ""
+
+    @classmethod
+    def from_airflow(cls) -> "Settings":
+        from airflow.configuration import conf
+
+        return cls(conf.get(SECTION, "kubeconfig", fallback=None) or None,
+                   conf.get(SECTION, "quota_config", fallback=None) or None,
+                   check_policy(conf.get(SECTION, "loss_policy", fallback=POLICY_PLATFORM)),
+                   conf.get("api", "base_url", fallback="") or "")
+
+    def config(self):
+        if not self.quota_config:
+            return None
+        from airflow_gpu.config import load_config
+
+        return load_config(self.quota_config)
+
+
+def _view(settings: Settings):
+    if not settings.kubeconfig:
+        raise LookupError("[airflow_gpu] kubeconfig is not set: the GPU queue needs the cluster's kubeconfig "
+                          "(AIRFLOW__AIRFLOW_GPU__KUBECONFIG)")
+    return sources.read_view(settings.kubeconfig)
+
+
+def build_queue(session, settings: Settings, now: float | None = None) -> dict:
+    cfg = settings.config()
+    inputs = queue.Inputs(sources.read_pools(session), sources.read_tasks(session), _view(settings),
+                          ConversionContext.from_config(cfg), base_url=settings.base_url)
+    return queue.build(inputs, now)
+
+
+def visible(data: dict, teams: set[str] | None) -> dict:
+    """Only the rows of `teams` (None: all); the cluster picture and totals stay whole."""
+    if teams is None:
+        return data
+    keep = lambda rows: [r for r in rows if r.get("team") in teams]  # noqa: E731
+    return {**data, "teams": keep(data["teams"]), "waiting": keep(data["waiting"]), "running": keep(data["running"])}
+
+
+def chargeback(session, settings: Settings, since: float, until: float, policy: str | None = None,
+               now: float | None = None) -> list[dict]:
+    now = time.time() if now is None else now
+    cfg = settings.config()
+    if cfg is None:
+        raise LookupError("[airflow_gpu] quota_config is not set: chargeback needs the price table")
+    view = _view(settings)
+    records = usage_records(cfg, list(view.pods.values()), view.nodes,
+                            sources.read_xcom_results(session, since, until) if session is not None else [], now)
+    rows = charge(records, prices_of(cfg), since, min(until, now), policy or settings.loss_policy)
+    return [r.as_dict() for r in rows]
+
+
+def prices_of(cfg) -> dict[str, tuple[float, float]]:
+    return {p.name: (p.price_per_gpu_hour.on_demand, p.price_per_gpu_hour.spot) for p in cfg.products}
+
+
+def usage_records(cfg, pods: list[dict], nodes: dict, xcom_results: list[dict], now: float):
+    from airflow_gpu import constants as C
+
+    team_by_ns = {t.namespace: t.name for t in cfg.teams}
+    aliases = cfg.node_label_aliases()
+
+    def team_of(pod):
+        meta = pod.get("metadata") or {}
+        return (meta.get("labels") or {}).get(C.LABEL_TEAM) or team_by_ns.get(meta.get("namespace"), meta.get("namespace"))
+
+    records = ledger.usage_from_pods(pods, nodes, team_of, lambda label: aliases.get(label, label or "unknown"), now)
+    covered = {ledger.try_key((p.get("metadata") or {}).get("labels") or {}) for p in pods} - {None}
+    return records + ledger.usage_from_xcom(xcom_results, covered)
+
+
+def to_csv(rows: list[dict]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()

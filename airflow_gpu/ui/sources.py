@@ -1,0 +1,81 @@
+"""Reads for the queue and the ledger: Airflow's pools, task instances and XCom results (ORM session,
+inside the api-server or a CLI with DB access), and the cluster's objects (kubeconfig, one list each)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from airflow_gpu.scheduler.cache import View
+from airflow_gpu.scheduler.convert import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION, key_of
+from airflow_gpu.ui.queue import POOL_PREFIX, PoolRow, TaskRow
+
+WAITING_STATES = ("scheduled", "queued", "running", "deferred", "up_for_retry")
+
+
+def read_view(kubeconfig: str | Path) -> View:
+    """Pods, nodes and PodGroups as plain dicts (no model deserialisation: 1,000s of pods stay fast)."""
+    from kubernetes import client
+
+    from airflow_gpu.devtools.gangs import api_client
+
+    with api_client(kubeconfig, pool=4) as api:
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+
+        def items(resp) -> list[dict]:
+            return json.loads(resp.data)["items"]
+
+        pods = items(core.list_pod_for_all_namespaces(_preload_content=False))
+        nodes = items(core.list_node(_preload_content=False))
+        groups = items(custom.list_cluster_custom_object(PODGROUP_GROUP, PODGROUP_VERSION, PODGROUP_PLURAL,
+                                                         _preload_content=False))
+    return View(pods={key_of(p): p for p in pods}, nodes={n["metadata"]["name"]: n for n in nodes},
+                podgroups={key_of(g): g for g in groups}, priorityclasses={}, resourcequotas={})
+
+
+def read_pools(session) -> list[PoolRow]:
+    from airflow.models.pool import Pool
+
+    stats = Pool.slots_stats(session=session)
+    teams = {p.pool: getattr(p, "team_name", None) for p in session.query(Pool).filter(Pool.pool.like(POOL_PREFIX + "%"))}
+    return [PoolRow(name, s["total"], s["occupied"], s["deferred"], s["queued"] + s["scheduled"], teams.get(name))
+            for name, s in stats.items() if name in teams]
+
+
+def read_tasks(session) -> list[TaskRow]:
+    from airflow.models.taskinstance import TaskInstance as TI
+
+    rows = session.query(TI.dag_id, TI.task_id, TI.run_id, TI.try_number, TI.pool, TI.state, TI.queued_dttm,
+                         TI.scheduled_dttm, TI.priority_weight, TI.pool_slots).filter(
+        TI.pool.like(POOL_PREFIX + "%"), TI.state.in_(WAITING_STATES))
+    out = []
+    for r in rows:
+        when = r.queued_dttm or r.scheduled_dttm
+        out.append(TaskRow(r.dag_id, r.task_id, r.run_id, r.try_number, r.pool, str(r.state),
+                           when.timestamp() if when else None, r.priority_weight or 0, r.pool_slots or 1))
+    return out
+
+
+def read_xcom_results(session, since: float, until: float) -> list[dict]:
+    """The operator's return values (XCom key return_value) of GPU tasks that ended in the period."""
+    from datetime import datetime, timezone
+
+    from airflow.models.taskinstance import TaskInstance as TI
+    from airflow.models.xcom import XComModel
+
+    lo = datetime.fromtimestamp(since, timezone.utc)
+    hi = datetime.fromtimestamp(until, timezone.utc)
+    q = session.query(TI.dag_id, TI.task_id, TI.run_id, TI.try_number, TI.pool, TI.start_date, TI.end_date,
+                      XComModel.value).join(
+        XComModel, (XComModel.dag_id == TI.dag_id) & (XComModel.task_id == TI.task_id) &
+        (XComModel.run_id == TI.run_id) & (XComModel.map_index == TI.map_index)).filter(
+        XComModel.key == "return_value", TI.pool.like(POOL_PREFIX + "%"), TI.end_date >= lo, TI.end_date < hi)
+    out = []
+    for r in q:
+        from airflow_gpu.ui.queue import pool_parts
+
+        team, product = pool_parts(r.pool) or ("", "")
+        value = r.value if isinstance(r.value, dict) else json.loads(r.value) if r.value else {}
+        out.append({"team": team, "product": product, "try": (r.dag_id, r.task_id, r.run_id, str(r.try_number)),
+                    "start": (r.start_date or r.end_date).timestamp(), "end": r.end_date.timestamp(), "value": value})
+    return out

@@ -1,0 +1,106 @@
+"""Chargeback: totals equal the sum over the pods of a scripted run (one interruption, one
+preemption), under each loss policy; pods as the cluster reports them, plus an XCom-only try."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from airflow_gpu import constants as C
+from airflow_gpu.config import load_config
+from airflow_gpu.core.chargeback import CAUSE_PREEMPTION, Usage, charge, clipped
+from airflow_gpu.ui.service import prices_of, to_csv, usage_records
+
+T0 = 1_800_000_000.0
+SPOT_NODE, OD_NODE = "gpu-spot-0", "gpu-od-0"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def format_time(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def node(name: str, capacity: str) -> dict:
+    return {"metadata": {"name": name, "labels": {C.NODE_GPU_PRODUCT: "NVIDIA-A100-SXM4-80GB",
+                                                   C.NODE_CAPACITY_TYPE_KARPENTER: capacity}}}
+
+
+def pod(name: str, gpus: int, node_name: str, start: float, end: float, disruption: str | None = None,
+        checkpoint: float | None = None, try_number: int = 1) -> dict:
+    ann = {C.ANNOTATION_LAST_CHECKPOINT_TIME: format_time(checkpoint)} if checkpoint else {}
+    conds = [{"type": C.CONDITION_DISRUPTION_TARGET, "status": "True", "reason": disruption}] if disruption else []
+    return {"metadata": {"name": name, "namespace": "team-nlp", "annotations": ann,
+                         "labels": {C.LABEL_DAG_ID: "train", C.LABEL_TASK_ID: "fit", C.LABEL_RUN_ID: "r1",
+                                    C.LABEL_TRY_NUMBER: str(try_number)}},
+            "spec": {"nodeName": node_name, "containers": [{"name": "c", "resources": {"limits": {C.RESOURCE_GPU: str(gpus)}}}]},
+            "status": {"phase": "Failed" if disruption else "Succeeded", "conditions": conds,
+                       "containerStatuses": [{"name": "c", "state": {"terminated": {
+                           "startedAt": format_time(start), "finishedAt": format_time(end)}}}]}}
+
+
+@pytest.fixture
+def cfg():
+    return load_config(REPO_ROOT / "examples" / "seed-quotas.yaml")
+
+
+def scripted_run():
+    """Attempt 1 on spot (2 x 4 GPUs, 1 h, interrupted 600 s after its checkpoint); attempt 2 on
+    on-demand, preempted 900 s after its checkpoint (2 x 4 GPUs, 30 min); attempt 3 finishes (4 GPUs, 2 h)."""
+    nodes = {SPOT_NODE: node(SPOT_NODE, "spot"), OD_NODE: node(OD_NODE, "on-demand")}
+    pods = [
+        *(pod(f"a1-{r}", 4, SPOT_NODE, T0, T0 + 3600, C.REASON_EVICTION_BY_EVICTION_API, T0 + 3000) for r in range(2)),
+        *(pod(f"a2-{r}", 4, OD_NODE, T0 + 3700, T0 + 5500, C.REASON_PREEMPTION_BY_SCHEDULER, T0 + 4600) for r in range(2)),
+        pod("a3-0", 4, OD_NODE, T0 + 6000, T0 + 13200),
+    ]
+    return pods, nodes
+
+
+def hand_sum(policy: str, cfg) -> dict:
+    """The expected bill, from the scripted numbers alone."""
+    od, spot = prices_of(cfg)["a100-80gb"]
+    spot_h, od_h = 8 * 1.0, 8 * 0.5 + 4 * 2.0
+    lost_int, lost_pre = 8 * 600 / 3600, 8 * 900 / 3600
+    lost_rate = {"platform": 0.0, "spot": spot, "on-demand": od}[policy]
+    return {"spot": (spot_h, lost_int, (spot_h - lost_int) * spot + lost_int * lost_rate),
+            "on-demand": (od_h, lost_pre, (od_h - lost_pre) * od + lost_pre * lost_rate)}
+
+
+@pytest.mark.parametrize("policy", ["platform", "spot", "on-demand"])
+def test_totals_equal_the_sum_over_the_pods(cfg, policy):
+    pods, nodes = scripted_run()
+    records = usage_records(cfg, pods, nodes, [], now=T0 + 20000)
+    rows = {r.capacity_type: r for r in charge(records, prices_of(cfg), T0 - 1, T0 + 86400, policy)}
+    want = hand_sum(policy, cfg)
+    assert set(rows) == {"spot", "on-demand"} and all(r.team == "nlp" for r in rows.values())
+    assert rows["spot"].gpu_hours == pytest.approx(want["spot"][0])
+    assert rows["spot"].lost_interruption_hours == pytest.approx(want["spot"][1])
+    assert rows["spot"].lost_preemption_hours == 0
+    assert rows["on-demand"].lost_preemption_hours == pytest.approx(want["on-demand"][1])
+    for cap in rows:
+        assert rows[cap].cost == pytest.approx(want[cap][2])
+    csv_text = to_csv([r.as_dict() for r in rows.values()])
+    assert csv_text.splitlines()[0].startswith("team,product,capacity_type,gpu_hours")
+
+
+def test_xcom_covers_tries_whose_pods_are_gone(cfg):
+    pods, nodes = scripted_run()
+    xcom = [{"team": "nlp", "product": "a100-80gb", "try": ("train", "fit", "r1", "1"), "start": T0, "end": T0 + 3600,
+             "value": {"gpu_seconds": 1.0}},  # covered by its pods: not counted twice
+            {"team": "nlp", "product": "a100-80gb", "try": ("train", "fit", "r0", "1"), "start": T0, "end": T0 + 1800,
+             "value": {"gpu_seconds": 4 * 1800, "lost_gpu_seconds": 600, "preemptions": 1}}]
+    records = usage_records(cfg, pods, nodes, xcom, now=T0 + 20000)
+    gone = [r for r in records if r.capacity_type == "unknown"]
+    assert len(gone) == 1 and gone[0].gpu_seconds == pytest.approx(4 * 1800) and gone[0].cause == CAUSE_PREEMPTION
+    od = prices_of(cfg)["a100-80gb"][0]
+    row = [r for r in charge(records, prices_of(cfg), T0 - 1, T0 + 86400, "platform") if r.capacity_type == "unknown"][0]
+    assert row.cost == pytest.approx((4 * 1800 - 600) / 3600 * od)  # unknown capacity is priced on-demand
+
+
+def test_period_clipping_and_bad_policy():
+    u = Usage("nlp", "a100-80gb", "spot", 2, 0, 100, lost_gpu_seconds=50, cause="interruption")
+    assert clipped(u, 50, 200) == (100, 50)  # lost work booked when lost, inside the period
+    assert clipped(u, 0, 100) == (200, 0)  # ended at the period's end: next period
+    with pytest.raises(ValueError, match="loss policy must be one of platform, spot, on-demand"):
+        charge([u], {"a100-80gb": (2.0, 1.0)}, 0, 10, "team")
