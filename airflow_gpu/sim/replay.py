@@ -29,6 +29,7 @@ from airflow_gpu.core.model import GPU_MILLI, Gang, Node, Placement, RunningGang
 from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, SPREAD_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPolicy
+from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.queue import Backoff, schedule_cycle
 from airflow_gpu.core.quota import QuotaBook, TeamQuota
 from airflow_gpu.core.snapshot import Snapshot
@@ -186,7 +187,8 @@ class _Cycle:
         """-> (admitted [(gang, placements, borrowed)], victims [unit names])."""
         if self.platform.queue == "fifo":
             return self._fifo(snap, pending), []
-        result = schedule_cycle(snap, pending, running, self.profile, now, self.quota, self.policy, self.backoff)
+        state = CycleState.build(snap, running, self.quota)
+        result = schedule_cycle(state, pending, self.profile, now, self.policy, self.backoff)
         self.backoff.record(result, pending, now)
         admitted = [(d.gang, d.placements, d.borrowed) for d in result.admitted]
         victims = [v.gang.name for p in result.preemptions for v in p.victims] if self.platform.preemption else []
