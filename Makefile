@@ -19,6 +19,7 @@ demo: venv
 	$(VPY) -m airflow_gpu.demo
 
 test: venv
+	@test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium)  # UI browser test
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
 bench: venv

@@ -74,6 +74,7 @@ def _local_settings(args):
 
 def _queue(args) -> int:
     from airflow_gpu.airflow_api import AirflowApiError
+    from airflow_gpu.ui.service import NotConfigured
 
     try:
         if args.api_url:
@@ -86,7 +87,7 @@ def _queue(args) -> int:
             with create_session() as session:
                 data = build_queue(session, _local_settings(args))
             data = visible(data, {args.team} if args.team else None)
-    except (AirflowApiError, LookupError) as exc:
+    except (AirflowApiError, NotConfigured) as exc:
         print(f"queue: {exc}", file=sys.stderr)
         return 1
     if args.json:
@@ -99,8 +100,9 @@ def _queue(args) -> int:
 def print_queue(data: dict) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text  # reasons may hold [brackets]: never markup
 
-    console = Console()
+    console = Console(width=200)
     t = Table(title="Team pools")
     for col in ("team", "pool", "slots (GPUs)", "occupied", "deferred", "queued"):
         t.add_column(col)
@@ -115,16 +117,16 @@ def print_queue(data: dict) -> None:
     for r in data["waiting"]:
         est = "" if r["estimated_start"] is None else f"in {max(0, r['estimated_start'] - now):.0f} s"
         task = f"{r['dag_id']}.{r['task_id']}" if r["dag_id"] else r["gang"]
-        w.add_row(str(r["cluster_position"]), str(r["position"]), task, r["team"], r["tier"], str(r["gpus"]),
-                  str(r["waiting_seconds"]), r["reason"], est, markup=False)
+        w.add_row(*map(Text, (str(r["cluster_position"]), str(r["position"]), task, r["team"], r["tier"],
+                              str(r["gpus"]), str(r["waiting_seconds"]), r["reason"], est)))
     console.print(w)
     run = Table(title="Running")
     for col in ("task", "team", "pods", "since checkpoint s", "interruptions"):
         run.add_column(col)
     for r in data["running"]:
         pods = ", ".join(f"{p['name']}@{p['node']} ({p['capacity_type']})" for p in r["pods"])
-        run.add_row(f"{r['dag_id']}.{r['task_id']}" if r["dag_id"] else r["gang"], r["team"], pods,
-                    str(r["last_checkpoint_age_seconds"] or ""), str(r["interruptions"]), markup=False)
+        run.add_row(*map(Text, (f"{r['dag_id']}.{r['task_id']}" if r["dag_id"] else r["gang"], r["team"], pods,
+                                str(r["last_checkpoint_age_seconds"] or ""), str(r["interruptions"]))))
     console.print(run)
     c = data["cluster"]
     console.print(f"cluster: {c['gpus_total']} GPUs on {len(c['nodes'])} nodes, allocation "
@@ -133,6 +135,7 @@ def print_queue(data: dict) -> None:
 
 def _chargeback(args) -> int:
     from airflow_gpu.airflow_api import AirflowApiError
+    from airflow_gpu.ui.service import NotConfigured
     from airflow_gpu.ui.service import CSV_FIELDS, chargeback, to_csv
 
     since = _epoch(args.since, "--since")
@@ -147,7 +150,7 @@ def _chargeback(args) -> int:
             with create_session() as session:
                 rows = chargeback(session, _local_settings(args), since, until, args.policy)
             rows = [r for r in rows if not args.team or r["team"] == args.team]
-    except (AirflowApiError, LookupError) as exc:
+    except (AirflowApiError, NotConfigured) as exc:
         print(f"report chargeback: {exc}", file=sys.stderr)
         return 1
     if args.format == "json":

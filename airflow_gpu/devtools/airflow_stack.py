@@ -46,6 +46,8 @@ class AirflowStack:
     extra_env: dict[str, str] = field(default_factory=dict)
     username: str = "admin"
     password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
+    # more simple-auth-manager users: name -> "role" or "role:team1|team2" (multi_team); random passwords
+    users: dict[str, str] = field(default_factory=dict)
     processes: dict[str, ManagedProcess] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
@@ -55,6 +57,7 @@ class AirflowStack:
         self.db_url = self.db_url or f"sqlite:///{self.home / 'airflow.db'}"
         self._jwt_secret = secrets.token_urlsafe(32)
         self._secret_key = secrets.token_urlsafe(32)
+        self.passwords = {self.username: self.password, **{u: secrets.token_urlsafe(12) for u in self.users}}
 
     @property
     def base_url(self) -> str:
@@ -75,7 +78,8 @@ class AirflowStack:
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{self.username}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
+                [f"{self.username}:admin"] + [f"{u}:{spec}" for u, spec in self.users.items()]),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.passwords_file),
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.db_url,
             "AIRFLOW__API__HOST": "127.0.0.1",
@@ -109,7 +113,7 @@ class AirflowStack:
     def start(self, timeout: float = 180.0, migrate: bool = True) -> "AirflowStack":
         if migrate:
             self.migrate()
-        self.passwords_file.write_text(json.dumps({self.username: self.password}) + "\n")
+        self.passwords_file.write_text(json.dumps(self.passwords) + "\n")
         env = self.env()
         try:
             for component in self.components:
@@ -153,8 +157,9 @@ class AirflowStack:
         self.processes.clear()
         return codes
 
-    def token(self) -> str:
-        return fetch_token(self.base_url, self.username, self.password)
+    def token(self, username: str | None = None) -> str:
+        username = username or self.username
+        return fetch_token(self.base_url, username, self.passwords[username])
 
     def api(self) -> AirflowApi:
         return AirflowApi(self.base_url, token=self.token())

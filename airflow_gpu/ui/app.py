@@ -66,7 +66,7 @@ def get_queue(user: GetUserDep, session: SessionDep, team: str | None = None) ->
     _check_team(team, allowed)
     try:
         data = service.build_queue(session, _settings())
-    except LookupError as exc:
+    except service.NotConfigured as exc:
         raise HTTPException(503, str(exc))
     return service.visible(data, {team} if team else allowed)
 
@@ -78,7 +78,7 @@ def _report(user, session, since, until, policy, team) -> list[dict]:
     lo, hi = _epoch(since, now - 30 * 86400, "since"), _epoch(until, now, "until")
     try:
         rows = service.chargeback(session, _settings(), lo, hi, policy)
-    except LookupError as exc:
+    except service.NotConfigured as exc:
         raise HTTPException(503, str(exc))
     except ValueError as exc:
         raise HTTPException(422, str(exc))

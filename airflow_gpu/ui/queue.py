@@ -95,7 +95,7 @@ def cluster_picture(world, pending_gangs) -> dict:
             "gpus": [int(f) for f in free[: node.gpu_count]], "held": node.name in held_nodes,
             "mig": {p: [int(snap.mig_free[i, snap.shape.mig_profiles.index(p)]), int(c)] for p, c in node.mig_slices},
         })
-    total = snap.shape.total_gpu_milli()
+    total = snap.shape.total_gpu_milli
     typical = TypicalPods.from_pods([m for g in pending_gangs for m in g.members] +
                                     [m for r in world.running for m in r.gang.members]) if (pending_gangs or world.running) else None
     frag = 0.0

@@ -18,6 +18,10 @@ CSV_FIELDS = ("team", "product", "capacity_type", "gpu_hours", "lost_interruptio
               "lost_preemption_hours", "cost")
 
 
+class NotConfigured(RuntimeError):
+    """A setting the view needs is missing; the message names it and the env var that sets it."""
+
+
 @dataclass
 class Settings:
     kubeconfig: str | None
@@ -44,7 +48,7 @@ class Settings:
 
 def _view(settings: Settings):
     if not settings.kubeconfig:
-        raise LookupError("[airflow_gpu] kubeconfig is not set: the GPU queue needs the cluster's kubeconfig "
+        raise NotConfigured("[airflow_gpu] kubeconfig is not set: the GPU queue needs the cluster's kubeconfig "
                           "(AIRFLOW__AIRFLOW_GPU__KUBECONFIG)")
     return sources.read_view(settings.kubeconfig)
 
@@ -69,7 +73,8 @@ def chargeback(session, settings: Settings, since: float, until: float, policy: 
     now = time.time() if now is None else now
     cfg = settings.config()
     if cfg is None:
-        raise LookupError("[airflow_gpu] quota_config is not set: chargeback needs the price table")
+        raise NotConfigured("[airflow_gpu] quota_config is not set: chargeback needs the price table "
+                            "(AIRFLOW__AIRFLOW_GPU__QUOTA_CONFIG)")
     view = _view(settings)
     records = usage_records(cfg, list(view.pods.values()), view.nodes,
                             sources.read_xcom_results(session, since, until) if session is not None else [], now)

@@ -38,8 +38,9 @@ def read_pools(session) -> list[PoolRow]:
 
     stats = Pool.slots_stats(session=session)
     teams = {p.pool: getattr(p, "team_name", None) for p in session.query(Pool).filter(Pool.pool.like(POOL_PREFIX + "%"))}
-    return [PoolRow(name, s["total"], s["occupied"], s["deferred"], s["queued"] + s["scheduled"], teams.get(name))
-            for name, s in stats.items() if name in teams]
+    # occupied as Airflow counts it for these pools (include_deferred): open = total - occupied
+    return [PoolRow(name, int(s["total"]), int(s["total"] - s["open"]), s["deferred"], s["queued"] + s["scheduled"],
+                    teams.get(name)) for name, s in stats.items() if name in teams]
 
 
 def read_tasks(session) -> list[TaskRow]:
