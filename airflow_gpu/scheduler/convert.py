@@ -61,23 +61,46 @@ def key_of(obj: Mapping) -> str:
 
 
 def parse_time(value: Any) -> float | None:
-    """RFC 3339 string, datetime or epoch seconds -> epoch seconds."""
+    """RFC 3339 string, datetime or epoch seconds -> epoch seconds. Anything else (not a time, not
+    finite, before 1970 or after 9999) raises ConversionError naming the value."""
     if value in (None, ""):
         return None
+    if isinstance(value, bool):
+        raise ConversionError(f"{value!r} is not a time (RFC 3339, e.g. 2026-01-02T03:04:05Z)")
     if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, datetime):
-        dt = value
+        seconds = float(value)
+    elif isinstance(value, datetime):
+        seconds = _timestamp(value)
     else:
-        text = str(value).strip()
+        text = str(value).strip()[:64]
         try:
-            return float(text)
+            seconds = float(text)
         except ValueError:
-            pass
-        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            try:
+                seconds = _timestamp(datetime.fromisoformat(text.replace("Z", "+00:00")))
+            except (ValueError, OverflowError):
+                raise ConversionError(f"{text!r} is not a time (RFC 3339, e.g. 2026-01-02T03:04:05Z)") from None
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_EPOCH_SECONDS:
+        raise ConversionError(f"{value!r} is not a time between 1970 and 9999")
+    return seconds
+
+
+MAX_EPOCH_SECONDS = 253402300799.0  # 9999-12-31T23:59:59Z
+
+
+def _timestamp(dt: datetime) -> float:
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return dt.timestamp()
+
+
+def hint_time(value: Any, where: str, problems: list[str]) -> float | None:
+    """A time written by users (a hint): parsed, or None with the problem appended."""
+    try:
+        return parse_time(value)
+    except ConversionError as exc:
+        problems.append(f"{where}: {exc}; ignored")
+        return None
 
 
 def _quantity(value: Any, where: str) -> Decimal:
@@ -365,6 +388,34 @@ def parse_topology(value: str | None, where: str) -> TopologyRequirement:
     return TopologyRequirement(level=lvl, hard=mode.strip().lower() == "hard")
 
 
+MAX_EXPECTED_DURATION = 366 * 86400.0  # a hint beyond a year is a typo; backfill needs no more
+
+
+def expected_duration(text: str | None, where: str) -> float | None:
+    """The expected-duration-seconds hint: a finite number of seconds in (0, MAX_EXPECTED_DURATION]."""
+    if not text:
+        return None
+    fix = f"must be seconds between 1 and {MAX_EXPECTED_DURATION:.0f}, e.g. 3600"
+    try:
+        value = float(text[:64])
+    except ValueError:
+        raise ConversionError(f"{where}: annotation {C.ANNOTATION_EXPECTED_DURATION}={text[:64]!r} {fix}") from None
+    if not math.isfinite(value) or not 0 < value <= MAX_EXPECTED_DURATION:
+        raise ConversionError(f"{where}: annotation {C.ANNOTATION_EXPECTED_DURATION}={text[:64]!r} {fix}")
+    return value
+
+
+def _hint(parse, default, problems: list[str] | None):
+    """parse() a user-written hint; with a problems list an invalid one becomes `default`."""
+    if problems is None:
+        return parse()
+    try:
+        return parse()
+    except ConversionError as exc:
+        problems.append(f"{exc}; ignored")
+        return default
+
+
 def gang_from_k8s(
     key: str,
     podgroup: Mapping | None,
@@ -373,12 +424,15 @@ def gang_from_k8s(
     members: list[PodRequest] | None = None,
     pinned: Iterable[str] = (),
     min_member: int = 0,
+    hints: list[str] | None = None,
 ) -> Gang:
     """A Gang for PodGroup `key` (or a lone pod) and its pods. Labels/annotations on the PodGroup win
     over those on the pods; priority is the highest spec.priority among the pods. Each pod keeps its
     own request (pod sets: a launcher and its workers). `pinned`: nodes where members of the group
     already run, which pin the rest to their topology domain; `min_member`: how many of `pods` must
-    be placed together at least (0: all)."""
+    be placed together at least (0: all). `hints`: when a list, user-written hints that are invalid
+    (expected duration, topology) are ignored and their problems appended; when None, they raise
+    ConversionError (a pending gang waits with the field named)."""
     if not pods:
         raise ConversionError(f"gang {key}: no pods")
     pg_meta = (podgroup or {}).get("metadata") or {}
@@ -392,13 +446,8 @@ def gang_from_k8s(
     priorities = [(p.get("spec") or {}).get("priority") for p in pods]
     known = [int(p) for p in priorities if p is not None]
     checkpointable = (annotation(C.ANNOTATION_CHECKPOINTABLE) or "").lower() == "true"
-    duration_text = annotation(C.ANNOTATION_EXPECTED_DURATION)
-    try:
-        duration = float(duration_text) if duration_text else None
-    except ValueError:
-        raise ConversionError(
-            f"gang {key}: annotation {C.ANNOTATION_EXPECTED_DURATION}={duration_text!r} must be seconds, e.g. 3600"
-        ) from None
+    duration = _hint(lambda: expected_duration(annotation(C.ANNOTATION_EXPECTED_DURATION), f"gang {key}"),
+                     None, hints)
     created = [parse_time(m.get("creationTimestamp")) for m in metas]
     created_at = parse_time(pg_meta.get("creationTimestamp")) or min((c for c in created if c), default=0.0)
     reqs = tuple(members if members is not None else (pod_request_from_k8s(p, ctx.product_labels) for p in pods))
@@ -409,7 +458,8 @@ def gang_from_k8s(
         tier=tier,
         priority=decision.priority,
         members=decision.members,
-        topology=parse_topology(annotation(C.ANNOTATION_TOPOLOGY), f"gang {key}"),
+        topology=_hint(lambda: parse_topology(annotation(C.ANNOTATION_TOPOLOGY), f"gang {key}"),
+                       TopologyRequirement(), hints),
         preemptible=decision.preemptible,
         checkpointable=checkpointable,
         spot_eligible=decision.spot_eligible,
@@ -429,25 +479,35 @@ def running_gang_from_k8s(
     *,
     ours: bool = True,
     members: list[PodRequest] | None = None,
+    hints: list[str] | None = None,
 ) -> RunningGang:
-    """A RunningGang for bound pods. Pods another scheduler placed are never preemption victims here."""
-    gang = gang_from_k8s(key, podgroup, pods, ctx, members)
+    """A RunningGang for bound pods. Pods another scheduler placed are never preemption victims here.
+    A running gang always counts (capacity, quota, preemption): user-written hints that are invalid
+    are ignored, their problems appended to `hints`."""
+    hints = [] if hints is None else hints
+    gang = gang_from_k8s(key, podgroup, pods, ctx, members, hints=hints)
     if not ours:
         gang = replace(gang, preemptible=False)
     starts = []
     for p in pods:
         status = p.get("status") or {}
-        t = parse_time(status.get("startTime"))
+        t = hint_time(status.get("startTime"), f"pod {key_of(p)} status.startTime", hints)
         if t is None:
             for cond in status.get("conditions") or []:
                 if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
-                    t = parse_time(cond.get("lastTransitionTime"))
+                    t = hint_time(cond.get("lastTransitionTime"), f"pod {key_of(p)} PodScheduled condition", hints)
         starts.append(t if t is not None else gang.created_at)
+    started_at = min(starts) if starts else gang.created_at
     checkpoints = [
-        parse_time(((p.get("metadata") or {}).get("annotations") or {}).get(C.ANNOTATION_LAST_CHECKPOINT_TIME))
-        for p in [podgroup or {}, *pods]
+        hint_time(((m.get("metadata") or {}).get("annotations") or {}).get(C.ANNOTATION_LAST_CHECKPOINT_TIME),
+                  f"{'PodGroup' if m is podgroup else 'pod'} {key_of(m)}: annotation "
+                  f"{C.ANNOTATION_LAST_CHECKPOINT_TIME}", hints)
+        for m in ([podgroup] if podgroup else []) + list(pods)
     ]
+    # a checkpoint before this run started does not make its work more expensive to lose: a
+    # hint cannot buy protection from preemption
     ck = max((c for c in checkpoints if c is not None), default=None)
+    ck = None if ck is None else max(ck, started_at)
     borrowed = any(
         ((m.get("metadata") or {}).get("annotations") or {}).get(C.ANNOTATION_BORROWED) == "true"
         for m in [podgroup or {}, *pods]
@@ -455,7 +515,7 @@ def running_gang_from_k8s(
     return RunningGang(
         gang=gang,
         placements=placements,
-        started_at=min(starts) if starts else gang.created_at,
+        started_at=started_at,
         last_checkpoint_at=ck,
         borrowed=borrowed,
     )

@@ -202,6 +202,8 @@ class Scheduler:
             self._wait(unit, reason)
         for unit, error in world.invalid:
             self._wait(unit, error)
+        for unit, problem in world.ignored_hints:
+            self._warn_once(unit, "InvalidHint", problem)
         timed_out, bad = timeouts(world, result.waiting, now)
         for unit, error in bad:
             self._wait(unit, error)
@@ -249,7 +251,7 @@ class Scheduler:
 
     def _team_of(self, unit: Unit, pods: list[dict]) -> str:
         try:
-            return gang_from_k8s(unit.key, unit.podgroup, pods, self.ctx).team
+            return gang_from_k8s(unit.key, unit.podgroup, pods, self.ctx, hints=[]).team
         except ValueError:  # unreadable members: the plan is reported and dropped elsewhere
             namespace = unit.key.partition("/")[0]
             return self.ctx.team_by_namespace.get(namespace, namespace)
@@ -358,7 +360,7 @@ class Scheduler:
                 continue
             todo = [plan.placements[key_of(p)] for p in pending if key_of(p) in plan.placements]
             if world.plan_ready.get(key) and todo:
-                g = gang_from_k8s(unit.key, unit.podgroup, [by_pod[p.pod] for p in todo], self.ctx)
+                g = gang_from_k8s(unit.key, unit.podgroup, [by_pod[p.pod] for p in todo], self.ctx, hints=[])
                 self._bind_all(unit, todo, by_pod, g.created_at, g, borrowed=plan.borrowed,
                                recovered=plan.state == PLAN_BINDING and bound_before > 0)
                 continue
@@ -459,6 +461,16 @@ class Scheduler:
         self._written[("reason", unit.key)] = reason
         self._written[("shape", unit.key)] = (shape, time.monotonic())
         self.api.event(owner, REASON_WAITING, reason, "Warning")
+
+    def _warn_once(self, unit: Unit, reason: str, message: str) -> None:
+        """A Warning Event on the gang's owner, once per message while this replica leads (a running
+        gang's invalid hint is ignored, not a reason to stop it: no wait reason to write)."""
+        owner = unit.owner or (unit.pods[0] if unit.pods else None)
+        if owner is None or self._written.get((reason, unit.key, message)):
+            return
+        log.warning("gang %s: %s", unit.key, message)
+        self._written[(reason, unit.key, message)] = True
+        self.api.event(owner, reason, message, "Warning")
 
     def _patch_owner_annotations(self, unit: Unit, annotations: dict) -> None:
         if unit.podgroup is not None:

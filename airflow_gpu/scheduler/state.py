@@ -134,6 +134,7 @@ class World:
     plan_ready: dict[str, bool]  # unit key -> every unbound member of the plan fits now
     invalid: list[tuple[Unit, str]]  # units whose objects cannot be understood, with the error
     nodes: dict[str, Node]
+    ignored_hints: list[tuple[Unit, str]] = field(default_factory=list)  # invalid user hints, ignored
 
 
 def group_units(view: View) -> dict[str, Unit]:
@@ -261,6 +262,7 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
     running: list[RunningGang] = []
     running_units: dict[str, Unit] = {}
     invalid: list[tuple[Unit, str]] = []
+    ignored_hints: list[tuple[Unit, str]] = []
     requests: dict[str, PodRequest] = {}
 
     # 1. what runs holds its resources
@@ -276,18 +278,28 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
             except ConversionError as exc:
                 invalid.append((unit, str(exc)))
                 continue
+            except _MALFORMED as exc:
+                invalid.append((unit, _malformed(unit, exc)))
+                continue
             node = (pod.get("spec") or {}).get("nodeName") or view.assumed.get(key)
             placement = _assume_running(snap, key, req, node)
             if placement is not None:
                 placements.append(placement)
         if placements:
             ours = all((p.get("spec") or {}).get("schedulerName") == scheduler_name for p in held)
+            hints: list[str] = []
             try:
                 rg = running_gang_from_k8s(unit.key, unit.podgroup, held, ctx, tuple(placements), ours=ours,
-                                           members=[requests[key_of(p)] for p in held if key_of(p) in requests])
+                                           members=[requests[key_of(p)] for p in held if key_of(p) in requests],
+                                           hints=hints)
             except ConversionError as exc:
                 invalid.append((unit, str(exc)))
                 continue
+            except _MALFORMED as exc:  # one odd object must never stop the cycle for every gang
+                invalid.append((unit, _malformed(unit, exc)))
+                continue
+            finally:
+                ignored_hints += [(unit, h) for h in hints]
             running.append(rg)
             running_units[rg.gang.name] = unit
 
@@ -303,11 +315,11 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
         for pod in pending:
             try:
                 members[key_of(pod)] = requests.get(key_of(pod)) or memo.pod(pod, ctx)
-            except ConversionError:
+            except _MALFORMED:
                 pass
         try:
             plan = Plan.from_json(text, members)
-        except (ValueError, KeyError, TypeError) as exc:
+        except _MALFORMED as exc:
             invalid.append((unit, f"PodGroup {unit.key}: annotation {C.ANNOTATION_PLACEMENT} is not a plan: {exc}"))
             continue
         plans[unit.key] = plan
@@ -350,7 +362,22 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
         except ConversionError as exc:
             invalid.append((unit, str(exc)))
             continue
+        except _MALFORMED as exc:
+            invalid.append((unit, _malformed(unit, exc)))
+            continue
         pending.append((unit, gang))
     pending.sort(key=lambda ug: (-ug[1].priority, ug[1].created_at, ug[1].name))
-    return World(snap, units, pending, incomplete, running, running_units, plans, plan_ready, invalid, nodes)
+    return World(snap, units, pending, incomplete, running, running_units, plans, plan_ready, invalid, nodes,
+                 ignored_hints)
+
+
+# What reading a malformed object can raise beyond ConversionError (a list where a map belongs, a
+# number where a string does): the unit is reported and skipped, every other gang is scheduled.
+_MALFORMED = (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError)
+
+
+def _malformed(unit: Unit, exc: Exception) -> str:
+    log.warning("gang %s: malformed object skipped", unit.key, exc_info=True)
+    return f"gang {unit.key}: an object of this gang is malformed ({type(exc).__name__}: {str(exc)[:200]}); " \
+           f"skipped until it is fixed"
 

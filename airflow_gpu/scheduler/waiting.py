@@ -50,8 +50,12 @@ def timeouts(world: World, waiting: dict[str, str], now: float) -> tuple[dict[st
             continue
         if limit is None:
             continue
-        start = parse_time((pg.get("status") or {}).get("scheduleStartTime")) or \
-            parse_time((pg.get("metadata") or {}).get("creationTimestamp"))
+        try:
+            start = parse_time((pg.get("status") or {}).get("scheduleStartTime")) or \
+                parse_time((pg.get("metadata") or {}).get("creationTimestamp"))
+        except ConversionError as exc:
+            bad.append((unit, f"PodGroup {unit.key}: status.scheduleStartTime: {exc}; its timeout is not applied"))
+            continue
         if start is None or now - start < limit:
             continue
         last = waiting.get(unit.key) or reasons.get(unit.key) or unit.annotation(C.ANNOTATION_WAIT_REASON) \

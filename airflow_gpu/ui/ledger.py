@@ -16,7 +16,7 @@ from typing import Iterable, Mapping
 
 from airflow_gpu import constants as C
 from airflow_gpu.core.chargeback import CAPACITY_UNKNOWN, CAUSE_INTERRUPTION, CAUSE_PREEMPTION, Usage
-from airflow_gpu.scheduler.convert import capacity_type_of, key_of, parse_time
+from airflow_gpu.scheduler.convert import capacity_type_of, hint_time, key_of, parse_time
 
 
 def try_key(labels: Mapping[str, str]) -> tuple | None:
@@ -80,7 +80,7 @@ def usage_from_pods(pods: Iterable[Mapping], nodes: Mapping[str, Mapping], team_
         cause = disruption_cause(pod)
         lost = 0.0
         if cause:
-            ckpt = parse_time((meta.get("annotations") or {}).get(C.ANNOTATION_LAST_CHECKPOINT_TIME))
+            ckpt = hint_time((meta.get("annotations") or {}).get(C.ANNOTATION_LAST_CHECKPOINT_TIME), "checkpoint", [])
             lost = gpus * max(0.0, span[1] - max(span[0], ckpt or span[0]))
         out.append(Usage(team_of(pod), product, capacity, gpus, span[0], span[1], lost, cause, key_of(pod)))
     return out

@@ -22,7 +22,7 @@ from airflow_gpu.core.policies import make_profile
 from airflow_gpu.core.queue import estimate_start
 from airflow_gpu.config import SLOTS_PER_GPU
 from airflow_gpu.scheduler.cache import View
-from airflow_gpu.scheduler.convert import ConversionContext, key_of, parse_time
+from airflow_gpu.scheduler.convert import ConversionContext, hint_time, key_of, parse_time
 from airflow_gpu.scheduler.state import build_world
 from airflow_gpu.ui.ledger import try_key
 
@@ -189,7 +189,7 @@ def _running_row(unit, rg, world, now, base_url) -> dict:
     labels = ((unit.pods or [{}])[0].get("metadata") or {}).get("labels") or {}
     key = try_key(labels)
     dag_id, task_id, run_id, _ = key or (None, None, None, None)
-    ckpt = parse_time(unit.annotation(C.ANNOTATION_LAST_CHECKPOINT_TIME))
+    ckpt = hint_time(unit.annotation(C.ANNOTATION_LAST_CHECKPOINT_TIME), "last checkpoint", [])  # a hint: bad is none
     age = None if not ckpt else round(now - ckpt, 1)
     return {"dag_id": dag_id, "task_id": task_id, "run_id": run_id, "team": rg.gang.team, "tier": rg.gang.tier,
             "gang": unit.key, "gpus": round(_gpus(rg.gang.members), 3), "pods": pods,
