@@ -35,12 +35,19 @@ ANNOTATION_SIM_DURATION = f"{DOMAIN}/sim-duration-seconds"  # local cluster: sim
 ANNOTATION_SIM_EXIT_CODE = f"{DOMAIN}/sim-exit-code"  # local cluster: simulated container exit code
 ANNOTATION_MANAGED_POOL = f"{DOMAIN}/managed"
 # scheduler (issue 6): topology ask on a PodGroup/pod ("clique", "rack:hard"); a gang admitted on
-# borrowed quota; the placement plan written on a PodGroup before its members are bound (crash recovery
-# and the nomination of GPUs freed by preemption); members bound of minMember.
+# borrowed quota (shown to users; the scheduler reads it from its own plan record); members bound of
+# minMember. ANNOTATION_PLACEMENT is what older versions wrote as their plan: never read now, since
+# pod owners can write annotations (the plan lives in the scheduler's own namespace, below).
 ANNOTATION_TOPOLOGY = f"{DOMAIN}/topology"
 ANNOTATION_BORROWED = f"{DOMAIN}/borrowed"
 ANNOTATION_PLACEMENT = f"{DOMAIN}/placement"
 ANNOTATION_SCHEDULED = f"{DOMAIN}/scheduled"
+# The scheduler's crash-recovery record of a gang (binding plan, preemption nomination, admission on
+# borrowed quota): one ConfigMap per gang in the scheduler's own namespace, named by the owner's UID,
+# labelled with the scheduler name. Only the scheduler's service account may write there (deploy/rbac.yaml).
+LABEL_PLAN_OF = f"{DOMAIN}/plan-of"
+PLAN_CONFIGMAP_PREFIX = "airflow-gpu-plan-"
+PLAN_DATA_KEY = "plan.json"
 ANNOTATION_EXPECTED_DURATION = f"{DOMAIN}/expected-duration-seconds"  # lets smaller gangs backfill safely
 
 # Marker in an Airflow pool description: only pools carrying it are changed or deleted. Capitalised

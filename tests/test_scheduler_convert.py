@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from kubernetes import client
 
@@ -17,7 +19,7 @@ from airflow_gpu.scheduler.convert import (
     pod_request_from_k8s,
     schedule_timeout,
 )
-from airflow_gpu.scheduler.state import PLAN_NOMINATED, Plan, build_world
+from airflow_gpu.scheduler.state import PLAN_NOMINATED, Plan, build_world, plan_store_name
 
 
 def node(name, gpus=8, labels=None, taints=None, mig=None, unschedulable=False):
@@ -34,7 +36,7 @@ def pod(name, gpus=1, ns="team-nlp", group=None, node_name=None, phase="Pending"
     labels = {C.LABEL_COSCHEDULING_POD_GROUP: group} if group else {}
     return {
         "metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": extra.get("annotations", {}),
-                     "creationTimestamp": "2026-12-01T10:00:00Z"},
+                     "creationTimestamp": "2026-12-01T10:00:00Z", "uid": f"uid-{ns}-{name}"},
         "spec": {"schedulerName": "airflow-gpu", "priority": extra.get("priority", 0),
                  "priorityClassName": extra.get("pc"), **({"nodeName": node_name} if node_name else {}),
                  "containers": [{"name": "c", "resources": {"limits": {C.RESOURCE_GPU: str(gpus)},
@@ -46,7 +48,7 @@ def pod(name, gpus=1, ns="team-nlp", group=None, node_name=None, phase="Pending"
 def podgroup(name, min_member, ns="team-nlp", annotations=None):
     return {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
             "metadata": {"name": name, "namespace": ns, "annotations": annotations or {},
-                         "creationTimestamp": "2026-12-01T09:00:00Z"},
+                         "creationTimestamp": "2026-12-01T09:00:00Z", "uid": f"uid-pg-{ns}-{name}"},
             "spec": {"minMember": min_member}}
 
 
@@ -105,11 +107,18 @@ def test_gang_team_tier_priority_and_products_from_config(repo_root):
         gang_from_k8s("team-nlp/train", pg, pods, ctx)
 
 
-def _view(pods, podgroups=(), nodes=("a", "b")):
+def _view(pods, podgroups=(), nodes=("a", "b"), plans=()):
     from airflow_gpu.scheduler.convert import key_of
 
     return View(pods={key_of(p): p for p in pods}, nodes={n: node(n) for n in nodes},
-                podgroups={key_of(g): g for g in podgroups}, priorityclasses={}, resourcequotas={})
+                podgroups={key_of(g): g for g in podgroups}, priorityclasses={}, resourcequotas={},
+                plans={f"default/{plan_store_name(p.owner_uid)}": _record(p) for p in plans})
+
+
+def _record(plan):
+    """A plan record as the scheduler stores it: a ConfigMap in its namespace named by the owner's UID."""
+    return {"metadata": {"name": plan_store_name(plan.owner_uid), "namespace": "default"},
+            "data": {C.PLAN_DATA_KEY: plan.to_json()}}
 
 
 def test_world_waits_for_every_member_and_orders_by_priority():
@@ -130,17 +139,21 @@ def test_a_partly_bound_gang_pins_its_pending_members_and_counts_bound_ones_towa
 
 def test_running_pods_and_nominated_plans_hold_gpus():
     running = [pod(f"r{i}", 1, node_name="a", phase="Running") for i in range(6)]
-    members = [pod(f"g{i}", 8, group="big") for i in range(2)]
+    members = [pod(f"g{i}", 8, group="big", priority=10) for i in range(2)]
     plan = Plan(PLAN_NOMINATED, {f"team-nlp/g{i}": Placement(f"team-nlp/g{i}", n, tuple((k, 1000) for k in range(8)),
                                                              cpu_milli=500, memory_mib=1024)
                                  for i, n in enumerate("ab")}, 0.0, victims=("team-nlp/r0",))
-    pg = podgroup("big", 2, annotations={C.ANNOTATION_PLACEMENT: plan.to_json()})
-    w = build_world(_view(running + members, [pg]), "airflow-gpu", ConversionContext())
+    plan = replace(plan, owner_key="team-nlp/big", owner_uid="uid-pg-team-nlp-big",
+                   pod_uids={f"team-nlp/g{i}": f"uid-team-nlp-g{i}" for i in range(2)},
+                   victim_uids={"team-nlp/r0": "uid-team-nlp-r0"})
+    pg = podgroup("big", 2)
+    w = build_world(_view(running + members, [pg], plans=[plan]), "airflow-gpu", ConversionContext())
     assert len(w.running) == 6 and not w.pending
     assert w.plan_ready["team-nlp/big"] is False  # node a is still busy with the victims
     # every GPU is taken: b by the plan, a by the running pods plus the plan's hold on what was free
     assert int(w.snapshot.whole_free_gpus().sum()) == 0
-    assert Plan.from_json(plan.to_json(), {}).victims == ("team-nlp/r0",)
+    assert Plan.from_json(plan.to_json()).victims == ("team-nlp/r0",)
+    assert not w.rejected_plans and not w.stale_plans
 
 
 def test_required_node_affinity_and_scheduling_gates():

@@ -14,8 +14,7 @@ from airflow_gpu import constants as C
 from airflow_gpu.config import load_config
 from airflow_gpu.scheduler.access import REQUIRED, access_of
 from airflow_gpu.scheduler.loop import desired_podgroup_status
-from airflow_gpu.scheduler.state import PLAN_BINDING, Plan, Unit
-from airflow_gpu.core.model import Placement
+from airflow_gpu.scheduler.state import Unit
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -125,13 +124,12 @@ def test_podgroups_the_scheduler_writes_validate_against_the_crd(shared_dir):
          "spec": {"schedulerName": "airflow-gpu", "nodeName": "n1"}, "status": {"phase": "Running"}}
         for i in range(2)
     ]
-    plan = Plan(PLAN_BINDING, {"team-nlp/train-0": Placement("team-nlp/train-0", "n1", ((0, 1000),))}, 1.0)
     for has_plan in (True, False):
         status = desired_podgroup_status(Unit("team-nlp/train", pg, pods), has_plan, {})
         # a real API server prunes fields the schema does not declare: write none of them
         assert set(status) <= set(schema["properties"]["status"]["properties"])
         obj = {**pg, "status": status, "metadata": {**pg["metadata"], "annotations": {
-            C.ANNOTATION_PLACEMENT: plan.to_json(), C.ANNOTATION_WAIT_REASON: "needs 16 GPUs",
+            C.ANNOTATION_WAIT_REASON: "needs 16 GPUs",
             C.ANNOTATION_SCHEDULED: "2/2"}}}
         jsonschema.validate(obj, schema)
     assert desired_podgroup_status(Unit("team-nlp/train", pg, pods), False, {})["phase"] == "Running"

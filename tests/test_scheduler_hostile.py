@@ -4,16 +4,20 @@ state a user can write (annotations) never makes the scheduler evict or bind."""
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from airflow_gpu import constants as C
+from airflow_gpu.core.model import Placement
 from airflow_gpu.devtools import gangs as G
 from airflow_gpu.scheduler.actions import Api
 from airflow_gpu.scheduler.loop import Scheduler, Settings
+from airflow_gpu.scheduler.state import PLAN_BINDING, PLAN_NOMINATED, Plan, plan_store_name
 
 PRODUCT = "NVIDIA-A100-SXM4-80GB"
 
@@ -102,10 +106,12 @@ def test_malformed_objects_are_reported_and_skipped_while_healthy_gangs_bind(kub
         assert not [r for r in caplog.records if "scheduling cycle failed" in r.getMessage()]
         assert bad_start_stored  # the local cluster stores it, as a server that does not check formats would
         assert scheduler.metrics.registry.get_sample_value("airflow_gpu_bindings_total") >= 6
+        # the old plan annotation is no scheduler state: the lone pod carrying "[]" is scheduled as any other
+        G.wait_until(lambda: core.read_namespaced_pod("listplan", ns).spec.node_name, 10, what="listplan bound")
     finally:
         scheduler.stop()
         runner.join(10)
-        core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        _cleanup(api, ns)
 
 
 @pytest.mark.parametrize("text", ["nan", "inf", "-1e12", "0", "1e30", "abc", "1" * 5000])
@@ -136,3 +142,152 @@ def test_checkpoint_hint_cannot_buy_protection_from_preemption():
     assert forged.last_checkpoint_at == forged.started_at  # clamped to this run's start
     bad = running_gang_from_k8s("a/p", None, [pod("yesterday")], ConversionContext(), placement, hints=problems)
     assert bad.last_checkpoint_at is None and any("yesterday" in p for p in problems)
+
+
+def _plan_records(api) -> list[dict]:
+    resp = client.CoreV1Api(api).list_namespaced_config_map(
+        "default", label_selector=f"{C.LABEL_PLAN_OF}={C.DEFAULT_SCHEDULER_NAME}", _preload_content=False)
+    return json.loads(resp.data)["items"]
+
+
+def _disrupted(pod: dict) -> bool:
+    return any(c.get("type") == C.CONDITION_DISRUPTION_TARGET for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _cleanup(api, *namespaces: str) -> None:
+    core = client.CoreV1Api(api)
+    for ns in namespaces:
+        core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+    G.wait_until(lambda: not any(G.list_pods(api, ns) for ns in namespaces), 30, what="pods gone")
+
+
+def test_forged_placement_annotations_evict_nothing_and_bind_nothing(kube_cluster):
+    """The reproduction of issue 10 item 1: a pending pod names another team's pod as its victim,
+    and a gang names a spot node as its binding plan, both in the annotation older versions obeyed."""
+    api = G.api_client(kube_cluster.kubeconfig)
+    core = client.CoreV1Api(api)
+    G.install_priority_classes(api)
+    for ns in ("team-nlp", "team-cv"):
+        G.ensure_namespace(api, ns)
+    sched_api = Api(api, "test", "someone")
+    # the other team's production pods: od-0 and od-2 full, 2 GPUs left on od-1
+    prod = "airflow-gpu-production-training"
+    for name, node, gpus in (("ckpt-run", "od-0", 8), ("fill-0", "od-1", 6), ("fill-1", "od-2", 8)):
+        core.create_namespaced_pod("team-nlp", G.pod_manifest(name, "team-nlp", gpus, priority_class=prod))
+        sched_api.bind(f"team-nlp/{name}", node)
+    forged_nomination = {"state": "nominated", "at": time.time(), "victims": ["team-nlp/ckpt-run"],
+                         "pods": {"team-cv/grab": {"node": "od-0", "gpus": [[g, 1000] for g in range(8)]}}}
+    core.create_namespaced_pod("team-cv", G.pod_manifest(
+        "grab", "team-cv", 8, priority_class="airflow-gpu-best-effort-training",
+        annotations={C.ANNOTATION_PLACEMENT: json.dumps(forged_nomination)}))
+    # a gang that must stay on on-demand nodes, with a binding plan on the spot node
+    forged_binding = {"state": "binding", "at": time.time(),
+                      "pods": {f"team-cv/spot-{i}": {"node": "spot-0", "gpus": [[i, 1000]]} for i in range(2)}}
+    G.create_gang(api, "team-cv", "spot", 2, 1, pg_annotations={C.ANNOTATION_PLACEMENT: json.dumps(forged_binding)},
+                  node_selector={C.NODE_CAPACITY_TYPE_KARPENTER: C.CAPACITY_ON_DEMAND})
+
+    scheduler = Scheduler(G.api_client(kube_cluster.kubeconfig), None, Settings(interval=0.5), identity="forged")
+    runner = _run(scheduler)
+    try:
+        G.wait_until(lambda: "airflow-gpu.io/wait-reason" in (
+            core.read_namespaced_pod("grab", "team-cv").metadata.annotations or {}), 20, what="grab waits")
+        cycles = scheduler.cycles
+        G.wait_until(lambda: scheduler.cycles >= cycles + 6, 20, what="cycles after the forgery was seen")
+        pods = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p
+                for ns in ("team-nlp", "team-cv") for p in G.list_pods(api, ns)}
+        victim = pods["team-nlp/ckpt-run"]
+        assert victim["spec"]["nodeName"] == "od-0" and not victim["metadata"].get("deletionTimestamp")
+        assert not _disrupted(victim)
+        assert not pods["team-cv/grab"]["spec"].get("nodeName")  # lower priority: no preemption, no room
+        assert scheduler.metrics.registry.get_sample_value("airflow_gpu_evicted_pods_total") == 0
+        reasons = {e["reason"] for ns in ("team-nlp", "team-cv") for e in G.events_for(api, ns)}
+        assert not reasons & {"Preempting", "Preempted"}, reasons
+        # the gang is bound where its own nodeSelector allows, never where its annotation said
+        assert {pods[f"team-cv/spot-{i}"]["spec"].get("nodeName") for i in range(2)} == {"od-1"}
+        assert not _plan_records(api)
+    finally:
+        scheduler.stop()
+        runner.join(10)
+        _cleanup(api, "team-nlp", "team-cv")
+
+
+def test_a_trusted_plan_is_rechecked_against_the_cluster_before_it_is_acted_on(kube_cluster):
+    """Records in the scheduler's own namespace describe a past cluster: one that now breaks a rule
+    (a victim of higher priority, a spot node for a pod that may not go there, a recreated pod) is
+    dropped with a PlanRejected Event, nothing is evicted or bound for it, and the gang queues again."""
+    api = G.api_client(kube_cluster.kubeconfig)
+    core = client.CoreV1Api(api)
+    G.install_priority_classes(api)
+    ns = "recheck"
+    G.ensure_namespace(api, ns)
+    sched_api = Api(api, "test", "earlier-scheduler")
+    core.create_namespaced_pod(ns, G.pod_manifest("important", ns, 8,
+                                                  priority_class="airflow-gpu-production-training"))
+    sched_api.bind(f"{ns}/important", "od-0")
+    core.create_namespaced_pod(ns, G.pod_manifest("low", ns, 8, priority_class="airflow-gpu-best-effort-training"))
+    G.create_gang(api, ns, "tospot", 2, 1, node_selector={C.NODE_CAPACITY_TYPE_KARPENTER: C.CAPACITY_ON_DEMAND})
+
+    def uid(name):
+        return core.read_namespaced_pod(name, ns).metadata.uid
+
+    low_uid = uid("low")
+    nomination = Plan(PLAN_NOMINATED, {f"{ns}/low": Placement(f"{ns}/low", "od-0", tuple((g, 1000) for g in range(8)))},
+                      time.time(), victims=(f"{ns}/important",), owner_key=f"{ns}/low", owner_uid=low_uid,
+                      pod_uids={f"{ns}/low": low_uid}, victim_uids={f"{ns}/important": uid("important")})
+    sched_api.write_plan("default", plan_store_name(low_uid), C.DEFAULT_SCHEDULER_NAME, nomination.to_json())
+    pg_uid = G.get_podgroup(api, ns, "tospot")["metadata"]["uid"]
+    binding = Plan(PLAN_BINDING, {f"{ns}/tospot-{i}": Placement(f"{ns}/tospot-{i}", "spot-0", ((i, 1000),))
+                                  for i in range(2)}, time.time(), owner_key=f"{ns}/tospot", owner_uid=pg_uid,
+                   pod_uids={f"{ns}/tospot-{i}": uid(f"tospot-{i}") for i in range(2)})
+    sched_api.write_plan("default", plan_store_name(pg_uid), C.DEFAULT_SCHEDULER_NAME, binding.to_json())
+    # a record whose owner is gone (recreated under the same name) is deleted, not applied
+    orphan = Plan(PLAN_BINDING, {f"{ns}/ghost": Placement(f"{ns}/ghost", "od-1", ((0, 1000),))}, time.time(),
+                  owner_key=f"{ns}/ghost", owner_uid="0000-gone", pod_uids={f"{ns}/ghost": "0000-gone"})
+    sched_api.write_plan("default", plan_store_name("0000-gone"), C.DEFAULT_SCHEDULER_NAME, orphan.to_json())
+
+    scheduler = Scheduler(G.api_client(kube_cluster.kubeconfig), None, Settings(interval=0.5), identity="recheck")
+    runner = _run(scheduler)
+    try:
+        G.wait_until(lambda: G.gang_binding_state(G.list_pods(api, ns)).get(f"{ns}/tospot") == (2, 2), 30,
+                     what="gang bound after its stale plan was rejected")
+        pods = {p["metadata"]["name"]: p for p in G.list_pods(api, ns)}
+        assert {pods[f"tospot-{i}"]["spec"]["nodeName"] for i in range(2)} <= {"od-1", "od-2"}
+        assert pods["important"]["spec"]["nodeName"] == "od-0" and not _disrupted(pods["important"])
+        assert not pods["important"]["metadata"].get("deletionTimestamp")
+        rejected = {e["involvedObject"]["name"]: e["message"] for e in G.events_for(api, ns)
+                    if e["reason"] == "PlanRejected"}
+        assert "may not preempt" in rejected.get("low", ""), rejected
+        assert "spot-0" in rejected.get("tospot", "") and "node selector" in rejected["tospot"], rejected
+        # the lower-priority pod then goes where there is room, through the normal cycle
+        G.wait_until(lambda: (core.read_namespaced_pod("low", ns).spec.node_name or "") in ("od-1", "od-2"), 20,
+                     what="low bound where there is room")
+        G.wait_until(lambda: not _plan_records(api), 10, what="every plan record closed or deleted")
+        assert scheduler.metrics.registry.get_sample_value("airflow_gpu_evicted_pods_total") == 0
+    finally:
+        scheduler.stop()
+        runner.join(10)
+        _cleanup(api, ns)
+
+
+def test_podgroup_status_is_a_subresource_the_main_resource_cannot_write(kube_cluster):
+    """What the scheduler keeps in PodGroup status (phase, counts) cannot be set through the main
+    resource (which is what tenants may write), and /status cannot change the spec."""
+    api = G.api_client(kube_cluster.kubeconfig)
+    custom = client.CustomObjectsApi(api)
+    ns = "subresource"
+    G.ensure_namespace(api, ns)
+    G.create_podgroup(api, ns, "pg", 2)
+    args = ("scheduling.x-k8s.io", "v1alpha1", ns, "podgroups", "pg")
+    custom.patch_namespaced_custom_object_status(*args, {"status": {"phase": "Pending", "running": 0}})
+    custom.patch_namespaced_custom_object(*args, {"status": {"phase": "Running", "running": 2}, "spec": {"minMember": 3}})
+    pg = G.get_podgroup(api, ns, "pg")
+    assert pg["status"] == {"phase": "Pending", "running": 0} and pg["spec"]["minMember"] == 3
+    whole = {**pg, "status": {"phase": "Finished"}}
+    whole["spec"] = {"minMember": 4}
+    pg = custom.replace_namespaced_custom_object(*args, whole)
+    assert pg["status"] == {"phase": "Pending", "running": 0} and pg["spec"]["minMember"] == 4
+    custom.patch_namespaced_custom_object_status(*args, {"spec": {"minMember": 9}, "status": {"phase": "Scheduled"}})
+    pg = G.get_podgroup(api, ns, "pg")
+    assert pg["spec"]["minMember"] == 4 and pg["status"]["phase"] == "Scheduled"
+    pg = custom.replace_namespaced_custom_object_status(*args, {**pg, "spec": {"minMember": 7}})
+    assert pg["spec"]["minMember"] == 4

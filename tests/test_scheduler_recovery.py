@@ -10,6 +10,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from kubernetes import client
@@ -22,7 +23,7 @@ from airflow_gpu.cli.scheduler import USER_AGENT
 from airflow_gpu.scheduler.access import REQUIRED
 from airflow_gpu.scheduler.actions import Api
 from airflow_gpu.scheduler.loop import Scheduler, Settings
-from airflow_gpu.scheduler.state import PLAN_BINDING, Plan
+from airflow_gpu.scheduler.state import PLAN_BINDING, Plan, plan_store_name
 
 PRODUCT = "NVIDIA-H100-80GB-HBM3"
 GANGS, MEMBERS = 50, 8
@@ -197,6 +198,20 @@ def test_two_replicas_only_the_leader_binds(kube_cluster, tmp_path):
         client.CoreV1Api(api).delete_collection_namespaced_pod(ns, grace_period_seconds=0)
 
 
+def _store_plan(api, sched_api: Api, ns: str, group: str, plan: Plan) -> None:
+    """Write a plan record as a scheduler that died right after writing it would have left it."""
+    uid = G.get_podgroup(api, ns, group)["metadata"]["uid"]
+    pods = {f"{ns}/{p['metadata']['name']}": p["metadata"]["uid"] for p in G.list_pods(api, ns)}
+    plan = replace(plan, owner_key=f"{ns}/{group}", owner_uid=uid, pod_uids={k: pods[k] for k in plan.placements})
+    sched_api.write_plan("default", plan_store_name(uid), C.DEFAULT_SCHEDULER_NAME, plan.to_json())
+
+
+def _plan_records(api) -> list[dict]:
+    resp = client.CoreV1Api(api).list_namespaced_config_map(
+        "default", label_selector=f"{C.LABEL_PLAN_OF}={C.DEFAULT_SCHEDULER_NAME}", _preload_content=False)
+    return json.loads(resp.data)["items"]
+
+
 def test_partial_gang_is_completed_per_plan_or_rolled_back(kube_cluster, tmp_path):
     """What a scheduler dying between Bindings leaves behind, made on purpose: a plan on the PodGroup
     and some members bound. The next scheduler completes it; if the plan names a node that is gone,
@@ -213,14 +228,14 @@ def test_partial_gang_is_completed_per_plan_or_rolled_back(kube_cluster, tmp_pat
     plan = Plan(PLAN_BINDING, {f"{ns}/{p}": Placement(f"{ns}/{p}", where[i], ((2 * i % 8, 1000), (2 * i % 8 + 1, 1000)))
                                for i, p in enumerate(ok)}, time.time())
     sched_api = Api(api, "test", "dead-scheduler")
-    sched_api.patch_podgroup_annotations(f"{ns}/ok", {C.ANNOTATION_PLACEMENT: plan.to_json()})
+    _store_plan(api, sched_api, ns, "ok", plan)
     core.create_namespaced_pod(ns, G.pod_manifest("lone", ns, 1), _preload_content=False)
     for name, node in ((ok[0], "h100-40"), (ok[1], "h100-40"), ("lone", "h100-40")):
         sched_api.bind(f"{ns}/{name}", node)
     doomed = G.create_gang(api, ns, "doomed", 2, 8)
     plan2 = Plan(PLAN_BINDING, {f"{ns}/{doomed[0]}": Placement(f"{ns}/{doomed[0]}", "h100-45", ()),
                                 f"{ns}/{doomed[1]}": Placement(f"{ns}/{doomed[1]}", "h100-vanished", ())}, time.time())
-    sched_api.patch_podgroup_annotations(f"{ns}/doomed", {C.ANNOTATION_PLACEMENT: plan2.to_json()})
+    _store_plan(api, sched_api, ns, "doomed", plan2)
     sched_api.bind(f"{ns}/{doomed[0]}", "h100-45")
 
     scheduler = Scheduler(G.api_client(kube_cluster.kubeconfig), None, Settings(), identity="next")
@@ -233,9 +248,7 @@ def test_partial_gang_is_completed_per_plan_or_rolled_back(kube_cluster, tmp_pat
         assert [pods[p]["spec"]["nodeName"] for p in ok] == where  # where the plan said, not a fresh choice
         G.wait_until(lambda: doomed[0] not in {p["metadata"]["name"] for p in G.list_pods(api, ns)}, 20,
                      what="bound member of the impossible plan evicted")
-        for name in ("ok", "doomed"):
-            G.wait_until(lambda: C.ANNOTATION_PLACEMENT not in (
-                G.get_podgroup(api, ns, name)["metadata"].get("annotations") or {}), 10, what=f"{name} plan cleared")
+        G.wait_until(lambda: not _plan_records(api), 10, what="both plan records deleted")
         reasons = {(e["involvedObject"]["name"], e["reason"]) for e in G.events_for(api, ns)}
         assert ("ok", "Scheduled") in reasons and ("doomed", "RolledBack") in reasons
         get = scheduler.metrics.registry.get_sample_value

@@ -31,7 +31,8 @@ def register(subparsers) -> None:
     p.add_argument("--leader-elect", action=argparse_bool(), default=True,
                    help="take a coordination.k8s.io Lease before binding (default on; --no-leader-elect)")
     p.add_argument("--leader-elect-namespace", default="default",
-                   help="namespace of the Lease (deploy/ passes the scheduler's own namespace)")
+                   help="the scheduler's own namespace: its Lease and its plan records (ConfigMaps); "
+                        "deploy/ passes the namespace it runs in")
     p.add_argument("--lease-name", default="airflow-gpu-scheduler", help="name of the Lease")
     p.add_argument("--identity", help="this replica's name in the Lease (default host-pid-random)")
     p.add_argument("--lease-duration", type=float, default=15.0, help="seconds")
@@ -106,7 +107,8 @@ def run(args) -> int:
     if args.bind_workers < 1:
         print(f"scheduler: --bind-workers {args.bind_workers}: must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
-    settings = Settings(scheduler_name=args.scheduler_name, policy=args.policy, bind_workers=args.bind_workers)
+    settings = Settings(scheduler_name=args.scheduler_name, policy=args.policy, bind_workers=args.bind_workers,
+                        state_namespace=args.leader_elect_namespace)
     sched = Scheduler(api_client, quota_config, settings,
                       elector=elector, metrics=metrics, identity=identity)
     if args.metrics_port:

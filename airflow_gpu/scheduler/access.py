@@ -23,6 +23,9 @@ REQUIRED: frozenset[tuple[str, str, str]] = frozenset(
         # gangs
         ("scheduling.x-k8s.io", "podgroups", "patch"), ("scheduling.x-k8s.io", "podgroups/status", "patch"),
         ("", "events", "create"),
+        # plan records: ConfigMaps in the scheduler's own namespace (namespaced Role)
+        ("", "configmaps", "list"), ("", "configmaps", "watch"), ("", "configmaps", "create"),
+        ("", "configmaps", "patch"), ("", "configmaps", "delete"),
         # leader election (namespaced Role, one Lease)
         ("coordination.k8s.io", "leases", "get"), ("coordination.k8s.io", "leases", "create"),
         ("coordination.k8s.io", "leases", "update"),

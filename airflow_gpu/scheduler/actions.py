@@ -129,6 +129,41 @@ class Api:
         )
         return json.loads(resp.data)
 
+    # --- plan records (ConfigMaps in the scheduler's own namespace) ------------------------
+    def write_plan(self, namespace: str, name: str, scheduler_name: str, record: str) -> dict:
+        """Create or replace one plan record; returns the stored ConfigMap."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {C.LABEL_PLAN_OF: scheduler_name, C.LABEL_MANAGED_BY: C.MANAGED_BY_VALUE}},
+            "data": {C.PLAN_DATA_KEY: record},
+        }
+        try:
+            resp = self.core.create_namespaced_config_map(namespace, body, _preload_content=False,
+                                                          _request_timeout=TIMEOUT)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            resp = self.core.patch_namespaced_config_map(name, namespace, {"data": body["data"]},
+                                                         _preload_content=False, _request_timeout=TIMEOUT,
+                                                         _content_type=MERGE)
+        return json.loads(resp.data)
+
+    def delete_plan(self, namespace: str, name: str) -> dict | None:
+        """Delete one plan record; returns its last state (None: it was gone already)."""
+        try:
+            resp = self.core.delete_namespaced_config_map(name, namespace, _preload_content=False,
+                                                          _request_timeout=TIMEOUT)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        data = json.loads(resp.data)
+        if data.get("kind") == "Status":  # older servers answer a Status
+            return {"metadata": {"name": name, "namespace": namespace}}
+        return data
+
     # --- events -----------------------------------------------------------------------------
     def event(self, obj: dict, reason: str, message: str, type_: str = "Normal") -> None:
         """A core/v1 Event on a Pod or PodGroup, shown by `kubectl describe` and `kubectl get events`."""

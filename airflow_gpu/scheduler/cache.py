@@ -27,7 +27,7 @@ from airflow_gpu.scheduler.convert import PODGROUP_GROUP, PODGROUP_PLURAL, PODGR
 
 log = logging.getLogger(__name__)
 
-KINDS = ("pods", "nodes", "podgroups", "priorityclasses", "resourcequotas")
+KINDS = ("pods", "nodes", "podgroups", "priorityclasses", "resourcequotas", "plans")
 WATCH_TIMEOUT_SECONDS = 240  # the server ends a watch after this; we start a new one from the last version
 
 
@@ -41,6 +41,7 @@ class View:
     priorityclasses: dict[str, dict]
     resourcequotas: dict[str, dict]
     assumed: dict[str, str] = field(default_factory=dict)  # pod key -> node, bound but not yet seen
+    plans: dict[str, dict] = field(default_factory=dict)  # the scheduler's plan ConfigMaps, by key
 
 
 class Gone(Exception):
@@ -48,8 +49,15 @@ class Gone(Exception):
 
 
 class ClusterCache:
-    def __init__(self, api_client: client.ApiClient, on_change: Callable[[str, str, dict], None] | None = None):
+    def __init__(self, api_client: client.ApiClient, on_change: Callable[[str, str, dict], None] | None = None,
+                 plan_namespace: str | None = None, plan_selector: str | None = None):
+        """plan_namespace / plan_selector: where the scheduler keeps its plan ConfigMaps (its own
+        namespace) and the label selector of its own; without a namespace no plans are watched."""
         self.api_client = api_client
+        self.plan_namespace = plan_namespace
+        self.plan_selector = plan_selector
+        self.kinds = KINDS if plan_namespace else tuple(k for k in KINDS if k != "plans")
+        self._tombstones: dict[str, int] = {}  # plans key -> resourceVersion we deleted
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.scheduling = client.SchedulingV1Api(api_client)
@@ -57,9 +65,9 @@ class ClusterCache:
         self._lock = threading.Lock()
         self._stores: dict[str, dict[str, dict]] = {k: {} for k in KINDS}
         self._assumed: dict[str, str] = {}
-        self._synced = {k: threading.Event() for k in KINDS}
+        self._synced = {k: threading.Event() for k in self.kinds}
         self._stop = threading.Event()
-        self.relists = {k: 0 for k in KINDS}  # observable: how often each kind was relisted (410 Gone etc.)
+        self.relists = {k: 0 for k in self.kinds}  # observable: how often each kind was relisted (410 Gone etc.)
 
     # --- the per-kind list functions of the official client ------------------------------
     def _list(self, kind: str, **kw):
@@ -74,11 +82,13 @@ class ClusterCache:
             return self.scheduling.list_priority_class(**kw)
         if kind == "podgroups":
             return self.custom.list_cluster_custom_object(PODGROUP_GROUP, PODGROUP_VERSION, PODGROUP_PLURAL, **kw)
+        if kind == "plans":
+            return self.core.list_namespaced_config_map(self.plan_namespace, label_selector=self.plan_selector, **kw)
         raise ValueError(f"unknown kind {kind!r}; one of {KINDS}")
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> "ClusterCache":
-        for kind in KINDS:
+        for kind in self.kinds:
             threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind}", daemon=True).start()
         return self
 
@@ -106,6 +116,17 @@ class ClusterCache:
         event arrives (a plan written must never be planned again). Never goes back in time."""
         with self._lock:
             self._store_if_newer(self._stores[kind], key_of(obj), obj)
+
+    def observe_delete(self, kind: str, obj: dict) -> None:
+        """Forget an object we deleted (answered with its last state), so the next cycle does not
+        see it even if a watch event of an earlier version arrives before the DELETED one."""
+        key = key_of(obj)
+        with self._lock:
+            self._stores[kind].pop(key, None)
+            try:
+                self._tombstones[key] = int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+            except (TypeError, ValueError):
+                self._tombstones[key] = 0
 
     def assume_bound(self, pod_key: str, node: str) -> None:
         with self._lock:
@@ -156,6 +177,8 @@ class ClusterCache:
             resp.release_conn()
         fresh = {key_of(o): o for o in body.get("items") or []}
         with self._lock:
+            if kind == "plans":
+                self._tombstones.clear()
             old = self._stores[kind]
             self._stores[kind] = fresh
             self.relists[kind] += 1
@@ -201,15 +224,38 @@ class ClusterCache:
         with self._lock:
             store = self._stores[kind]
             if etype == "DELETED":
-                store.pop(key, None)
+                if not (kind == "plans" and self._newer_than(store.get(key), obj)):  # not one written since
+                    store.pop(key, None)
+                self._tombstones.pop(key, None)
                 if kind == "pods":
                     self._assumed.pop(key, None)
+            elif kind == "plans" and self._deleted_locked(key, obj):
+                pass
             else:
                 self._store_if_newer(store, key, obj)
                 if kind == "pods" and (obj.get("spec") or {}).get("nodeName"):
                     self._assumed.pop(key, None)
         if self.on_change:
             self.on_change(kind, etype, obj)
+
+    def _deleted_locked(self, key: str, obj: dict) -> bool:
+        """An event of a plan we deleted, no newer than the deletion (a newer one: created again)."""
+        if key not in self._tombstones:
+            return False
+        try:
+            newer = int((obj.get("metadata") or {}).get("resourceVersion") or 0) > self._tombstones[key]
+        except (TypeError, ValueError):
+            newer = True
+        if newer:
+            del self._tombstones[key]
+        return not newer
+
+    @staticmethod
+    def _newer_than(old: dict | None, obj: dict) -> bool:
+        try:
+            return old is not None and int(old["metadata"]["resourceVersion"]) > int(obj["metadata"]["resourceVersion"])
+        except (KeyError, TypeError, ValueError):
+            return False
 
     @staticmethod
     def _store_if_newer(store: dict, key: str, obj: dict) -> None:

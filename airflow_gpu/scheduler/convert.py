@@ -480,8 +480,10 @@ def running_gang_from_k8s(
     ours: bool = True,
     members: list[PodRequest] | None = None,
     hints: list[str] | None = None,
+    borrowed: bool | None = None,
 ) -> RunningGang:
     """A RunningGang for bound pods. Pods another scheduler placed are never preemption victims here.
+    `borrowed`: admitted on borrowed quota, from the scheduler's plan record (None: the annotation).
     A running gang always counts (capacity, quota, preemption): user-written hints that are invalid
     are ignored, their problems appended to `hints`."""
     hints = [] if hints is None else hints
@@ -508,10 +510,11 @@ def running_gang_from_k8s(
     # hint cannot buy protection from preemption
     ck = max((c for c in checkpoints if c is not None), default=None)
     ck = None if ck is None else max(ck, started_at)
-    borrowed = any(
-        ((m.get("metadata") or {}).get("annotations") or {}).get(C.ANNOTATION_BORROWED) == "true"
-        for m in [podgroup or {}, *pods]
-    )
+    if borrowed is None:  # a reader without the scheduler's records (the UI) goes by the annotation
+        borrowed = any(
+            ((m.get("metadata") or {}).get("annotations") or {}).get(C.ANNOTATION_BORROWED) == "true"
+            for m in [podgroup or {}, *pods]
+        )
     return RunningGang(
         gang=gang,
         placements=placements,

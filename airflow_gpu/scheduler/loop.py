@@ -2,7 +2,12 @@
 PodGroup status, wait reasons and Events.
 
 All-or-nothing on a cluster where a Binding is per pod. Before the first member of a gang is bound,
-the gang's placement plan is written on its PodGroup (annotation airflow-gpu.io/placement). While
+the gang's placement plan is written where only the scheduler writes: a ConfigMap in its own
+namespace, named by the owner's UID, with the UIDs of the members and victims (state.Plan). Pod
+owners can write annotations, so nothing the scheduler acts on is read from them. A plan read back
+is re-checked by core.plans against the cluster as it is now (static fit of every placement,
+victims still preemptible by this gang, quota) before it holds or does anything; one that fails
+is dropped with a PlanRejected Event (its bound members rolled back). While
 a plan exists its GPUs are held in every cycle's snapshot, so nothing else can take them. If the
 scheduler dies between Bindings, the restarted one finds the plan with some members bound and
 COMPLETES it (binds the rest where the plan says) - roll-forward, because a bound pod cannot be
@@ -55,10 +60,21 @@ from airflow_gpu.scheduler.convert import (
     gang_from_k8s,
     key_of,
     pod_is_terminating,
+    pod_node,
     tier_of_priority_class,
 )
 from airflow_gpu.scheduler.metrics import SchedulerMetrics
-from airflow_gpu.scheduler.state import PLAN_BINDING, PLAN_NOMINATED, Memo, Plan, Unit, World, build_world
+from airflow_gpu.scheduler.state import (
+    PLAN_ADMITTED,
+    PLAN_BINDING,
+    PLAN_NOMINATED,
+    Memo,
+    Plan,
+    Unit,
+    World,
+    build_world,
+    plan_store_name,
+)
 from airflow_gpu.scheduler.waiting import RoomWatch, desired_podgroup_status, timeouts
 
 __all__ = ["Scheduler", "Settings", "desired_podgroup_status"]
@@ -81,6 +97,7 @@ class Settings:
     bind_workers: int = 16
     backoff_base: float = 1.0  # first retry delay of a gang that did not fit; doubles per failure
     backoff_cap: float = 30.0  # ... up to this
+    state_namespace: str = "default"  # the scheduler's own namespace: its Lease and its plan records
 
 
 def preemption_policy_from_config(cfg) -> PreemptionPolicy:
@@ -117,7 +134,9 @@ class Scheduler:
         self.metrics = metrics or SchedulerMetrics()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self.cache = ClusterCache(api_client, on_change=lambda *_: self._wake.set())
+        self.cache = ClusterCache(api_client, on_change=lambda *_: self._wake.set(),
+                                  plan_namespace=self.settings.state_namespace,
+                                  plan_selector=f"{C.LABEL_PLAN_OF}={self.settings.scheduler_name}")
         self.api = Api(api_client, component=f"{self.settings.scheduler_name}-scheduler", identity=self.identity)
         self.ctx = ConversionContext.from_config(quota_config)
         self.book = quota_book_from_config(quota_config)
@@ -167,7 +186,8 @@ class Scheduler:
         started = time.perf_counter()
         now = time.time()
         view = self.cache.view()
-        world = build_world(view, self.settings.scheduler_name, self.ctx, now, self._memo)
+        policy = self._policy_with(view)
+        world = build_world(view, self.settings.scheduler_name, self.ctx, now, self._memo, self.book, policy)
         if self.cycles % 50 == 0:
             self._memo.prune(view)
             self._learn_profile()
@@ -181,12 +201,12 @@ class Scheduler:
         if not leader:
             return world
         self._handle_plans(world, view, now)
+        self._drop_plans(world, view)
         pending = [g for _, g in world.pending]
         units = {g.name: u for u, g in world.pending}
         if self._room.changed(world):
             self.backoff.reset()
-        result = schedule_cycle(self._cycle_state(world, view), pending, self.profile, now,
-                                self._policy_with(view), self.backoff)
+        result = schedule_cycle(self._cycle_state(world, view), pending, self.profile, now, policy, self.backoff)
         self.backoff.record(result, pending, now)
         if self._room.head_moved(result.reservation):
             self.backoff.reset()
@@ -265,27 +285,76 @@ class Scheduler:
     def _admit(self, unit: Unit, decision: GangDecision, now: float) -> None:
         by_pod = {key_of(p): p for p in unit.pods}
         placements = [p for p in decision.placements if p.pod in by_pod]
-        if len(placements) > 1:  # one Binding is atomic by itself; several need the plan first
+        recorded = len(placements) > 1  # one Binding is atomic by itself; several need the plan first
+        if recorded:
             plan = Plan(PLAN_BINDING, {p.pod: p for p in placements}, now, borrowed=decision.borrowed)
             if not self._write_plan(unit, plan):
                 return
         self._bind_all(unit, placements, by_pod, decision.gang.created_at, decision.gang, decision.domain,
-                       borrowed=decision.borrowed)
+                       borrowed=decision.borrowed, recorded=recorded)
 
     def _write_plan(self, unit: Unit, plan: Plan | None) -> bool:
+        """Store (or, with None, delete) the gang's plan record, tied to the UIDs of its owner, its
+        members and its victims. False if it could not be: then nothing is done for the plan."""
         if not self.is_leader():
             return False
-        value = plan.to_json() if plan else None
+        ns, name = self.settings.state_namespace, plan_store_name(unit.owner_uid)
+        if not unit.owner_uid:
+            log.warning("gang %s: its owner has no uid; no plan can be tied to it", unit.key)
+            return False
         try:
-            self._patch_owner_annotations(unit, {C.ANNOTATION_PLACEMENT: value})
+            if plan is None:
+                gone = self.api.delete_plan(ns, name)
+                self.cache.observe_delete("plans", gone or {"metadata": {"name": name, "namespace": ns}})
+                return True
+            uids = {key_of(p): (p.get("metadata") or {}).get("uid") or "" for p in unit.pods}
+            plan = replace(plan, owner_key=unit.key, owner_uid=unit.owner_uid,
+                           pod_uids={k: uids.get(k, "") for k in plan.placements})
+            stored = self.api.write_plan(ns, name, self.settings.scheduler_name,
+                                         plan.to_json(self.settings.scheduler_name))
+            self.cache.observe_write("plans", stored)
             return True
         except ApiException as exc:
             self.metrics.api_errors.labels("plan").inc()
-            log.warning("gang %s: plan not written (%s); not binding", unit.key, exc.status)
+            log.warning("gang %s: plan record not %s (%s)", unit.key, "deleted" if plan is None else "written",
+                        exc.status)
             return False
 
+    def _close_plan(self, unit: Unit, borrowed: bool, nodes: dict[str, str]) -> None:
+        """Every member is bound (`nodes`: pod key -> node): the plan is done. On borrowed quota the
+        record stays (state admitted, with the bound pods' UIDs) so that reclaim knows it after a restart."""
+        if borrowed:
+            self._write_plan(unit, Plan(PLAN_ADMITTED, {k: Placement(k, n) for k, n in nodes.items()}, time.time(),
+                                        borrowed=True))
+        else:
+            self._write_plan(unit, None)
+
+    def _drop_plans(self, world: World, view: View) -> None:
+        """Plans that failed the re-check (a bound part is rolled back) and stale records."""
+        for unit, plan, reason in world.rejected_plans:
+            log.warning("gang %s: plan rejected: %s", unit.key, reason)
+            bound = unit.bound(view.assumed)
+            if bound and plan.state == PLAN_BINDING:
+                self._roll_back(unit, view, plan)
+            else:
+                self._write_plan(unit, None)
+            if unit.owner is not None:
+                self.api.event(unit.owner, "PlanRejected", f"the plan held for this gang is not acted on: "
+                                                           f"{reason}; it queues again", "Warning")
+        for key, reason in world.stale_plans:
+            if not self.is_leader():
+                return
+            ns, _, name = key.partition("/")
+            log.info("plan record %s deleted: %s", key, reason)
+            try:
+                gone = self.api.delete_plan(ns, name)
+                self.cache.observe_delete("plans", gone or {"metadata": {"name": name, "namespace": ns}})
+            except ApiException as exc:
+                log.info("plan record %s not deleted (%s)", key, exc.status)
+
     def _bind_all(self, unit: Unit, placements: list[Placement], by_pod: dict[str, dict], created_at: float,
-                  gang, domain: str = "", borrowed: bool = False, recovered: bool = False) -> bool:
+                  gang, domain: str = "", borrowed: bool = False, recovered: bool = False,
+                  recorded: bool = True) -> bool:
         t0 = time.perf_counter()
 
         def bind(p: Placement) -> tuple[Placement, str]:
@@ -314,16 +383,18 @@ class Scheduler:
         self.metrics.gangs_admitted.labels(team, tier).inc()
         if recovered:
             self.metrics.recoveries.labels("completed").inc()
+        if recorded or borrowed:
+            nodes = {key_of(p): pod_node(p) or "" for p in unit.bound({})} | {p.pod: p.node for p in placements}
+            self._close_plan(unit, borrowed, nodes)
         owner = unit.owner
         if owner is None:
             return True
-        annotations = {C.ANNOTATION_PLACEMENT: None, C.ANNOTATION_WAIT_REASON: None}
+        annotations = {C.ANNOTATION_WAIT_REASON: None}
         if unit.podgroup is not None:
             annotations[C.ANNOTATION_SCHEDULED] = f"{len(unit.bound({})) + len(placements)}/{unit.min_member}"
         if borrowed:  # a lone pod carries it too: reclaim reads it back after a restart
             annotations[C.ANNOTATION_BORROWED] = "true"
-        needs_patch = unit.podgroup is not None or borrowed or unit.annotation(C.ANNOTATION_PLACEMENT) or \
-            unit.annotation(C.ANNOTATION_WAIT_REASON)
+        needs_patch = unit.podgroup is not None or borrowed or unit.annotation(C.ANNOTATION_WAIT_REASON)
         if needs_patch:
             try:
                 self._patch_owner_annotations(unit, annotations)
@@ -356,7 +427,8 @@ class Scheduler:
             by_pod = {key_of(p): p for p in unit.pods}
             bound_before = len(unit.bound(view.assumed))
             if not pending:
-                self._write_plan(unit, None)  # every member is bound: the plan is done
+                self._close_plan(unit, plan.borrowed, {key_of(p): pod_node(p) or view.assumed.get(key_of(p), "")
+                                                       for p in unit.bound(view.assumed)})  # every member is bound
                 continue
             todo = [plan.placements[key_of(p)] for p in pending if key_of(p) in plan.placements]
             if world.plan_ready.get(key) and todo:
@@ -403,7 +475,8 @@ class Scheduler:
         by_pod = {key_of(p): p for p in unit.pods}
         placements = {p.pod: p for p in plan.placements if p.pod in by_pod}
         nomination = Plan(PLAN_NOMINATED, placements, now, victims=tuple(k for k, _ in victim_pods),
-                          borrowed=plan.borrowed)
+                          borrowed=plan.borrowed,
+                          victim_uids={k: (p.get("metadata") or {}).get("uid") or "" for k, p in victim_pods})
         if unit.owner is None or not self._write_plan(unit, nomination):
             return
         names = ", ".join(plan.victim_names)

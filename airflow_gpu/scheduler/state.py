@@ -1,6 +1,7 @@
 """One scheduling cycle's picture of the cluster, built from a cache View: the Snapshot with every
 running pod and every held plan reserved, the pending gangs in queue order, the running gangs
-(preemption candidates, quota usage) and the placement plans found on PodGroups.
+(preemption candidates, quota usage) and the plans found in the scheduler's own namespace (never in
+annotations: pod owners write those), each re-checked by core.plans against the cluster as it is.
 
 Deterministic for a given View (pods sorted by name), so a restarted scheduler rebuilds the same
 picture from the API alone.
@@ -10,13 +11,18 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from airflow_gpu import constants as C
+from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.model import GPU_MILLI, Gang, Node, Placement, PodRequest, RunningGang
+from airflow_gpu.core.plans import recheck_plan
+from airflow_gpu.core.preemption import PreemptionPolicy
+from airflow_gpu.core.quota import QuotaBook
 from airflow_gpu.core.snapshot import OverCommitError, Snapshot
 from airflow_gpu.scheduler.cache import View
 from airflow_gpu.scheduler.convert import (
@@ -30,6 +36,7 @@ from airflow_gpu.scheduler.convert import (
     pod_holds_resources,
     pod_is_pending_for,
     pod_is_terminal,
+    pod_is_terminating,
     pod_request_from_k8s,
     running_gang_from_k8s,
 )
@@ -38,55 +45,108 @@ log = logging.getLogger(__name__)
 
 PLAN_BINDING = "binding"  # members are being bound: complete on restart
 PLAN_NOMINATED = "nominated"  # victims are being evicted: GPUs held for this gang until they are gone
+PLAN_ADMITTED = "admitted"  # bound on borrowed quota: kept while the gang runs, so reclaim knows it
+PLAN_STATES = (PLAN_BINDING, PLAN_NOMINATED, PLAN_ADMITTED)
+PLAN_VERSION = 1
+MAX_PLAN_PODS = 10_000
 
 
 @dataclass
 class Plan:
-    """The placement a gang was given, written on its PodGroup before any member is bound."""
+    """What the scheduler must remember about a gang across a restart: where its members go (written
+    before any member is bound), the victims a preemption is stopping, whether it was admitted on
+    borrowed quota. Stored as a ConfigMap in the scheduler's own namespace (plan_store_name), tied
+    to the UIDs of the owner (PodGroup or lone pod), of each member and of each victim, so a
+    recreated object of the same name is never taken for the one the plan was made for."""
 
     state: str
     placements: dict[str, Placement]  # pod key -> placement
     at: float
     victims: tuple[str, ...] = ()  # pod keys being evicted for this plan (nominated only)
     borrowed: bool = False
+    owner_key: str = ""
+    owner_uid: str = ""
+    pod_uids: dict[str, str] = field(default_factory=dict)  # member pod key -> uid
+    victim_uids: dict[str, str] = field(default_factory=dict)  # victim pod key -> uid
 
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "state": self.state,
-                "at": round(self.at, 3),
-                "borrowed": self.borrowed,
-                "victims": list(self.victims),
-                "pods": {
-                    k: {"node": p.node, "gpus": [list(s) for s in p.gpu_shares], "mig": p.mig_profile}
-                    for k, p in self.placements.items()
-                },
+    def to_record(self, scheduler_name: str) -> dict:
+        return {
+            "v": PLAN_VERSION,
+            "scheduler": scheduler_name,
+            "owner": {"key": self.owner_key, "uid": self.owner_uid},
+            "state": self.state,
+            "at": round(self.at, 3),
+            "borrowed": self.borrowed,
+            "victims": {k: self.victim_uids.get(k, "") for k in self.victims},
+            "pods": {
+                k: {"uid": self.pod_uids.get(k, ""), "node": p.node, "gpus": [list(s) for s in p.gpu_shares],
+                    "mig": p.mig_profile}
+                for k, p in self.placements.items()
             },
-            separators=(",", ":"),
-            sort_keys=True,
-        )
+        }
+
+    def to_json(self, scheduler_name: str = C.DEFAULT_SCHEDULER_NAME) -> str:
+        return json.dumps(self.to_record(scheduler_name), separators=(",", ":"), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str, members: dict[str, PodRequest]) -> "Plan":
+    def from_json(cls, text: str) -> "Plan":
+        """A plan record, checked field by field: ValueError naming the field if it is not one."""
         data = json.loads(text)
-        placements = {}
-        for key, p in (data.get("pods") or {}).items():
-            req = members.get(key)
-            placements[key] = Placement(
-                pod=key,
-                node=p["node"],
-                gpu_shares=tuple(tuple(s) for s in p.get("gpus") or ()),
-                mig_profile=p.get("mig"),
-                cpu_milli=req.cpu_milli if req else 0,
-                memory_mib=req.memory_mib if req else 0,
-            )
-        return cls(
-            state=data.get("state", PLAN_BINDING),
-            placements=placements,
-            at=float(data.get("at") or 0),
-            victims=tuple(data.get("victims") or ()),
-            borrowed=bool(data.get("borrowed")),
-        )
+        if not isinstance(data, dict) or data.get("v") != PLAN_VERSION:
+            raise ValueError(f"not a version {PLAN_VERSION} plan record")
+        owner = data.get("owner")
+        state = data.get("state")
+        at = data.get("at")
+        pods = data.get("pods")
+        victims = data.get("victims") or {}
+        if not isinstance(owner, dict) or not all(isinstance(owner.get(k), str) and owner.get(k) for k in ("key", "uid")):
+            raise ValueError("owner: needs key and uid")
+        if state not in PLAN_STATES:
+            raise ValueError(f"state {state!r}: one of {', '.join(PLAN_STATES)}")
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+            raise ValueError(f"at {at!r}: epoch seconds")
+        if not isinstance(pods, dict) or len(pods) > MAX_PLAN_PODS:
+            raise ValueError("pods: a map of pod key to placement")
+        if not isinstance(victims, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in victims.items()):
+            raise ValueError("victims: a map of pod key to uid")
+        placements, uids = {}, {}
+        for key, p in pods.items():
+            if not isinstance(p, dict) or not isinstance(p.get("node"), str) or not isinstance(p.get("uid"), str):
+                raise ValueError(f"pods[{key}]: needs node and uid")
+            gpus = p.get("gpus") or []
+            if not isinstance(gpus, list) or not all(
+                    isinstance(g, list) and len(g) == 2 and all(type(x) is int and x >= 0 for x in g) for g in gpus):
+                raise ValueError(f"pods[{key}].gpus: a list of [gpu index, milli]")
+            mig = p.get("mig")
+            if mig is not None and not isinstance(mig, str):
+                raise ValueError(f"pods[{key}].mig: a MIG profile name")
+            placements[key] = Placement(pod=key, node=p["node"], gpu_shares=tuple(tuple(g) for g in gpus),
+                                        mig_profile=mig)
+            uids[key] = p["uid"]
+        return cls(state=state, placements=placements, at=float(at), victims=tuple(victims),
+                   borrowed=data.get("borrowed") is True, owner_key=owner["key"], owner_uid=owner["uid"],
+                   pod_uids=uids, victim_uids=dict(victims))
+
+    def for_members(self, members: dict[str, dict], requests: dict[str, PodRequest]) -> dict[str, Placement]:
+        """The placements of `members` (pending pods, by key) that this plan was made for: same key
+        and same UID, with the pod's own CPU and memory."""
+        out = {}
+        for key, pod in members.items():
+            p = self.placements.get(key)
+            if p is None or self.pod_uids.get(key) != _uid(pod):
+                continue
+            req = requests.get(key)
+            out[key] = replace(p, cpu_milli=req.cpu_milli if req else 0, memory_mib=req.memory_mib if req else 0)
+        return out
+
+
+def plan_store_name(owner_uid: str) -> str:
+    """The ConfigMap name of a gang's plan: fixed by the owner's UID, so one owner has one record."""
+    return f"{C.PLAN_CONFIGMAP_PREFIX}{owner_uid}"
+
+
+def _uid(obj: dict | None) -> str:
+    return str(((obj or {}).get("metadata") or {}).get("uid") or "")
 
 
 @dataclass
@@ -118,8 +178,9 @@ class Unit:
         meta = (self.owner or {}).get("metadata") or {}
         return (meta.get("annotations") or {}).get(name)
 
-    def plan_text(self) -> str | None:
-        return self.annotation(C.ANNOTATION_PLACEMENT)
+    @property
+    def owner_uid(self) -> str:
+        return _uid(self.owner)
 
 
 @dataclass
@@ -135,6 +196,9 @@ class World:
     invalid: list[tuple[Unit, str]]  # units whose objects cannot be understood, with the error
     nodes: dict[str, Node]
     ignored_hints: list[tuple[Unit, str]] = field(default_factory=list)  # invalid user hints, ignored
+    rejected_plans: list[tuple[Unit, Plan, str]] = field(default_factory=list)  # failed the re-check now
+    stale_plans: list[tuple[str, str]] = field(default_factory=list)  # plan record key -> why it goes
+    records: dict[str, Plan] = field(default_factory=dict)  # unit key -> its plan record, as read
 
 
 def group_units(view: View) -> dict[str, Unit]:
@@ -247,10 +311,37 @@ class Memo:
         self.nodes = {k: v for k, v in self.nodes.items() if k in live_nodes}
 
 
+def read_plan_records(view: View, units: dict[str, Unit]) -> tuple[dict[str, Plan], list[tuple[str, str]]]:
+    """The plan records of the scheduler's namespace, matched to their gangs by owner UID: unit key
+    -> Plan, and the records to delete (unreadable, misnamed, or whose owner is gone or recreated)."""
+    owners = {u.owner_uid: u for u in units.values() if u.owner_uid}
+    found: dict[str, Plan] = {}
+    stale: list[tuple[str, str]] = []
+    for key, cm in sorted(view.plans.items()):
+        text = (cm.get("data") or {}).get(C.PLAN_DATA_KEY) or ""
+        try:
+            plan = Plan.from_json(text)
+        except ValueError as exc:
+            stale.append((key, f"unreadable plan record: {exc}"))
+            continue
+        unit = owners.get(plan.owner_uid)
+        if (cm.get("metadata") or {}).get("name") != plan_store_name(plan.owner_uid):
+            stale.append((key, "plan record not named by its owner's UID"))
+        elif unit is None or unit.key != plan.owner_key:
+            stale.append((key, f"the owner {plan.owner_key} of this plan is gone"))
+        else:
+            found[unit.key] = plan
+    return found, stale
+
+
 def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: float | None = None,
-                memo: Memo | None = None) -> World:
+                memo: Memo | None = None, book: QuotaBook | None = None,
+                policy: PreemptionPolicy | None = None) -> World:
+    """`book` and `policy` are those the scheduler decides with: a held plan is re-checked against
+    them (core.plans.recheck_plan) before it holds anything."""
     now = time.time() if now is None else now
     memo = memo or Memo()
+    policy = policy or PreemptionPolicy()
     nodes: dict[str, Node] = {}
     for name, obj in sorted(view.nodes.items()):
         try:
@@ -259,6 +350,7 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
             log.warning("%s", exc)
     snap = memo.snapshot(list(nodes.values()))
     units = group_units(view)
+    records, stale_plans = read_plan_records(view, units)
     running: list[RunningGang] = []
     running_units: dict[str, Unit] = {}
     invalid: list[tuple[Unit, str]] = []
@@ -288,10 +380,13 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
         if placements:
             ours = all((p.get("spec") or {}).get("schedulerName") == scheduler_name for p in held)
             hints: list[str] = []
+            record = records.get(unit.key)
+            # borrowed quota is the scheduler's own record, never the user-writable annotation
+            borrowed = bool(record and record.borrowed and any(record.pod_uids.get(key_of(p)) == _uid(p) for p in held))
             try:
                 rg = running_gang_from_k8s(unit.key, unit.podgroup, held, ctx, tuple(placements), ours=ours,
                                            members=[requests[key_of(p)] for p in held if key_of(p) in requests],
-                                           hints=hints)
+                                           hints=hints, borrowed=borrowed)
             except ConversionError as exc:
                 invalid.append((unit, str(exc)))
                 continue
@@ -303,41 +398,73 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
             running.append(rg)
             running_units[rg.gang.name] = unit
 
-    # 2. plans hold their GPUs (bind in progress, or victims being evicted)
+    # 2. plans hold their GPUs (bind in progress, or victims being evicted), once re-checked
     plans: dict[str, Plan] = {}
     plan_ready: dict[str, bool] = {}
-    for unit in units.values():
-        text = unit.plan_text()
-        if not text:
+    rejected: list[tuple[Unit, Plan, str]] = []
+    check_state: CycleState | None = None
+    pod_unit = {key_of(p): u for u in running_units.values() for p in u.pods}
+    by_unit = {rg.gang.name: rg for rg in running}
+    for key, record in records.items():
+        if record.state == PLAN_ADMITTED:
             continue
-        pending = unit.pending(scheduler_name, view.assumed)
-        members = {}
-        for pod in pending:
-            try:
-                members[key_of(pod)] = requests.get(key_of(pod)) or memo.pod(pod, ctx)
-            except _MALFORMED:
-                pass
+        unit = units[key]
+        pending = {key_of(p): p for p in unit.pending(scheduler_name, view.assumed)}
+        if not pending:
+            plans[key] = record  # every member is bound: the loop closes the plan
+            continue
         try:
-            plan = Plan.from_json(text, members)
+            for pkey, pod in pending.items():
+                if pkey not in requests:
+                    requests[pkey] = memo.pod(pod, ctx)
+            placements = record.for_members(pending, requests)
+            gang = gang_from_k8s(unit.key, unit.podgroup, list(pending.values()), ctx,
+                                 [requests[k] for k in pending], hints=[])
         except _MALFORMED as exc:
-            invalid.append((unit, f"PodGroup {unit.key}: annotation {C.ANNOTATION_PLACEMENT} is not a plan: {exc}"))
+            rejected.append((unit, record, f"its pending members cannot be read: {exc}"))
             continue
-        plans[unit.key] = plan
-        ready = True
-        for key in sorted(members):
-            placement = plan.placements.get(key)
-            if placement is None or placement.node not in nodes:
-                ready = False
+        alive = [v for v in record.victims if v in view.pods and _uid(view.pods[v]) == record.victim_uids.get(v)]
+        to_stop: dict[str, RunningGang] = {}
+        for v in alive:
+            if pod_is_terminating(view.pods[v]):
+                continue  # already going, whatever happens next
+            rg = by_unit.get(pod_unit[v].key) if v in pod_unit else None
+            if rg is None:
+                break
+            to_stop[rg.gang.name] = rg
+        else:
+            if check_state is None:
+                check_state = CycleState.build(snap.copy(), [rg for rg in running if not any(
+                    pod_is_terminating(p) for p in running_units[rg.gang.name].pods)], book)
+            reason = recheck_plan(check_state, gang, list(placements.values()), list(to_stop.values()),
+                                  now=now, policy=policy)
+            if reason is None:
+                if record.state == PLAN_NOMINATED:
+                    check_state.nominate(gang.team, list(placements.values()), list(to_stop.values()))
+                else:
+                    check_state.hold(gang.team, list(placements.values()), assume=False)
+                plan = replace(record, placements=placements, victims=tuple(alive))
+                plans[key] = plan
+                ready = True
+                for pkey in sorted(pending):
+                    placement = placements.get(pkey)
+                    if placement is None or placement.node not in nodes:
+                        ready = False
+                        continue
+                    ready = _hold(snap, placement.node, requests[pkey]) and ready
+                plan_ready[key] = ready
                 continue
-            ready = _hold(snap, placement.node, members[key]) and ready
-        plan_ready[unit.key] = ready
+            rejected.append((unit, record, reason))
+            continue
+        rejected.append((unit, record, "a pod it would preempt is no running gang of this scheduler's view"))
 
     # 3. complete gangs wait in priority order, then oldest first
     pending: list[tuple[Unit, Gang]] = []
     incomplete: list[tuple[Unit, str]] = []
+    rejected_keys = {u.key for u, _, _ in rejected}
     for unit in units.values():
-        if unit.key in plans:
-            continue
+        if unit.key in plans or unit.key in rejected_keys:
+            continue  # a rejected plan is closed (or rolled back) first; the gang queues next cycle
         waiting = unit.pending(scheduler_name, view.assumed)
         if not waiting:
             continue
@@ -368,7 +495,7 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
         pending.append((unit, gang))
     pending.sort(key=lambda ug: (-ug[1].priority, ug[1].created_at, ug[1].name))
     return World(snap, units, pending, incomplete, running, running_units, plans, plan_ready, invalid, nodes,
-                 ignored_hints)
+                 ignored_hints, rejected, stale_plans, records)
 
 
 # What reading a malformed object can raise beyond ConversionError (a list where a map belongs, a

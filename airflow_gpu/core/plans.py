@@ -1,0 +1,68 @@
+"""Re-checking a held plan against the cluster as it is now, before anything is done for it.
+
+A plan (a gang's placements, and for a preemption its victims) is written before the first Binding
+or Eviction and read back after a restart. Even from a store only the scheduler writes, it describes
+a past cluster: a node may have been relabelled or tainted, a victim may have been replaced or raised
+in priority, a quota may have shrunk. So before a plan holds GPUs, binds a member or evicts a victim,
+the rules are applied again here: every placement passes the static filters on its node (node
+selector, taints and tolerations, capacity type, GPU product), every victim that is still running
+is one the gang may preempt now (core.preemption.candidates: lower priority, preemptible tier,
+reclaimable borrower), and the gang's quota admits what it has yet to bind. Room on the node is not
+required: a nomination waits for its victims to free it, and the caller holds what is free. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from airflow_gpu.core.cycle import CycleState
+from airflow_gpu.core.model import Gang, Placement, RunningGang
+from airflow_gpu.core.plugins.filters import CapacityType, GpuProduct, NodeSelector, TaintToleration
+from airflow_gpu.core.preemption import PreemptionPolicy, candidates
+
+STATIC_FILTERS = (NodeSelector(), TaintToleration(), CapacityType(), GpuProduct())
+
+
+def _reason_at(reason, i: int) -> str:
+    if isinstance(reason, str):
+        return reason
+    labels = reason() if callable(reason) else reason
+    return str(np.asarray(labels)[i])
+
+
+def recheck_plan(state: CycleState, gang: Gang, placements: Sequence[Placement],
+                 victims: Sequence[RunningGang] = (), *, now: float,
+                 policy: PreemptionPolicy = PreemptionPolicy()) -> str | None:
+    """None if the plan may still be acted on, else why not (for the gang's Event).
+
+    `gang`: its pending members as converted now (decided tier, spot eligibility, tolerations);
+    `placements`: the plan's placements of those members; `victims`: the running gangs the plan
+    still has to stop (those already terminating are gone either way and are left out by the
+    caller). `state` holds everything but this plan."""
+    members = {m.name: m for m in gang.members}
+    snap = state.snap
+    for p in placements:
+        req = members.get(p.pod)
+        if req is None:
+            return f"the plan places {p.pod}, which is not a pending member of gang {gang.name}"
+        try:
+            i = snap.node_index(p.node)
+        except KeyError:
+            return f"the plan places {p.pod} on node {p.node}, which is gone"
+        for f in STATIC_FILTERS:
+            result = f.filter(snap, req)
+            if not result.ok[i]:
+                return f"the plan places {p.pod} on node {p.node}: {_reason_at(result.reason, i)}"
+    if victims:
+        allowed = {rg.gang.name for rg in candidates(state, gang, now, policy)}
+        for v in victims:
+            if v.gang.name not in allowed:
+                return (f"the plan would preempt gang {v.gang.name} (priority {v.gang.priority}), which gang "
+                        f"{gang.name} (priority {gang.priority}) may not preempt now")
+    work = state.without(victims) if victims else state
+    verdict = work.check(gang.team, work.demand(placements))
+    if not verdict.fits:
+        return f"the plan no longer fits its quota: {verdict.reason}"
+    return None
