@@ -112,6 +112,9 @@ TIERS = (TIER_INTERACTIVE, TIER_PRODUCTION_TRAINING, TIER_INFERENCE, TIER_BEST_E
 # --- local cluster (airflow_gpu/localcluster) ------------------------------------------------
 ENV_CLUSTER_TOKEN = "AIRFLOW_GPU_CLUSTER_TOKEN"  # bearer token `cluster up` requires (implies TLS)
 ENV_CLUSTER_GC_FREEZE = "AIRFLOW_GPU_CLUSTER_GC_FREEZE"  # "0" turns off GC freezing (benchmark comparison)
+# "1": answer writes before they are in the store log, as before issue 10 (benchmark comparison only:
+# a kill -9 then loses answered writes)
+ENV_CLUSTER_UNSAFE_ACK = "AIRFLOW_GPU_CLUSTER_UNSAFE_ACK"
 
 # --- pools sync against a remote Airflow (secrets from the environment or a file, never argv) ---
 ENV_API_TOKEN = "AIRFLOW_GPU_API_TOKEN"

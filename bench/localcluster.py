@@ -4,7 +4,13 @@ watch event latency with 20 watchers, memory. Targets (issue 3): >= 300 creates/
 The cluster runs as `airflow-gpu cluster up` in its own process (as in tests and the demo). Pods name a
 scheduler that does not exist, so they stay Pending and only the API server is measured. Watchers
 run in a separate process (asyncio, raw chunked HTTP) so their parsing does not share the creator's GIL.
-Run: python -m bench localcluster   (BENCH_LOCALCLUSTER_PODS=N to change the 10,000)
+Last, the cost of durable acknowledgement (issue 10): creates/s (1 client, and 4 in threads) on a fresh
+cluster per mode, side by side: answered before the write is in the store log (as before issue 10),
+group commit (the default: answered after the write(2) of its loop turn; survives a kill -9), and
+--fsync (answered after fdatasync; survives a power cut). Target: the default within 30 % of the first
+at 4 threads.
+Run: python -m bench localcluster   (BENCH_LOCALCLUSTER_PODS=N to change the 10,000;
+     BENCH_LOCALCLUSTER_ONLY=durability for the last part alone, BENCH_DURABILITY_PODS=N its 2,000)
 """
 
 from __future__ import annotations
@@ -24,6 +30,17 @@ N_WATCHERS = 20
 WATCH_EVENTS = 1000
 WATCH_RATES = (100.0, 300.0)  # creates per second while watchers measure latency
 SPEC = {"name": "bench", "pools": [{"name": "a100", "count": 4, "gpu": {"count": 8}}]}
+DURABILITY_PODS = int(os.environ.get("BENCH_DURABILITY_PODS", "2000"))
+DURABILITY_ROUNDS = int(os.environ.get("BENCH_DURABILITY_ROUNDS", "3"))  # modes interleaved, best round kept
+
+
+def durability_modes() -> tuple:
+    """(label, extra env of the API server, --fsync) per way of acknowledging a write."""
+    from airflow_gpu import constants as C
+
+    return (("answered before the log (before issue 10)", {C.ENV_CLUSTER_UNSAFE_ACK: "1"}, False),
+            ("group commit, after write(2) (default)", {}, False),
+            ("group commit + fdatasync (--fsync)", {}, True))
 
 
 def pod(name: str, stamp: float | None = None) -> dict:
@@ -122,7 +139,40 @@ def _p99(ms: list[float]) -> float:
     return ms[int(len(ms) * 0.99) - 1]
 
 
+def durability() -> None:
+    """Creates/s per acknowledgement mode, each on a fresh cluster with a state dir."""
+    from airflow_gpu.devtools.kube import start_kube_cluster
+
+    modes = durability_modes()
+    best = {label: (0.0, 0.0) for label, _, _ in modes}
+    n_seq = DURABILITY_PODS // 4
+    for _ in range(DURABILITY_ROUNDS):  # interleaved: a busy spell of the shared machine hits every mode
+        for label, env, fsync in modes:
+            with tempfile.TemporaryDirectory(prefix="bench-durability-") as tmp, \
+                    start_kube_cluster(Path(tmp), SPEC, env=env, fsync=fsync) as cluster:
+                core = cluster.core()
+                core.create_namespace({"metadata": {"name": "bench"}})
+                t0 = time.perf_counter()
+                for i in range(n_seq):
+                    core.create_namespaced_pod("bench", pod(f"seq-{i}"))
+                seq_rate = n_seq / (time.perf_counter() - t0)
+                par_rate = _create_parallel(cluster, "bench", "par", DURABILITY_PODS)
+            best[label] = (max(best[label][0], seq_rate), max(best[label][1], par_rate))
+    rows = [(label, *best[label]) for label, _, _ in modes]
+    base_seq, base_par = rows[0][1], rows[0][2]
+    print(f"durable acknowledgement: pod creates/s on a fresh cluster per mode, best of {DURABILITY_ROUNDS} "
+          f"interleaved rounds ({n_seq} sequential, {DURABILITY_PODS} from 4 threads)")
+    for label, seq_rate, par_rate in rows:
+        print(f"  {label:45s} 1 client {seq_rate:6.0f}/s ({seq_rate / base_seq:4.2f})   "
+              f"4 threads {par_rate:6.0f}/s ({par_rate / base_par:4.2f})")
+    print(f"  target: the default within 30 % of the first at 4 threads -> ratio {rows[1][2] / base_par:.2f} "
+          f"({'met' if rows[1][2] >= 0.7 * base_par else 'NOT met'})")
+
+
 def main() -> None:
+    if os.environ.get("BENCH_LOCALCLUSTER_ONLY") == "durability":
+        durability()
+        return
     import psutil
 
     from airflow_gpu import constants as C
@@ -178,6 +228,7 @@ def main() -> None:
           f"p99 {_p99(no_freeze[1]):.1f} ms   p99 ratio frozen/unfrozen {_p99(base) / _p99(no_freeze[1]):.2f}")
     print(f"API server RSS: idle {mb(rss_idle):.0f} MB, {items} pods {mb(rss_stored):.0f} MB, "
           f"+{N_WATCHERS} watchers {mb(rss_watch):.0f} MB   target 500 MB  ratio {mb(rss_watch) / 500:.2f}")
+    durability()
 
 
 if __name__ == "__main__":

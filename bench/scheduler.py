@@ -7,6 +7,9 @@
    member's create returning to its last member bound (watch). p50 / p99. And one 64-pod gang.
 Cluster: 160 nodes x 8 GPUs (1,280 GPUs), 10 NVLink cliques. Seconds move on a shared 2-core
 machine; rerun when it is quiet.
+3. The cost of durable acknowledgement (issue 10): 1 and 2 again on a fresh cluster per way the API
+   server acknowledges a write (bench.localcluster.durability_modes: before the log as before issue 10,
+   group commit by default, --fsync), side by side. BENCH_SCHEDULER_MODES=default runs the default alone.
 """
 
 from __future__ import annotations
@@ -66,15 +69,30 @@ def pct(values: list[float], q: float) -> float:
 
 
 def main() -> None:
+    from bench.localcluster import durability_modes
+
     # SIGTERM (e.g. from `timeout`) must still run the finally below: the cluster and the scheduler
     # run in their own sessions and would outlive us
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    workdir = Path(tempfile.mkdtemp(prefix="bench-scheduler-"))
-    with start_kube_cluster(workdir, SPEC) as cluster:
-        run(cluster.kubeconfig, workdir)
+    modes = durability_modes()
+    if os.environ.get("BENCH_SCHEDULER_MODES") == "default":
+        modes = modes[1:2]
+    rows = []
+    for label, env, fsync in modes:
+        print(f"--- API server: {label}", flush=True)
+        workdir = Path(tempfile.mkdtemp(prefix="bench-scheduler-"))
+        with start_kube_cluster(workdir, SPEC, env=env, fsync=fsync) as cluster:
+            rows.append((label, run(cluster.kubeconfig, workdir)))
+    if len(rows) > 1:
+        base = rows[0][1]
+        print("durable acknowledgement, side by side (ratio to the first row):")
+        for label, r in rows:
+            print(f"  {label:45s} bindings {r['bind_rate']:5.0f}/s ({r['bind_rate'] / base['bind_rate']:4.2f})  "
+                  f"creates {r['create_rate']:5.0f}/s ({r['create_rate'] / base['create_rate']:4.2f})  "
+                  f"gang p50 {1000 * r['p50']:4.0f} ms p99 {1000 * r['p99']:4.0f} ms  64-pod {1000 * r['big']:4.0f} ms")
 
 
-def run(kubeconfig: Path, workdir: Path) -> None:
+def run(kubeconfig: Path, workdir: Path) -> dict:
     sched = None
     try:
         api = G.api_client(kubeconfig, pool=16)
@@ -121,6 +139,8 @@ def run(kubeconfig: Path, workdir: Path) -> None:
               f"p50 {1000 * statistics.median(lat):.0f} ms, p99 {1000 * pct(lat, 99):.0f} ms, "
               f"max {1000 * max(lat):.0f} ms; one 64-pod gang: {1000 * big:.0f} ms")
         print(f"  machine: {os.cpu_count()} cores shared; cluster 160 nodes x 8 GPUs, scheduler policy bestfit")
+        return {"bind_rate": bind_rate, "create_rate": create_rate, "p50": statistics.median(lat),
+                "p99": pct(lat, 99), "big": big}
     finally:
         if sched is not None:
             sched.stop()

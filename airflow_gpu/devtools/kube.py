@@ -114,8 +114,10 @@ class KubeCluster:
 @contextmanager
 def start_kube_cluster(tmp_dir: Path, spec: str | Path | dict | None = None, token: str | None = None,
                        bookmark_seconds: float = 1.0, timeout: float = 60.0,
-                       env: dict[str, str] | None = None, audit: bool = False) -> Iterator[KubeCluster]:
-    """Start `airflow-gpu cluster up` in tmp_dir; yields a KubeCluster; stops it (and its pods) by PID."""
+                       env: dict[str, str] | None = None, audit: bool = False,
+                       fsync: bool = False) -> Iterator[KubeCluster]:
+    """Start `airflow-gpu cluster up` in tmp_dir; yields a KubeCluster; stops it (and its pods) by PID.
+    fsync: `--fsync` (every answered write is fdatasync'ed first)."""
     tmp_dir = Path(tmp_dir)
     tmp_dir.mkdir(parents=True, exist_ok=True)
     if spec is None:
@@ -133,6 +135,8 @@ def start_kube_cluster(tmp_dir: Path, spec: str | Path | dict | None = None, tok
             "--state-dir", str(state_dir), "--bookmark-seconds", str(bookmark_seconds)]
     if audit:  # every request as an audit.k8s.io Event: KubeCluster.audit_events()
         argv += ["--audit-log", str(state_dir / "audit.log")]
+    if fsync:
+        argv.append("--fsync")
     env = {**os.environ, **(env or {})}
     if token:
         env[C.ENV_CLUSTER_TOKEN] = token

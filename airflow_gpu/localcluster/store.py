@@ -25,6 +25,7 @@ from typing import Callable
 
 import msgspec
 
+from airflow_gpu.constants import ENV_CLUSTER_UNSAFE_ACK
 from airflow_gpu.localcluster import errors
 from airflow_gpu.localcluster.selectors import fields_match, labels_match
 
@@ -51,6 +52,9 @@ class Entry:
         if self._raw is None:
             self._raw = encode(self.obj)
         return self._raw
+
+
+_UNSAFE_ACK = os.environ.get(ENV_CLUSTER_UNSAFE_ACK) == "1"
 
 
 class Event:
@@ -255,6 +259,9 @@ class Store:
     async def durable(self) -> None:
         """Return once every write recorded so far is in the log (answers to writes wait on this)."""
         if self.log_path is None or self._logged_seq >= self._seq:
+            return
+        if _UNSAFE_ACK:  # benchmark baseline: the write goes out after the answer
+            self._schedule_flush()
             return
         future = asyncio.get_running_loop().create_future()
         self._waiters.append((self._seq, future))
