@@ -27,10 +27,15 @@ from typing import Any
 from airflow_gpu.checkpoint.errors import ConfigError, CorruptCheckpointError
 
 FORMAT_VERSION = 1
-MAX_ATTEMPT = 10**10 - 1
+MAX_ATTEMPT = 10**10 - 1  # the key layout's range (inverted, 10 digits)
+# The attempts a writer may claim: Airflow tries x spot relaunches stay far below. A fence above it
+# (a stray or hostile one, e.g. attempt 9999999999) would fence the store forever, so it is not
+# obeyed: live fences are exactly the keys under FENCES_LIVE (inverted attempts 99999xxxxx).
+MAX_RUN_ATTEMPT = 10**5 - 1
 MAX_STEP = 10**16 - 1
 MANIFESTS = "manifests/"
 FENCES = "fences/"
+FENCES_LIVE = f"{FENCES}{(MAX_ATTEMPT - MAX_RUN_ATTEMPT) // (MAX_RUN_ATTEMPT + 1):05d}"
 DATA = "data/"
 STATUS = "status.json"
 # CRC32 per part, as S3 itself uses for integrity: it catches corruption and truncation at
@@ -46,9 +51,9 @@ def check_step(step: object) -> int:
 
 
 def check_attempt(attempt: object) -> int:
-    if isinstance(attempt, bool) or not isinstance(attempt, int) or not 0 <= attempt <= MAX_ATTEMPT:
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or not 0 <= attempt <= MAX_RUN_ATTEMPT:
         raise ConfigError(
-            f"attempt must be an int in 0..{MAX_ATTEMPT}, got {attempt!r}: set it from the "
+            f"attempt must be an int in 0..{MAX_RUN_ATTEMPT}, got {attempt!r}: set it from the "
             "AIRFLOW_GPU_ATTEMPT environment variable the operator provides"
         )
     return attempt

@@ -19,7 +19,7 @@ from airflow_gpu.checkpoint.backends import Backend, ObjectMissing, open_backend
 from airflow_gpu.checkpoint.errors import ConfigError, CorruptCheckpointError
 from airflow_gpu.checkpoint.layout import (
     DATA,
-    FENCES,
+    FENCES_LIVE,
     MANIFESTS,
     STATUS,
     Checkpoint,
@@ -177,8 +177,9 @@ class CheckpointStore:
 
     # --- fences and status -----------------------------------------------------------------
     def highest_attempt(self) -> int | None:
-        """The highest attempt that has claimed this store (one bounded listing)."""
-        for obj in self.backend.list(FENCES, max_keys=4):
+        """The highest attempt that has claimed this store (one bounded listing). Only fences of
+        attempts a writer may claim count (layout.MAX_RUN_ATTEMPT): one beyond cannot fence forever."""
+        for obj in self.backend.list(FENCES_LIVE, max_keys=4):
             attempt = parse_fence_key(obj.key)
             if attempt is not None:
                 return attempt

@@ -97,6 +97,31 @@ def _qos(pod: dict) -> str:
 
 
 # --- validation -------------------------------------------------------------------------------
+LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+NON_NEGATIVE_QUANTITIES = {"ResourceQuota": ("spec.hard",), "Node": ("status.capacity", "status.allocatable")}
+
+
+def label_key_problem(key) -> str | None:
+    """Why `key` is not a label key (an optional DNS-subdomain prefix and "/", then a name of at most
+    63 characters), as the real API server says it; None if it is one."""
+    if not isinstance(key, str) or not key:
+        return "name part must be non-empty"
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not DNS_SUBDOMAIN.fullmatch(prefix)):
+        return f"prefix part {SUBDOMAIN_MSG}"
+    if len(name) > 63:
+        return "name part must be no more than 63 characters"
+    if not LABEL_NAME.fullmatch(name):
+        return ("name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end "
+                "with an alphanumeric character")
+    return None
+
+
+def _negative(qty) -> bool:
+    try:
+        return quantity(qty) < 0
+    except (ValueError, TypeError, ArithmeticError):
+        return False  # not a quantity at all: the schema check reports it
 def validate(rt: ResourceType, obj: dict, creating: bool) -> None:
     causes: list[tuple[str, str, str]] = []
     meta = obj.get("metadata") or {}
@@ -106,10 +131,14 @@ def validate(rt: ResourceType, obj: dict, creating: bool) -> None:
     else:
         pattern, msg = (DNS_LABEL, LABEL_MSG) if rt.kind in DNS_LABEL_KINDS else (DNS_SUBDOMAIN, SUBDOMAIN_MSG)
         limit = 63 if rt.kind in DNS_LABEL_KINDS else 253
-        if rt.kind != "Event" and (not pattern.match(name) or len(name) > limit):
+        # fullmatch: a pattern's "$" also matches before a trailing newline
+        if rt.kind != "Event" and (not pattern.fullmatch(name) or len(name) > limit):
             causes.append(("metadata.name", "FieldValueInvalid", f'Invalid value: "{name}": {msg}'))
     for key, value in (meta.get("labels") or {}).items():
-        if not isinstance(value, str) or len(value) > 63 or not LABEL_VALUE.match(value):
+        key_problem = label_key_problem(key)
+        if key_problem:
+            causes.append(("metadata.labels", "FieldValueInvalid", f'Invalid value: "{str(key)[:300]}": {key_problem}'))
+        if not isinstance(value, str) or len(value) > 63 or not LABEL_VALUE.fullmatch(value):
             causes.append(("metadata.labels", "FieldValueInvalid",
                            f'Invalid value: "{value}": a valid label must be an empty string or consist of '
                            "alphanumeric characters, '-', '_' or '.', and must start and end with an "
@@ -125,6 +154,15 @@ def validate(rt: ResourceType, obj: dict, creating: bool) -> None:
                                     "required": [r for r in schema.get("required") or [] if r != "metadata"]}, "")
     if not rt.crd and rt.kind == "PriorityClass" and not isinstance(obj.get("value"), int):
         causes.append(("value", "FieldValueRequired", "Required value"))
+    if not rt.crd and rt.kind in NON_NEGATIVE_QUANTITIES:
+        for path in NON_NEGATIVE_QUANTITIES[rt.kind]:
+            section = obj
+            for part in path.split("."):
+                section = section.get(part) if isinstance(section, dict) else None
+            for res, qty in (section or {}).items() if isinstance(section, dict) else ():
+                if _negative(qty):
+                    causes.append((f"{path}[{res}]", "FieldValueInvalid",
+                                   f'Invalid value: "{qty}": must be greater than or equal to 0'))
     if causes:
         raise errors.invalid(rt.kind, name, causes, rt.group)
 
@@ -142,7 +180,7 @@ def _pod_causes(pod: dict) -> list[tuple[str, str, str]]:
             cname = c.get("name")
             if not cname:
                 causes.append((f"{where}.name", "FieldValueRequired", "Required value"))
-            elif not DNS_LABEL.match(cname):
+            elif not DNS_LABEL.fullmatch(cname):
                 causes.append((f"{where}.name", "FieldValueInvalid", f'Invalid value: "{cname}": {LABEL_MSG}'))
             elif cname in seen:
                 causes.append((f"{where}.name", "FieldValueDuplicate", f'Duplicate value: "{cname}"'))

@@ -46,6 +46,11 @@ def request_attributes(method: str, path: str, query: dict) -> tuple[str, dict |
     return verb, ref
 
 
+ADMIN = {"username": "local-admin", "groups": ["system:masters"]}
+# a request without the bearer token was nobody's, as the real server records it
+UNAUTHENTICATED = {"username": "system:anonymous", "groups": ["system:unauthenticated"]}
+
+
 class AuditLog:
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -56,7 +61,7 @@ class AuditLog:
         verb, ref = request_attributes(method, path, query)
         event = {"kind": "Event", "apiVersion": "audit.k8s.io/v1", "level": "Metadata", "auditID": str(uuid.uuid4()),
                  "stage": "ResponseComplete", "requestURI": path + (f"?{query_string}" if query_string else ""),
-                 "verb": verb, "user": {"username": "local-admin", "groups": ["system:masters"]},
+                 "verb": verb, "user": UNAUTHENTICATED if code == 401 else ADMIN,
                  "sourceIPs": ["127.0.0.1"], "userAgent": user_agent, "responseStatus": {"code": code},
                  "requestReceivedTimestamp": received, "stageTimestamp": now()}
         if ref is not None:
