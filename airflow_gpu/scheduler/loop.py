@@ -392,7 +392,7 @@ class Scheduler:
         annotations = {C.ANNOTATION_WAIT_REASON: None}
         if unit.podgroup is not None:
             annotations[C.ANNOTATION_SCHEDULED] = f"{len(unit.bound({})) + len(placements)}/{unit.min_member}"
-        if borrowed:  # a lone pod carries it too: reclaim reads it back after a restart
+        if borrowed:  # shown to users; after a restart the scheduler reads its own plan record instead
             annotations[C.ANNOTATION_BORROWED] = "true"
         needs_patch = unit.podgroup is not None or borrowed or unit.annotation(C.ANNOTATION_WAIT_REASON)
         if needs_patch:
