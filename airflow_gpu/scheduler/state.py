@@ -346,8 +346,8 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
     for name, obj in sorted(view.nodes.items()):
         try:
             nodes[name] = memo.node(obj)
-        except ConversionError as exc:
-            log.warning("%s", exc)
+        except _MALFORMED as exc:  # a node the scheduler cannot read takes no pods; the others do
+            log.warning("node %s skipped: %s", name, exc)
     snap = memo.snapshot(list(nodes.values()))
     units = group_units(view)
     records, stale_plans = read_plan_records(view, units)
