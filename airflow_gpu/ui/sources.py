@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from airflow_gpu import constants as C
 from airflow_gpu.scheduler.cache import View
 from airflow_gpu.scheduler.convert import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION, key_of
 from airflow_gpu.ui.queue import POOL_PREFIX, PoolRow, TaskRow
@@ -29,8 +30,14 @@ def read_view(kubeconfig: str | Path) -> View:
         nodes = items(core.list_node(_preload_content=False))
         groups = items(custom.list_cluster_custom_object(PODGROUP_GROUP, PODGROUP_VERSION, PODGROUP_PLURAL,
                                                          _preload_content=False))
+        try:  # the scheduler's plan records (its namespace), for the GPUs held by plans
+            plans = items(core.list_config_map_for_all_namespaces(label_selector=C.LABEL_PLAN_OF,
+                                                                  _preload_content=False))
+        except client.ApiException:  # not allowed to read them: the queue is shown without held plans
+            plans = []
     return View(pods={key_of(p): p for p in pods}, nodes={n["metadata"]["name"]: n for n in nodes},
-                podgroups={key_of(g): g for g in groups}, priorityclasses={}, resourcequotas={})
+                podgroups={key_of(g): g for g in groups}, priorityclasses={}, resourcequotas={},
+                plans={key_of(p): p for p in plans})
 
 
 def read_pools(session) -> list[PoolRow]:
