@@ -314,3 +314,41 @@ def test_the_ui_reads_plan_records_for_the_gpus_they_hold(kube_cluster):
     finally:
         client.CoreV1Api(api).delete_namespaced_config_map(plan_store_name(pg_uid), "default")
         _cleanup(api, ns)
+
+
+def test_a_restarted_scheduler_carries_out_a_valid_nomination_from_its_record(kube_cluster):
+    """The other side of the re-check: a nomination a scheduler wrote before dying (victims of lower
+    priority, still running) is carried out by the next one - victims evicted, the gang bound where
+    the record says - without being planned again."""
+    api = G.api_client(kube_cluster.kubeconfig)
+    core = client.CoreV1Api(api)
+    G.install_priority_classes(api)
+    ns = "nominated"
+    G.ensure_namespace(api, ns)
+    dead = Api(api, "test", "dead-scheduler")
+    for name, node in (("be-0", "od-0"), ("be-1", "od-1"), ("be-2", "od-2")):
+        core.create_namespaced_pod(ns, G.pod_manifest(name, ns, 8, priority_class="airflow-gpu-best-effort-training",
+                                                      grace=0))
+        dead.bind(f"{ns}/{name}", node)
+    core.create_namespaced_pod(ns, G.pod_manifest("prod", ns, 8, priority_class="airflow-gpu-production-training"))
+    uid = {p["metadata"]["name"]: p["metadata"]["uid"] for p in G.list_pods(api, ns)}
+    nomination = Plan(PLAN_NOMINATED, {f"{ns}/prod": Placement(f"{ns}/prod", "od-1", tuple((g, 1000) for g in range(8)))},
+                      time.time(), victims=(f"{ns}/be-1",), owner_key=f"{ns}/prod", owner_uid=uid["prod"],
+                      pod_uids={f"{ns}/prod": uid["prod"]}, victim_uids={f"{ns}/be-1": uid["be-1"]})
+    dead.write_plan("default", plan_store_name(uid["prod"]), C.DEFAULT_SCHEDULER_NAME, nomination.to_json())
+
+    scheduler = Scheduler(G.api_client(kube_cluster.kubeconfig), None, Settings(interval=0.5), identity="next")
+    runner = _run(scheduler)
+    try:
+        G.wait_until(lambda: core.read_namespaced_pod("prod", ns).spec.node_name, 30, what="prod bound")
+        pods = {p["metadata"]["name"]: p for p in G.list_pods(api, ns)}
+        assert pods["prod"]["spec"]["nodeName"] == "od-1"  # where the record said
+        assert "be-1" not in pods or pods["be-1"]["metadata"].get("deletionTimestamp")
+        for other in ("be-0", "be-2"):  # only the recorded victim was stopped
+            assert other in pods and not pods[other]["metadata"].get("deletionTimestamp")
+        assert not [e for e in G.events_for(api, ns) if e["reason"] in ("PlanRejected", "Preempting")]
+        G.wait_until(lambda: not _plan_records(api), 10, what="nomination record closed")
+    finally:
+        scheduler.stop()
+        runner.join(10)
+        _cleanup(api, ns)
