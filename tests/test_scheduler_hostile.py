@@ -154,6 +154,15 @@ def _disrupted(pod: dict) -> bool:
     return any(c.get("type") == C.CONDITION_DISRUPTION_TARGET for c in (pod.get("status") or {}).get("conditions") or [])
 
 
+def _cluster_with_priorities(kube_cluster, *namespaces: str):
+    """(api client, CoreV1Api) with deploy/'s PriorityClasses installed and `namespaces` created."""
+    api = G.api_client(kube_cluster.kubeconfig)
+    G.install_priority_classes(api)
+    for ns in namespaces:
+        G.ensure_namespace(api, ns)
+    return api, client.CoreV1Api(api)
+
+
 def _cleanup(api, *namespaces: str) -> None:
     core = client.CoreV1Api(api)
     for ns in namespaces:
@@ -164,11 +173,7 @@ def _cleanup(api, *namespaces: str) -> None:
 def test_forged_placement_annotations_evict_nothing_and_bind_nothing(kube_cluster):
     """The reproduction of issue 10 item 1: a pending pod names another team's pod as its victim,
     and a gang names a spot node as its binding plan, both in the annotation older versions obeyed."""
-    api = G.api_client(kube_cluster.kubeconfig)
-    core = client.CoreV1Api(api)
-    G.install_priority_classes(api)
-    for ns in ("team-nlp", "team-cv"):
-        G.ensure_namespace(api, ns)
+    api, core = _cluster_with_priorities(kube_cluster, "team-nlp", "team-cv")
     sched_api = Api(api, "test", "someone")
     # the other team's production pods: od-0 and od-2 full, 2 GPUs left on od-1
     prod = "airflow-gpu-production-training"
@@ -215,11 +220,8 @@ def test_a_trusted_plan_is_rechecked_against_the_cluster_before_it_is_acted_on(k
     """Records in the scheduler's own namespace describe a past cluster: one that now breaks a rule
     (a victim of higher priority, a spot node for a pod that may not go there, a recreated pod) is
     dropped with a PlanRejected Event, nothing is evicted or bound for it, and the gang queues again."""
-    api = G.api_client(kube_cluster.kubeconfig)
-    core = client.CoreV1Api(api)
-    G.install_priority_classes(api)
     ns = "recheck"
-    G.ensure_namespace(api, ns)
+    api, core = _cluster_with_priorities(kube_cluster, ns)
     sched_api = Api(api, "test", "earlier-scheduler")
     core.create_namespaced_pod(ns, G.pod_manifest("important", ns, 8,
                                                   priority_class="airflow-gpu-production-training"))
@@ -320,11 +322,8 @@ def test_a_restarted_scheduler_carries_out_a_valid_nomination_from_its_record(ku
     """The other side of the re-check: a nomination a scheduler wrote before dying (victims of lower
     priority, still running) is carried out by the next one - victims evicted, the gang bound where
     the record says - without being planned again."""
-    api = G.api_client(kube_cluster.kubeconfig)
-    core = client.CoreV1Api(api)
-    G.install_priority_classes(api)
     ns = "nominated"
-    G.ensure_namespace(api, ns)
+    api, core = _cluster_with_priorities(kube_cluster, ns)
     dead = Api(api, "test", "dead-scheduler")
     for name, node in (("be-0", "od-0"), ("be-1", "od-1"), ("be-2", "od-2")):
         core.create_namespaced_pod(ns, G.pod_manifest(name, ns, 8, priority_class="airflow-gpu-best-effort-training",
