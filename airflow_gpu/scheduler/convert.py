@@ -506,10 +506,7 @@ def running_gang_from_k8s(
                   f"{C.ANNOTATION_LAST_CHECKPOINT_TIME}", hints)
         for m in ([podgroup] if podgroup else []) + list(pods)
     ]
-    # a checkpoint before this run started does not make its work more expensive to lose: a
-    # hint cannot buy protection from preemption
     ck = max((c for c in checkpoints if c is not None), default=None)
-    ck = None if ck is None else max(ck, started_at)
     if borrowed is None:  # a reader without the scheduler's records (the UI) goes by the annotation
         borrowed = any(
             ((m.get("metadata") or {}).get("annotations") or {}).get(C.ANNOTATION_BORROWED) == "true"
