@@ -18,11 +18,13 @@ from airflow_gpu.localcluster.audit import now as audit_now
 from airflow_gpu.localcluster.errors import ApiError
 from airflow_gpu.localcluster.httpio import MAX_BODY_BYTES, TRUE, Request, Response, json_response
 from airflow_gpu.localcluster.objects import ObjectAPI
+from airflow_gpu.localcluster.patch import apply_patch
 from airflow_gpu.localcluster.resources import Registry, ResourceType
 from airflow_gpu.localcluster.schema import decode_object
 from airflow_gpu.localcluster.selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
 from airflow_gpu.localcluster.store import Store, decode, encode
 from airflow_gpu.localcluster.streaming import stream_log, stream_watch
+from airflow_gpu.localcluster.workloads import disruption_check
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +175,8 @@ class APIServer:
             return self.binding(ns, name, req.json())
         if sub == "eviction" and method == "POST":
             return self.eviction(ns, name, req.json())
+        if sub == "scale":
+            return self.scale(req, rt, ns, name)
         if method == "GET":
             obj = self.objects.get(rt, ns, name)
             if "as=Table" in req.headers.get("accept", "") and not sub:
@@ -338,8 +342,37 @@ class APIServer:
         if not isinstance(opts, dict):
             raise errors.bad_request("Eviction deleteOptions must be a JSON object")
         _check_grace(opts.get("gracePeriodSeconds"))
+        pod = self.store.get("/pods", ns, name)
+        if pod is None:
+            raise errors.not_found("pods", name)
+        disruption_check(self.store, pod)
         self.objects.evict(ns, name, opts.get("gracePeriodSeconds"))
         return json_response(errors.status_success(201), 201)
+
+    def scale(self, req: Request, rt: ResourceType, ns: str, name: str) -> Response:
+        """The scale subresource (autoscaling/v1 Scale) of Deployments and ReplicaSets: kubectl scale."""
+        obj = self.objects.get(rt, ns, name)
+        scale = scale_of(obj)
+        if req.method == "GET":
+            return json_response(scale)
+        if req.method == "PUT":
+            wanted = req.json()
+        elif req.method == "PATCH":
+            ctype = req.headers.get("content-type", "").split(";")[0].strip()
+            wanted = apply_patch(scale, req.json(), ctype, strategic_ok=True)
+        else:
+            raise errors.method_not_allowed(req.method)
+        replicas = ((wanted or {}).get("spec") or {}).get("replicas")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise errors.invalid("Scale", name, [("spec.replicas", "FieldValueInvalid",
+                                                  f"Invalid value: {replicas}: must be greater than or equal to 0")],
+                                 "autoscaling")
+        expect = ((wanted or {}).get("metadata") or {}).get("resourceVersion")
+        if expect and expect != obj["metadata"]["resourceVersion"]:
+            raise errors.conflict(rt.plural, name, rt.group)
+        new = {**obj, "spec": {**obj["spec"], "replicas": replicas}, "metadata": dict(obj["metadata"])}
+        updated = self.objects.update(rt, new, ns, name, dry_run=req.query.get("dryRun") == "All")
+        return json_response(scale_of(updated))
 
     async def pod_log(self, req: Request, send, ns: str, name: str) -> Response | None:
         pod = self.store.get("/pods", ns, name)
@@ -358,6 +391,21 @@ class APIServer:
         stream = self.log_source(ns, name, container, req.query)  # raises ApiError if not started
         await stream_log(stream, send)
         return None
+
+
+def scale_of(obj: dict) -> dict:
+    meta = obj["metadata"]
+    selector = (obj.get("spec") or {}).get("selector") or {}
+    parts = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
+    for expr in selector.get("matchExpressions") or []:
+        op, values = expr.get("operator"), ",".join(expr.get("values") or [])
+        parts.append({"In": f"{expr['key']} in ({values})", "NotIn": f"{expr['key']} notin ({values})",
+                      "Exists": expr["key"], "DoesNotExist": f"!{expr['key']}"}.get(op, expr["key"]))
+    return {"kind": "Scale", "apiVersion": "autoscaling/v1",
+            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                         if k in meta},
+            "spec": {"replicas": (obj.get("spec") or {}).get("replicas", 1)},
+            "status": {"replicas": (obj.get("status") or {}).get("replicas", 0), "selector": ",".join(parts)}}
 
 
 def _int_param(query: dict, key: str, default: int | None = None) -> int | None:

@@ -29,6 +29,7 @@ from airflow_gpu.localcluster.controllers import Controllers
 from airflow_gpu.localcluster.events import Recorder
 from airflow_gpu.localcluster.faults import Faults
 from airflow_gpu.localcluster.kubelet import Kubelet
+from airflow_gpu.localcluster.nodelease import NodeHeartbeats
 from airflow_gpu.localcluster.nodeagent import node_status
 from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
 from airflow_gpu.localcluster.resources import CRD_KEY, Registry
@@ -36,6 +37,7 @@ from airflow_gpu.localcluster.scheduler import DefaultScheduler
 from airflow_gpu.localcluster.spec import ClusterSpec, initial_nodes, node_manifest
 from airflow_gpu.localcluster.store import Store
 from airflow_gpu.localcluster.tls import ensure_certificate
+from airflow_gpu.localcluster.workloads import Workloads
 
 log = logging.getLogger(__name__)
 BUNDLED_CRDS = sorted((Path(__file__).parent / "crds").glob("*.yaml"))
@@ -113,6 +115,9 @@ class LocalCluster:
                                self.spec.sim_default_seconds)
         self.controllers = Controllers(self.objects, self.events, self.spec.pod_gc_seconds, self.spec.event_ttl_seconds)
         self.scheduler = DefaultScheduler(self.objects, self.events)
+        self.workloads = Workloads(self.objects, self.events)
+        self.heartbeats = NodeHeartbeats(self.objects, self.kubelet.unresponsive, self.spec.node_lease_seconds,
+                                         self.spec.node_status_seconds)
         self.faults = Faults(self)
         self._bootstrap(restored)
         self.controllers.rebuild()
@@ -123,6 +128,8 @@ class LocalCluster:
         self.scheduler.start()
         self.scheduler._wake.set()
         self.controllers.start()
+        self.workloads.resync()
+        self.heartbeats.start()
         self.audit = AuditLog(self.audit_log) if self.audit_log else None
         self.api = APIServer(self.store, self.registry, self.objects, f"127.0.0.1:{self.port}", self.token,
                              self.kubelet.logs, self.control, self.bookmark_seconds, self.audit)
@@ -254,6 +261,7 @@ class LocalCluster:
         self.store.load()
         self.registry.sync_crds(self.store.values(CRD_KEY))
         self.controllers.rebuild()
+        self.workloads.resync()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", self.port))
@@ -265,6 +273,8 @@ class LocalCluster:
             self._gc_task.cancel()
         await self.scheduler.stop()
         self.controllers.stop()
+        self.workloads.stop()
+        self.heartbeats.stop()
         await self.kubelet.close()
         await self._stop_serving()
         for task in list(self.faults.tasks):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 
+from airflow_gpu.localcluster import workloadtables
 from airflow_gpu.localcluster.podutil import parse_time
 from airflow_gpu.localcluster.resources import ALL_VERBS, Registry, ResourceType
 from airflow_gpu.localcluster.schema import openapi_document
@@ -15,7 +16,8 @@ VERSION_INFO = {
     "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.23.0",
     "compiler": "gc", "platform": "linux/amd64",
 }
-SUBRESOURCE_VERBS = {"status": ["get", "patch", "update"], "log": ["get"], "binding": ["create"], "eviction": ["create"]}
+SUBRESOURCE_VERBS = {"status": ["get", "patch", "update"], "log": ["get"], "binding": ["create"], "eviction": ["create"],
+                     "scale": ["get", "patch", "update"]}
 
 
 def api_versions(address: str) -> dict:
@@ -54,11 +56,13 @@ def api_resource_list(registry: Registry, group: str, version: str) -> dict | No
             entry["categories"] = list(rt.categories)
         resources.append(entry)
         for sub in rt.subresources:
-            kind = {"binding": "Binding", "eviction": "Eviction"}.get(sub, rt.kind)
+            kind = {"binding": "Binding", "eviction": "Eviction", "scale": "Scale"}.get(sub, rt.kind)
             sub_entry = {"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
                          "kind": kind, "verbs": SUBRESOURCE_VERBS[sub]}
             if sub == "eviction":
                 sub_entry.update(group="policy", version="v1")
+            if sub == "scale":
+                sub_entry.update(group="autoscaling", version="v1")
             resources.append(sub_entry)
     if not group:
         resources.append({"name": "bindings", "singularName": "binding", "namespaced": True, "kind": "Binding",
@@ -211,6 +215,8 @@ def table_columns(rt: ResourceType, version: str) -> list[dict]:
     if not rt.crd and rt.kind == "Service":
         return [_col("Name", fmt="name"), _col("Type"), _col("Cluster-IP"), _col("External-IP"), _col("Port(s)"),
                 _col("Age"), _col("Selector", priority=1)]
+    if not rt.crd and workloadtables.columns(rt.kind, _col) is not None:
+        return workloadtables.columns(rt.kind, _col)
     extra = [_col(c["name"], c.get("type", "string"), priority=c.get("priority", 0))
              for c in rt.printer_columns.get(version, []) if c.get("name", "").lower() != "age"]
     return [_col("Name", fmt="name")] + extra + [_col("Age")]
@@ -232,6 +238,8 @@ def table_row(rt: ResourceType, version: str, obj: dict) -> list:
         selector = ",".join(f"{k}={v}" for k, v in (spec.get("selector") or {}).items()) or "<none>"
         return [obj["metadata"]["name"], spec.get("type", "ClusterIP"), spec.get("clusterIP") or "<none>", "<none>",
                 ports, human_age(obj["metadata"].get("creationTimestamp")), selector]
+    if not rt.crd and workloadtables.columns(rt.kind, _col) is not None:
+        return workloadtables.row(rt.kind, obj, human_age)
     extra = []
     for c in rt.printer_columns.get(version, []):
         if c.get("name", "").lower() == "age":

@@ -11,7 +11,7 @@ import random
 import uuid
 
 from airflow_gpu import constants as C
-from airflow_gpu.localcluster import admission, errors
+from airflow_gpu.localcluster import admission, errors, workloadspec
 from airflow_gpu.localcluster.patch import apply_patch
 from airflow_gpu.localcluster.podutil import is_terminal, now_iso, set_condition
 from airflow_gpu.localcluster.resources import CRD_KEY, Registry, ResourceType
@@ -133,12 +133,15 @@ class ObjectAPI:
                     new.pop("status", None)
             if rt.kind == "Pod" and not rt.crd:
                 admission.validate_pod_update(current, new)
+            if not rt.crd and rt.kind in workloadspec.WORKLOAD_KINDS:
+                new["metadata"] = new_meta
+                workloadspec.apply_defaults(rt.kind, new)  # the real server defaults every decoded body
             if {k: v for k, v in new.items() if k not in ("metadata", "status")} != \
                     {k: v for k, v in current.items() if k not in ("metadata", "status")}:
                 new_meta["generation"] = current["metadata"].get("generation", 1) + 1
         new_meta.pop("resourceVersion", None)
         new["metadata"] = new_meta
-        admission.validate(rt, new, creating=False)
+        admission.validate(rt, new, creating=False, old=current)
         if rt.key == CRD_KEY:
             self._crd_status(new)
         if dry_run:
