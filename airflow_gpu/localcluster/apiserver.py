@@ -120,6 +120,11 @@ class APIServer:
             return json_response(discovery.VERSION_INFO)
         if path in ("/healthz", "/livez", "/readyz"):
             return Response(200, b"ok", [(b"content-type", b"text/plain")])
+        if path == "/openapi/v2":
+            protobuf = "protobuf" in req.headers.get("accept", "")
+            # as kube-openapi: protobuf goes out as application/octet-stream (Go's mime parser rejects the "@")
+            return Response(200, self.openapi.v2(protobuf), [(b"content-type", b"application/octet-stream"
+                                                               if protobuf else b"application/json")])
         if path == "/openapi/v3":
             return json_response(self.openapi.index())
         if path.startswith("/openapi/v3/"):

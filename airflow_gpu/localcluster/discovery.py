@@ -5,11 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 
-from airflow_gpu.localcluster import workloadtables
+from airflow_gpu.localcluster import openapidocs, openapiv2, workloadtables
 from airflow_gpu.localcluster.podutil import parse_time
 from airflow_gpu.localcluster.resources import ALL_VERBS, Registry, ResourceType
 from airflow_gpu.localcluster.schema import openapi_document
-from airflow_gpu.localcluster.store import encode
+from airflow_gpu.localcluster.store import decode, encode
 
 VERSION_INFO = {
     "major": "1", "minor": "32", "gitVersion": "v1.32.0-airflow-gpu-local", "gitCommit": "0" * 40,
@@ -89,9 +89,24 @@ class OpenAPI:
                 gvs.setdefault((rt.group, v), []).append(rt)
         for (group, version), types in gvs.items():
             path = f"apis/{group}/{version}" if group else f"api/{version}"
-            docs[path] = encode(openapi_document(group, version, types))
+            doc = openapi_document(group, version, types)
+            openapidocs.annotate(doc["components"]["schemas"])
+            docs[path] = encode(doc)
         self._docs = docs
+        self._v2: dict[str, bytes] = {}
         self._generation = self.registry.generation
+
+    def v2(self, protobuf: bool) -> bytes:
+        """The Swagger 2.0 document of every served kind, rebuilt with the v3 documents."""
+        self._refresh()
+        key = "protobuf" if protobuf else "json"
+        if key not in self._v2:
+            definitions: dict[str, dict] = {}
+            for doc in self._docs.values():
+                definitions.update(decode(doc)["components"]["schemas"])
+            document = openapiv2.swagger(definitions, VERSION_INFO["gitVersion"])
+            self._v2[key] = openapiv2.to_protobuf(document) if protobuf else encode(document)
+        return self._v2[key]
 
     def index(self) -> dict:
         self._refresh()
