@@ -12,13 +12,14 @@ import logging
 from typing import AsyncIterator, Awaitable, Callable
 from urllib.parse import unquote
 
-from airflow_gpu.localcluster import discovery, errors
+from airflow_gpu.localcluster import discovery, errors, podstream
 from airflow_gpu.localcluster.audit import AuditLog
 from airflow_gpu.localcluster.audit import now as audit_now
 from airflow_gpu.localcluster.errors import ApiError
 from airflow_gpu.localcluster.httpio import MAX_BODY_BYTES, TRUE, Request, Response, json_response
 from airflow_gpu.localcluster.objects import ObjectAPI
 from airflow_gpu.localcluster.patch import apply_patch
+from airflow_gpu.localcluster.podstream import PodStreams
 from airflow_gpu.localcluster.resources import Registry, ResourceType
 from airflow_gpu.localcluster.schema import decode_object
 from airflow_gpu.localcluster.selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
@@ -35,7 +36,7 @@ Control = Callable[[str, dict], Awaitable[dict]]  # (action, body) -> result
 class APIServer:
     def __init__(self, store: Store, registry: Registry, objects: ObjectAPI, address: str, token: str | None = None,
                  log_source: LogSource | None = None, control: Control | None = None, bookmark_seconds: float = 5.0,
-                 audit: AuditLog | None = None):
+                 audit: AuditLog | None = None, streams: PodStreams | None = None):
         self.store, self.registry, self.objects = store, registry, objects
         self.address, self.token = address, token
         self.log_source, self.control = log_source, control
@@ -43,6 +44,7 @@ class APIServer:
         self.openapi = discovery.OpenAPI(registry)
         self.watch_tasks: set[asyncio.Task] = set()
         self.audit = audit
+        self.streams = streams
 
     # --- ASGI -------------------------------------------------------------------------------
     async def __call__(self, scope, receive, send):
@@ -54,6 +56,13 @@ class APIServer:
                 elif message["type"] == "lifespan.shutdown":
                     await send({"type": "lifespan.shutdown.complete"})
                     return
+        if scope["type"] == "websocket":  # pods/exec, attach, portforward
+            if self.streams is not None:
+                await self.streams.handle(scope, receive, send, self.token)
+            else:
+                await receive()
+                await podstream.deny(send, errors.bad_request("this server runs no kubelet"))
+            return
         if scope["type"] != "http":
             return
         body = b""
@@ -182,6 +191,10 @@ class APIServer:
             return self.eviction(ns, name, req.json())
         if sub == "scale":
             return self.scale(req, rt, ns, name)
+        if sub in podstream.SUBRESOURCES:  # served over WebSocket only (see podstream)
+            protocols = podstream.PORTFORWARD_PROTOCOLS if sub == "portforward" else podstream.EXEC_PROTOCOLS
+            raise errors.bad_request(f"Upgrade request required: pods/{sub} is served over WebSocket "
+                                     f"({', '.join(protocols)}); the local cluster does not speak SPDY")
         if method == "GET":
             obj = self.objects.get(rt, ns, name)
             if "as=Table" in req.headers.get("accept", "") and not sub:

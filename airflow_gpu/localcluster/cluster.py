@@ -32,6 +32,7 @@ from airflow_gpu.localcluster.kubelet import Kubelet
 from airflow_gpu.localcluster.nodelease import NodeHeartbeats
 from airflow_gpu.localcluster.nodeagent import node_status
 from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
+from airflow_gpu.localcluster.podstream import PodStreams
 from airflow_gpu.localcluster.resources import CRD_KEY, Registry
 from airflow_gpu.localcluster.scheduler import DefaultScheduler
 from airflow_gpu.localcluster.spec import ClusterSpec, initial_nodes, node_manifest
@@ -131,8 +132,9 @@ class LocalCluster:
         self.workloads.resync()
         self.heartbeats.start()
         self.audit = AuditLog(self.audit_log) if self.audit_log else None
+        self.streams = PodStreams(self.kubelet)
         self.api = APIServer(self.store, self.registry, self.objects, f"127.0.0.1:{self.port}", self.token,
-                             self.kubelet.logs, self.control, self.bookmark_seconds, self.audit)
+                             self.kubelet.logs, self.control, self.bookmark_seconds, self.audit, self.streams)
         await self._serve()
         if os.environ.get(C.ENV_CLUSTER_GC_FREEZE, "1") != "0":
             self._gc_task = asyncio.get_running_loop().create_task(self._gc_freezer())
@@ -231,6 +233,7 @@ class LocalCluster:
     async def _serve(self) -> None:
         config = uvicorn.Config(self.api, host="127.0.0.1", port=self.port, http="httptools", loop="none",
                                 lifespan="off", log_level="warning", access_log=False, timeout_keep_alive=120,
+                                ws="websockets-sansio", ws_per_message_deflate=False,
                                 timeout_graceful_shutdown=2, backlog=2048,
                                 ssl_certfile=str(self.tls[0]) if self.tls else None,
                                 ssl_keyfile=str(self.tls[1]) if self.tls else None)
@@ -275,6 +278,8 @@ class LocalCluster:
         self.controllers.stop()
         self.workloads.stop()
         self.heartbeats.stop()
+        if getattr(self, "streams", None) is not None:
+            self.streams.close()
         await self.kubelet.close()
         await self._stop_serving()
         for task in list(self.faults.tasks):

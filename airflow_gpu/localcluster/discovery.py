@@ -17,7 +17,8 @@ VERSION_INFO = {
     "compiler": "gc", "platform": "linux/amd64",
 }
 SUBRESOURCE_VERBS = {"status": ["get", "patch", "update"], "log": ["get"], "binding": ["create"], "eviction": ["create"],
-                     "scale": ["get", "patch", "update"]}
+                     "scale": ["get", "patch", "update"], "exec": ["create", "get"], "attach": ["create", "get"],
+                     "portforward": ["create", "get"]}
 
 
 def api_versions(address: str) -> dict:
@@ -56,7 +57,8 @@ def api_resource_list(registry: Registry, group: str, version: str) -> dict | No
             entry["categories"] = list(rt.categories)
         resources.append(entry)
         for sub in rt.subresources:
-            kind = {"binding": "Binding", "eviction": "Eviction", "scale": "Scale"}.get(sub, rt.kind)
+            kind = {"binding": "Binding", "eviction": "Eviction", "scale": "Scale", "exec": "PodExecOptions",
+                    "attach": "PodAttachOptions", "portforward": "PodPortForwardOptions"}.get(sub, rt.kind)
             sub_entry = {"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
                          "kind": kind, "verbs": SUBRESOURCE_VERBS[sub]}
             if sub == "eviction":

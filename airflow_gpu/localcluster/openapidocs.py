@@ -13,8 +13,6 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-import kubernetes_validate
-
 from airflow_gpu.localcluster.resources import BUILTINS
 from airflow_gpu.localcluster.schema import model_fields
 
@@ -25,7 +23,11 @@ _INNER = re.compile(r"^(?:list|dict)\[(?:str, )?(.+)\]$")
 
 
 def load_definitions() -> dict[str, dict]:
-    """Read on each use (only when the OpenAPI documents are rebuilt): 1.3 MB not kept in memory."""
+    """The official definitions; {} without kubernetes-validate (a test extra): no descriptions then."""
+    try:
+        import kubernetes_validate
+    except ImportError:
+        return {}
     root = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
     folders = sorted(root.glob(f"v{KUBE_MINOR}.*-local")) or sorted(root.glob("v*-local"))
     if not folders:

@@ -50,7 +50,8 @@ class ResourceType:
 BUILTINS: tuple[ResourceType, ...] = (
     ResourceType("", ("v1",), "namespaces", "Namespace", False, ("ns",), ("status",), model="V1Namespace"),
     ResourceType("", ("v1",), "nodes", "Node", False, ("no",), ("status",), model="V1Node"),
-    ResourceType("", ("v1",), "pods", "Pod", True, ("po",), ("status", "binding", "eviction", "log"), ("all",), model="V1Pod"),
+    ResourceType("", ("v1",), "pods", "Pod", True, ("po",), ("status", "binding", "eviction", "log", "exec", "attach", "portforward"),
+                 ("all",), model="V1Pod"),
     ResourceType("", ("v1",), "services", "Service", True, ("svc",), ("status",), ("all",), model="V1Service"),
     ResourceType("", ("v1",), "events", "Event", True, ("ev",), model="CoreV1Event"),
     ResourceType("", ("v1",), "configmaps", "ConfigMap", True, ("cm",), model="V1ConfigMap"),
