@@ -203,7 +203,8 @@ class APIServer:
             return self.out(rt, version, obj)
         if method == "PUT":
             body, warnings = self.decode_body(req, rt, version)
-            obj = self.objects.update(rt, body, ns, name, sub, dry_run=req.query.get("dryRun") == "All")
+            obj = self.objects.update(rt, body, ns, name, sub, dry_run=req.query.get("dryRun") == "All",
+                                      manager=req.query.get("fieldManager"))
             return self.out(rt, version, obj, warnings=warnings)
         if method == "PATCH":
             return self.patch(req, rt, version, ns, name, sub)
@@ -241,7 +242,8 @@ class APIServer:
 
     def create(self, req: Request, rt: ResourceType, version: str, ns: str) -> Response:
         body, warnings = self.decode_body(req, rt, version)
-        obj = self.objects.create(rt, body, ns or None, dry_run=req.query.get("dryRun") == "All")
+        obj = self.objects.create(rt, body, ns or None, dry_run=req.query.get("dryRun") == "All",
+                                  manager=req.query.get("fieldManager"))
         return self.out(rt, version, obj, 201, warnings)
 
     def patch(self, req: Request, rt: ResourceType, version: str, ns: str, name: str, sub: str) -> Response:
@@ -252,7 +254,8 @@ class APIServer:
             validation = req.query.get("fieldValidation", "Warn")
             probe = {"metadata": {}, **body}
             _, warnings = decode_object(rt, version, _strip_directives(probe), validation)
-        obj, created = self.objects.patch(rt, ns, name, body, ctype, sub, dry_run=req.query.get("dryRun") == "All")
+        obj, created = self.objects.patch(rt, ns, name, body, ctype, sub, dry_run=req.query.get("dryRun") == "All",
+                                          manager=req.query.get("fieldManager"), force=req.query.get("force") in TRUE)
         return self.out(rt, version, obj, 201 if created else 200, warnings)
 
     def _delete_options(self, req: Request) -> dict:
@@ -389,7 +392,8 @@ class APIServer:
         if expect and expect != obj["metadata"]["resourceVersion"]:
             raise errors.conflict(rt.plural, name, rt.group)
         new = {**obj, "spec": {**obj["spec"], "replicas": replicas}, "metadata": dict(obj["metadata"])}
-        updated = self.objects.update(rt, new, ns, name, dry_run=req.query.get("dryRun") == "All")
+        updated = self.objects.update(rt, new, ns, name, dry_run=req.query.get("dryRun") == "All",
+                                      manager=req.query.get("fieldManager"))
         return json_response(scale_of(updated))
 
     async def pod_log(self, req: Request, send, ns: str, name: str) -> Response | None:
