@@ -70,6 +70,20 @@ CAPACITY_ON_DEMAND = "on-demand"
 TAINT_SPOT = f"{DOMAIN}/spot"
 TAINT_KARPENTER_DISRUPTED = "karpenter.sh/disrupted"
 
+# --- upstream workload labels and annotations (apps/v1, batch/v1, kube-node-lease) ----------
+LABEL_POD_TEMPLATE_HASH = "pod-template-hash"
+ANNOTATION_DEPLOYMENT_REVISION = "deployment.kubernetes.io/revision"
+ANNOTATION_DEPLOYMENT_DESIRED_REPLICAS = "deployment.kubernetes.io/desired-replicas"
+ANNOTATION_DEPLOYMENT_MAX_REPLICAS = "deployment.kubernetes.io/max-replicas"
+ANNOTATION_RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
+LABEL_JOB_NAME = "batch.kubernetes.io/job-name"
+LABEL_JOB_CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
+LABEL_JOB_NAME_LEGACY = "job-name"
+LABEL_JOB_CONTROLLER_UID_LEGACY = "controller-uid"
+LABEL_JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # label and annotation
+FINALIZER_JOB_TRACKING = "batch.kubernetes.io/job-tracking"
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+
 # --- extended resources ---------------------------------------------------------------------
 RESOURCE_GPU = "nvidia.com/gpu"
 RESOURCE_MIG_PREFIX = "nvidia.com/mig-"  # + profile, e.g. nvidia.com/mig-1g.10gb

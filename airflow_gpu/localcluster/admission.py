@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from airflow_gpu.localcluster import errors, quota
+from airflow_gpu.localcluster import errors, quota, workloadspec
 from airflow_gpu.localcluster.podutil import quantity
 from airflow_gpu.localcluster.resources import ResourceType
 from airflow_gpu.localcluster.schema import crd_causes
@@ -49,6 +49,8 @@ def apply_defaults(rt: ResourceType, obj: dict) -> None:
         obj.setdefault("preemptionPolicy", "PreemptLowerPriority")
     elif kind == "ResourceQuota":
         obj.setdefault("status", {})["hard"] = dict((obj.get("spec") or {}).get("hard") or {})
+    elif kind in workloadspec.WORKLOAD_KINDS:
+        workloadspec.apply_defaults(kind, obj)
 
 
 def _pod_defaults(pod: dict) -> None:
@@ -122,7 +124,9 @@ def _negative(qty) -> bool:
         return quantity(qty) < 0
     except (ValueError, TypeError, ArithmeticError):
         return False  # not a quantity at all: the schema check reports it
-def validate(rt: ResourceType, obj: dict, creating: bool) -> None:
+
+
+def validate(rt: ResourceType, obj: dict, creating: bool, old: dict | None = None) -> None:
     causes: list[tuple[str, str, str]] = []
     meta = obj.get("metadata") or {}
     name = meta.get("name") or ""
@@ -152,6 +156,8 @@ def validate(rt: ResourceType, obj: dict, creating: bool) -> None:
         props = {k: v for k, v in (schema.get("properties") or {}).items() if k not in ("apiVersion", "kind", "metadata")}
         causes += crd_causes(body, {**schema, "properties": props,
                                     "required": [r for r in schema.get("required") or [] if r != "metadata"]}, "")
+    if not rt.crd and rt.kind in workloadspec.WORKLOAD_KINDS:
+        causes += workloadspec.causes(rt.kind, obj, None if creating else old)
     if not rt.crd and rt.kind == "PriorityClass" and not isinstance(obj.get("value"), int):
         causes.append(("value", "FieldValueRequired", "Required value"))
     if not rt.crd and rt.kind in NON_NEGATIVE_QUANTITIES:

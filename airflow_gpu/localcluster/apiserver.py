@@ -12,17 +12,20 @@ import logging
 from typing import AsyncIterator, Awaitable, Callable
 from urllib.parse import unquote
 
-from airflow_gpu.localcluster import discovery, errors
+from airflow_gpu.localcluster import discovery, errors, podstream
 from airflow_gpu.localcluster.audit import AuditLog
 from airflow_gpu.localcluster.audit import now as audit_now
 from airflow_gpu.localcluster.errors import ApiError
 from airflow_gpu.localcluster.httpio import MAX_BODY_BYTES, TRUE, Request, Response, json_response
 from airflow_gpu.localcluster.objects import ObjectAPI
+from airflow_gpu.localcluster.patch import apply_patch
+from airflow_gpu.localcluster.podstream import PodStreams
 from airflow_gpu.localcluster.resources import Registry, ResourceType
 from airflow_gpu.localcluster.schema import decode_object
 from airflow_gpu.localcluster.selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
 from airflow_gpu.localcluster.store import Store, decode, encode
 from airflow_gpu.localcluster.streaming import stream_log, stream_watch
+from airflow_gpu.localcluster.workloads import disruption_check
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +36,7 @@ Control = Callable[[str, dict], Awaitable[dict]]  # (action, body) -> result
 class APIServer:
     def __init__(self, store: Store, registry: Registry, objects: ObjectAPI, address: str, token: str | None = None,
                  log_source: LogSource | None = None, control: Control | None = None, bookmark_seconds: float = 5.0,
-                 audit: AuditLog | None = None):
+                 audit: AuditLog | None = None, streams: PodStreams | None = None):
         self.store, self.registry, self.objects = store, registry, objects
         self.address, self.token = address, token
         self.log_source, self.control = log_source, control
@@ -41,6 +44,7 @@ class APIServer:
         self.openapi = discovery.OpenAPI(registry)
         self.watch_tasks: set[asyncio.Task] = set()
         self.audit = audit
+        self.streams = streams
 
     # --- ASGI -------------------------------------------------------------------------------
     async def __call__(self, scope, receive, send):
@@ -52,6 +56,13 @@ class APIServer:
                 elif message["type"] == "lifespan.shutdown":
                     await send({"type": "lifespan.shutdown.complete"})
                     return
+        if scope["type"] == "websocket":  # pods/exec, attach, portforward
+            if self.streams is not None:
+                await self.streams.handle(scope, receive, send, self.token)
+            else:
+                await receive()
+                await podstream.deny(send, errors.bad_request("this server runs no kubelet"))
+            return
         if scope["type"] != "http":
             return
         body = b""
@@ -118,6 +129,11 @@ class APIServer:
             return json_response(discovery.VERSION_INFO)
         if path in ("/healthz", "/livez", "/readyz"):
             return Response(200, b"ok", [(b"content-type", b"text/plain")])
+        if path == "/openapi/v2":
+            protobuf = "protobuf" in req.headers.get("accept", "")
+            # as kube-openapi: protobuf goes out as application/octet-stream (Go's mime parser rejects the "@")
+            return Response(200, self.openapi.v2(protobuf), [(b"content-type", b"application/octet-stream"
+                                                               if protobuf else b"application/json")])
         if path == "/openapi/v3":
             return json_response(self.openapi.index())
         if path.startswith("/openapi/v3/"):
@@ -173,6 +189,12 @@ class APIServer:
             return self.binding(ns, name, req.json())
         if sub == "eviction" and method == "POST":
             return self.eviction(ns, name, req.json())
+        if sub == "scale":
+            return self.scale(req, rt, ns, name)
+        if sub in podstream.SUBRESOURCES:  # served over WebSocket only (see podstream)
+            protocols = podstream.PORTFORWARD_PROTOCOLS if sub == "portforward" else podstream.EXEC_PROTOCOLS
+            raise errors.bad_request(f"Upgrade request required: pods/{sub} is served over WebSocket "
+                                     f"({', '.join(protocols)}); the local cluster does not speak SPDY")
         if method == "GET":
             obj = self.objects.get(rt, ns, name)
             if "as=Table" in req.headers.get("accept", "") and not sub:
@@ -181,7 +203,8 @@ class APIServer:
             return self.out(rt, version, obj)
         if method == "PUT":
             body, warnings = self.decode_body(req, rt, version)
-            obj = self.objects.update(rt, body, ns, name, sub, dry_run=req.query.get("dryRun") == "All")
+            obj = self.objects.update(rt, body, ns, name, sub, dry_run=req.query.get("dryRun") == "All",
+                                      manager=req.query.get("fieldManager"))
             return self.out(rt, version, obj, warnings=warnings)
         if method == "PATCH":
             return self.patch(req, rt, version, ns, name, sub)
@@ -219,7 +242,8 @@ class APIServer:
 
     def create(self, req: Request, rt: ResourceType, version: str, ns: str) -> Response:
         body, warnings = self.decode_body(req, rt, version)
-        obj = self.objects.create(rt, body, ns or None, dry_run=req.query.get("dryRun") == "All")
+        obj = self.objects.create(rt, body, ns or None, dry_run=req.query.get("dryRun") == "All",
+                                  manager=req.query.get("fieldManager"))
         return self.out(rt, version, obj, 201, warnings)
 
     def patch(self, req: Request, rt: ResourceType, version: str, ns: str, name: str, sub: str) -> Response:
@@ -230,7 +254,8 @@ class APIServer:
             validation = req.query.get("fieldValidation", "Warn")
             probe = {"metadata": {}, **body}
             _, warnings = decode_object(rt, version, _strip_directives(probe), validation)
-        obj, created = self.objects.patch(rt, ns, name, body, ctype, sub, dry_run=req.query.get("dryRun") == "All")
+        obj, created = self.objects.patch(rt, ns, name, body, ctype, sub, dry_run=req.query.get("dryRun") == "All",
+                                          manager=req.query.get("fieldManager"), force=req.query.get("force") in TRUE)
         return self.out(rt, version, obj, 201 if created else 200, warnings)
 
     def _delete_options(self, req: Request) -> dict:
@@ -338,8 +363,38 @@ class APIServer:
         if not isinstance(opts, dict):
             raise errors.bad_request("Eviction deleteOptions must be a JSON object")
         _check_grace(opts.get("gracePeriodSeconds"))
+        pod = self.store.get("/pods", ns, name)
+        if pod is None:
+            raise errors.not_found("pods", name)
+        disruption_check(self.store, pod)
         self.objects.evict(ns, name, opts.get("gracePeriodSeconds"))
         return json_response(errors.status_success(201), 201)
+
+    def scale(self, req: Request, rt: ResourceType, ns: str, name: str) -> Response:
+        """The scale subresource (autoscaling/v1 Scale) of Deployments and ReplicaSets: kubectl scale."""
+        obj = self.objects.get(rt, ns, name)
+        scale = scale_of(obj)
+        if req.method == "GET":
+            return json_response(scale)
+        if req.method == "PUT":
+            wanted = req.json()
+        elif req.method == "PATCH":
+            ctype = req.headers.get("content-type", "").split(";")[0].strip()
+            wanted = apply_patch(scale, req.json(), ctype, strategic_ok=True)
+        else:
+            raise errors.method_not_allowed(req.method)
+        replicas = ((wanted or {}).get("spec") or {}).get("replicas")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise errors.invalid("Scale", name, [("spec.replicas", "FieldValueInvalid",
+                                                  f"Invalid value: {replicas}: must be greater than or equal to 0")],
+                                 "autoscaling")
+        expect = ((wanted or {}).get("metadata") or {}).get("resourceVersion")
+        if expect and expect != obj["metadata"]["resourceVersion"]:
+            raise errors.conflict(rt.plural, name, rt.group)
+        new = {**obj, "spec": {**obj["spec"], "replicas": replicas}, "metadata": dict(obj["metadata"])}
+        updated = self.objects.update(rt, new, ns, name, dry_run=req.query.get("dryRun") == "All",
+                                      manager=req.query.get("fieldManager"))
+        return json_response(scale_of(updated))
 
     async def pod_log(self, req: Request, send, ns: str, name: str) -> Response | None:
         pod = self.store.get("/pods", ns, name)
@@ -358,6 +413,21 @@ class APIServer:
         stream = self.log_source(ns, name, container, req.query)  # raises ApiError if not started
         await stream_log(stream, send)
         return None
+
+
+def scale_of(obj: dict) -> dict:
+    meta = obj["metadata"]
+    selector = (obj.get("spec") or {}).get("selector") or {}
+    parts = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
+    for expr in selector.get("matchExpressions") or []:
+        op, values = expr.get("operator"), ",".join(expr.get("values") or [])
+        parts.append({"In": f"{expr['key']} in ({values})", "NotIn": f"{expr['key']} notin ({values})",
+                      "Exists": expr["key"], "DoesNotExist": f"!{expr['key']}"}.get(op, expr["key"]))
+    return {"kind": "Scale", "apiVersion": "autoscaling/v1",
+            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                         if k in meta},
+            "spec": {"replicas": (obj.get("spec") or {}).get("replicas", 1)},
+            "status": {"replicas": (obj.get("status") or {}).get("replicas", 0), "selector": ",".join(parts)}}
 
 
 def _int_param(query: dict, key: str, default: int | None = None) -> int | None:

@@ -29,13 +29,16 @@ from airflow_gpu.localcluster.controllers import Controllers
 from airflow_gpu.localcluster.events import Recorder
 from airflow_gpu.localcluster.faults import Faults
 from airflow_gpu.localcluster.kubelet import Kubelet
+from airflow_gpu.localcluster.nodelease import NodeHeartbeats
 from airflow_gpu.localcluster.nodeagent import node_status
 from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
+from airflow_gpu.localcluster.podstream import PodStreams
 from airflow_gpu.localcluster.resources import CRD_KEY, Registry
 from airflow_gpu.localcluster.scheduler import DefaultScheduler
 from airflow_gpu.localcluster.spec import ClusterSpec, initial_nodes, node_manifest
 from airflow_gpu.localcluster.store import Store
 from airflow_gpu.localcluster.tls import ensure_certificate
+from airflow_gpu.localcluster.workloads import Workloads
 
 log = logging.getLogger(__name__)
 BUNDLED_CRDS = sorted((Path(__file__).parent / "crds").glob("*.yaml"))
@@ -113,6 +116,9 @@ class LocalCluster:
                                self.spec.sim_default_seconds)
         self.controllers = Controllers(self.objects, self.events, self.spec.pod_gc_seconds, self.spec.event_ttl_seconds)
         self.scheduler = DefaultScheduler(self.objects, self.events)
+        self.workloads = Workloads(self.objects, self.events)
+        self.heartbeats = NodeHeartbeats(self.objects, self.kubelet.unresponsive, self.spec.node_lease_seconds,
+                                         self.spec.node_status_seconds)
         self.faults = Faults(self)
         self._bootstrap(restored)
         self.controllers.rebuild()
@@ -123,9 +129,12 @@ class LocalCluster:
         self.scheduler.start()
         self.scheduler._wake.set()
         self.controllers.start()
+        self.workloads.resync()
+        self.heartbeats.start()
         self.audit = AuditLog(self.audit_log) if self.audit_log else None
+        self.streams = PodStreams(self.kubelet)
         self.api = APIServer(self.store, self.registry, self.objects, f"127.0.0.1:{self.port}", self.token,
-                             self.kubelet.logs, self.control, self.bookmark_seconds, self.audit)
+                             self.kubelet.logs, self.control, self.bookmark_seconds, self.audit, self.streams)
         await self._serve()
         if os.environ.get(C.ENV_CLUSTER_GC_FREEZE, "1") != "0":
             self._gc_task = asyncio.get_running_loop().create_task(self._gc_freezer())
@@ -224,6 +233,7 @@ class LocalCluster:
     async def _serve(self) -> None:
         config = uvicorn.Config(self.api, host="127.0.0.1", port=self.port, http="httptools", loop="none",
                                 lifespan="off", log_level="warning", access_log=False, timeout_keep_alive=120,
+                                ws="websockets-sansio", ws_per_message_deflate=False,
                                 timeout_graceful_shutdown=2, backlog=2048,
                                 ssl_certfile=str(self.tls[0]) if self.tls else None,
                                 ssl_keyfile=str(self.tls[1]) if self.tls else None)
@@ -254,6 +264,7 @@ class LocalCluster:
         self.store.load()
         self.registry.sync_crds(self.store.values(CRD_KEY))
         self.controllers.rebuild()
+        self.workloads.resync()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", self.port))
@@ -265,6 +276,10 @@ class LocalCluster:
             self._gc_task.cancel()
         await self.scheduler.stop()
         self.controllers.stop()
+        self.workloads.stop()
+        self.heartbeats.stop()
+        if getattr(self, "streams", None) is not None:
+            self.streams.close()
         await self.kubelet.close()
         await self._stop_serving()
         for task in list(self.faults.tasks):

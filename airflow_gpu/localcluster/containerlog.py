@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import re
 from pathlib import Path
 
-from airflow_gpu.localcluster.podutil import parse_time
+from airflow_gpu.localcluster import errors
 
 TRUE = ("true", "1", "True")
+RFC3339 = re.compile(r"^(\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 
 
 def timestamp() -> bytes:
@@ -43,6 +45,21 @@ class LogWriter:
         self.file.close()
 
 
+def parse_rfc3339(text: str) -> dt.datetime | None:
+    """RFC 3339 with any fraction (the log's nanoseconds, a client's sinceTime): the kubelet compares
+    log records with sinceTime at full precision, so nothing is rounded to whole seconds here."""
+    m = RFC3339.match(text.strip())
+    if m is None:
+        return None
+    base, fraction, zone = m.groups()
+    micros = (fraction or "")[1:7].ljust(6, "0")
+    zone = "+00:00" if zone in ("Z", "z") else zone
+    try:
+        return dt.datetime.fromisoformat(f"{base}.{micros}{zone}").astimezone(dt.timezone.utc)
+    except ValueError:
+        return None
+
+
 def _parse(record: bytes) -> tuple[bytes, bytes] | None:
     """-> (timestamp, text as printed: with its newline for full lines)."""
     parts = record.rstrip(b"\n").split(b" ", 3)
@@ -61,9 +78,15 @@ class LogReader:
         self.timestamps = options.get("timestamps") in TRUE
         self.since = None
         if options.get("sinceSeconds"):
-            self.since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=int(options["sinceSeconds"]))
+            seconds = options["sinceSeconds"]
+            if not str(seconds).isdigit() or int(seconds) < 1:
+                raise errors.bad_request(f"sinceSeconds={str(seconds)[:40]!r}: must be a positive integer")
+            self.since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=int(seconds))
         elif options.get("sinceTime"):
-            self.since = parse_time(options["sinceTime"])
+            self.since = parse_rfc3339(options["sinceTime"])
+            if self.since is None:
+                raise errors.bad_request(f"sinceTime={options['sinceTime'][:40]!r}: must be an RFC 3339 time "
+                                         "such as 2026-01-02T15:04:05Z or 2026-01-02T15:04:05.123456Z")
         self.tail = int(options["tailLines"]) if options.get("tailLines") not in (None, "") else None
         self.limit = int(options["limitBytes"]) if options.get("limitBytes") else None
         self.sent = 0
@@ -75,7 +98,7 @@ class LogReader:
             if parsed is None:
                 continue
             ts, text = parsed
-            if self.since is not None and (parse_time(ts.decode()) or self.since) < self.since:
+            if self.since is not None and (parse_rfc3339(ts.decode()) or self.since) < self.since:
                 continue
             out.append(ts + b" " + text if self.timestamps else text)
         data = b"".join(out)

@@ -5,17 +5,20 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 
+from airflow_gpu.localcluster import openapidocs, openapiv2, workloadtables
 from airflow_gpu.localcluster.podutil import parse_time
 from airflow_gpu.localcluster.resources import ALL_VERBS, Registry, ResourceType
 from airflow_gpu.localcluster.schema import openapi_document
-from airflow_gpu.localcluster.store import encode
+from airflow_gpu.localcluster.store import decode, encode
 
 VERSION_INFO = {
     "major": "1", "minor": "32", "gitVersion": "v1.32.0-airflow-gpu-local", "gitCommit": "0" * 40,
     "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.23.0",
     "compiler": "gc", "platform": "linux/amd64",
 }
-SUBRESOURCE_VERBS = {"status": ["get", "patch", "update"], "log": ["get"], "binding": ["create"], "eviction": ["create"]}
+SUBRESOURCE_VERBS = {"status": ["get", "patch", "update"], "log": ["get"], "binding": ["create"], "eviction": ["create"],
+                     "scale": ["get", "patch", "update"], "exec": ["create", "get"], "attach": ["create", "get"],
+                     "portforward": ["create", "get"]}
 
 
 def api_versions(address: str) -> dict:
@@ -54,11 +57,14 @@ def api_resource_list(registry: Registry, group: str, version: str) -> dict | No
             entry["categories"] = list(rt.categories)
         resources.append(entry)
         for sub in rt.subresources:
-            kind = {"binding": "Binding", "eviction": "Eviction"}.get(sub, rt.kind)
+            kind = {"binding": "Binding", "eviction": "Eviction", "scale": "Scale", "exec": "PodExecOptions",
+                    "attach": "PodAttachOptions", "portforward": "PodPortForwardOptions"}.get(sub, rt.kind)
             sub_entry = {"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
                          "kind": kind, "verbs": SUBRESOURCE_VERBS[sub]}
             if sub == "eviction":
                 sub_entry.update(group="policy", version="v1")
+            if sub == "scale":
+                sub_entry.update(group="autoscaling", version="v1")
             resources.append(sub_entry)
     if not group:
         resources.append({"name": "bindings", "singularName": "binding", "namespaced": True, "kind": "Binding",
@@ -85,9 +91,24 @@ class OpenAPI:
                 gvs.setdefault((rt.group, v), []).append(rt)
         for (group, version), types in gvs.items():
             path = f"apis/{group}/{version}" if group else f"api/{version}"
-            docs[path] = encode(openapi_document(group, version, types))
+            doc = openapi_document(group, version, types)
+            openapidocs.annotate(doc["components"]["schemas"])
+            docs[path] = encode(doc)
         self._docs = docs
+        self._v2: dict[str, bytes] = {}
         self._generation = self.registry.generation
+
+    def v2(self, protobuf: bool) -> bytes:
+        """The Swagger 2.0 document of every served kind, rebuilt with the v3 documents."""
+        self._refresh()
+        key = "protobuf" if protobuf else "json"
+        if key not in self._v2:
+            definitions: dict[str, dict] = {}
+            for doc in self._docs.values():
+                definitions.update(decode(doc)["components"]["schemas"])
+            document = openapiv2.swagger(definitions, VERSION_INFO["gitVersion"])
+            self._v2[key] = openapiv2.to_protobuf(document) if protobuf else encode(document)
+        return self._v2[key]
 
     def index(self) -> dict:
         self._refresh()
@@ -211,6 +232,8 @@ def table_columns(rt: ResourceType, version: str) -> list[dict]:
     if not rt.crd and rt.kind == "Service":
         return [_col("Name", fmt="name"), _col("Type"), _col("Cluster-IP"), _col("External-IP"), _col("Port(s)"),
                 _col("Age"), _col("Selector", priority=1)]
+    if not rt.crd and workloadtables.columns(rt.kind, _col) is not None:
+        return workloadtables.columns(rt.kind, _col)
     extra = [_col(c["name"], c.get("type", "string"), priority=c.get("priority", 0))
              for c in rt.printer_columns.get(version, []) if c.get("name", "").lower() != "age"]
     return [_col("Name", fmt="name")] + extra + [_col("Age")]
@@ -232,6 +255,8 @@ def table_row(rt: ResourceType, version: str, obj: dict) -> list:
         selector = ",".join(f"{k}={v}" for k, v in (spec.get("selector") or {}).items()) or "<none>"
         return [obj["metadata"]["name"], spec.get("type", "ClusterIP"), spec.get("clusterIP") or "<none>", "<none>",
                 ports, human_age(obj["metadata"].get("creationTimestamp")), selector]
+    if not rt.crd and workloadtables.columns(rt.kind, _col) is not None:
+        return workloadtables.row(rt.kind, obj, human_age)
     extra = []
     for c in rt.printer_columns.get(version, []):
         if c.get("name", "").lower() == "age":

@@ -9,11 +9,9 @@ class ApiError(Exception):
         self.code, self.reason, self.message, self.details = code, reason, message, details
 
     def status(self) -> dict:
-        body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": self.message, "reason": self.reason, "code": self.code}
-        if self.details:
-            body["details"] = self.details
-        return body
+        # details always present (at least {}): clients such as `kubectl debug` dereference it unchecked
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": self.message, "reason": self.reason, "details": self.details or {}, "code": self.code}
 
 
 def status_success(code: int = 200, details: dict | None = None) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import parse_qs
 
 import msgspec
@@ -18,6 +19,18 @@ MAX_BODY_BYTES = 3 * 1024 * 1024
 MAX_BODY_VALUES = 1_000_000
 MAX_BODY_DEPTH = 100
 TRUE = ("true", "1", "True")
+
+
+class Yaml12Loader(yaml.SafeLoader):
+    """YAML as the API server reads it (sigs.k8s.io/yaml): only true/false are booleans, so keys and
+    values such as y, n, on, off, yes stay strings (PyYAML's YAML 1.1 would turn them into booleans)."""
+
+
+Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                   list("tTfF"))
 
 
 class Request:
@@ -48,7 +61,9 @@ class Request:
             raise errors.bad_request("the request body is empty; send a JSON object")
         try:
             if "yaml" in ctype:
-                return yaml.safe_load(self.body)
+                if self.body.lstrip()[:1] in (b"{", b"["):
+                    return decode(self.body)  # kubectl sends apply patches as JSON
+                return yaml.load(self.body, Loader=Yaml12Loader)
             return decode(self.body)
         except (msgspec.DecodeError, yaml.YAMLError, ValueError) as exc:
             raise errors.bad_request(f"couldn't get version/kind; json parse error: {str(exc)[:300]}") from None

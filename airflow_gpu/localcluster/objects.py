@@ -11,7 +11,7 @@ import random
 import uuid
 
 from airflow_gpu import constants as C
-from airflow_gpu.localcluster import admission, errors
+from airflow_gpu.localcluster import admission, errors, fieldmanager, workloadspec
 from airflow_gpu.localcluster.patch import apply_patch
 from airflow_gpu.localcluster.podutil import is_terminal, now_iso, set_condition
 from airflow_gpu.localcluster.resources import CRD_KEY, Registry, ResourceType
@@ -28,6 +28,21 @@ def deep_copy(obj: dict) -> dict:
     return decode(encode(obj))
 
 
+def _version_of(rt: ResourceType, obj: dict) -> str:
+    version = (obj.get("apiVersion") or "").rpartition("/")[2]
+    return version if version in rt.versions else rt.versions[0]
+
+
+def _unchanged(current: dict, new: dict) -> bool:
+    """Equal but for resourceVersion and the times of managedFields entries (the API skips such writes)."""
+    def comparable(obj: dict) -> dict:
+        meta = {k: v for k, v in obj.get("metadata", {}).items() if k != "resourceVersion"}
+        if meta.get("managedFields"):
+            meta["managedFields"] = [{k: v for k, v in e.items() if k != "time"} for e in meta["managedFields"]]
+        return {**obj, "metadata": meta}
+    return comparable(current) == comparable(new)
+
+
 class ObjectAPI:
     def __init__(self, store: Store, registry: Registry):
         self.store, self.registry = store, registry
@@ -35,7 +50,9 @@ class ObjectAPI:
 
     # --- create ---------------------------------------------------------------------------
     def create(self, rt: ResourceType, obj: dict, namespace: str | None = None, dry_run: bool = False,
-               admit: bool = True) -> dict:
+               admit: bool = True, manager: str | None = None, managed_fields: list | None = None) -> dict:
+        """manager: the request's fieldManager (an Update entry owns what it set); managed_fields:
+        the entries of a server-side apply that creates the object."""
         meta = obj.setdefault("metadata", {})
         if not isinstance(meta, dict):
             raise errors.bad_request("metadata must be an object")
@@ -52,6 +69,10 @@ class ObjectAPI:
         obj["kind"] = rt.kind
         for key in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields"):
             meta.pop(key, None)
+        if managed_fields is not None:
+            meta["managedFields"] = managed_fields
+        elif manager:
+            fieldmanager.record_update(rt, _version_of(rt, obj), None, obj, manager)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_iso()
         meta["generation"] = 1
@@ -101,7 +122,7 @@ class ObjectAPI:
         return obj
 
     def update(self, rt: ResourceType, obj: dict, namespace: str, name: str, subresource: str = "",
-               dry_run: bool = False) -> dict:
+               dry_run: bool = False, manager: str | None = None) -> dict:
         meta = obj.get("metadata")
         if not isinstance(meta, dict):
             raise errors.bad_request("metadata must be an object")
@@ -126,6 +147,8 @@ class ObjectAPI:
             new_meta["name"] = name
             if rt.namespaced:
                 new_meta["namespace"] = namespace
+            if "managedFields" not in new_meta and current["metadata"].get("managedFields"):
+                new_meta["managedFields"] = current["metadata"]["managedFields"]  # unset keeps them, as the API
             if rt.has_status:
                 if "status" in current:
                     new["status"] = current["status"]
@@ -133,29 +156,35 @@ class ObjectAPI:
                     new.pop("status", None)
             if rt.kind == "Pod" and not rt.crd:
                 admission.validate_pod_update(current, new)
+            if not rt.crd and rt.kind in workloadspec.WORKLOAD_KINDS:
+                new["metadata"] = new_meta
+                workloadspec.apply_defaults(rt.kind, new)  # the real server defaults every decoded body
             if {k: v for k, v in new.items() if k not in ("metadata", "status")} != \
                     {k: v for k, v in current.items() if k not in ("metadata", "status")}:
                 new_meta["generation"] = current["metadata"].get("generation", 1) + 1
         new_meta.pop("resourceVersion", None)
         new["metadata"] = new_meta
-        admission.validate(rt, new, creating=False)
+        if manager and subresource != "status":
+            fieldmanager.record_update(rt, _version_of(rt, new), current, new, manager)
+        admission.validate(rt, new, creating=False, old=current)
         if rt.key == CRD_KEY:
             self._crd_status(new)
+        if _unchanged(current, new):
+            return current  # a no-op write is not written: same resourceVersion, no watch event
         if dry_run:
-            return new
+            return {**new, "metadata": {**new_meta, "resourceVersion": current["metadata"]["resourceVersion"]}}
         if new_meta.get("deletionTimestamp") and not new_meta.get("finalizers"):
             return self.store.delete(rt.key, namespace if rt.namespaced else "", name, rt.plural, rt.group)
         return self.store.update(rt.key, new, rt.plural, rt.group, expect_rv=current["metadata"]["resourceVersion"])
 
     def patch(self, rt: ResourceType, namespace: str, name: str, body, content_type: str,
-              subresource: str = "", dry_run: bool = False) -> tuple[dict, bool]:
+              subresource: str = "", dry_run: bool = False, manager: str | None = None,
+              force: bool = False) -> tuple[dict, bool]:
         """-> (object, created). An apply patch (server-side apply) on a missing object creates it."""
         current = self.store.get(rt.key, namespace if rt.namespaced else "", name)
+        if content_type.startswith("application/apply-patch"):
+            return self._apply(rt, namespace, name, current, body, subresource, dry_run, manager, force)
         if current is None:
-            if content_type.startswith("application/apply-patch") and not subresource:
-                body = dict(body)
-                body.setdefault("metadata", {})["name"] = name
-                return self.create(rt, body, namespace, dry_run), True
             raise errors.not_found(rt.plural, name, rt.group)
         patched = apply_patch(deep_copy(current), body, content_type, strategic_ok=not rt.crd)
         if not isinstance(patched, dict):
@@ -166,7 +195,30 @@ class ObjectAPI:
         patched, _ = decode_object(rt, version if version in rt.versions else rt.versions[0], patched, "Ignore")
         wanted_rv = (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
         patched["metadata"]["resourceVersion"] = wanted_rv or current["metadata"]["resourceVersion"]
-        return self.update(rt, patched, namespace, name, subresource, dry_run), False
+        return self.update(rt, patched, namespace, name, subresource, dry_run, manager), False
+
+    def _apply(self, rt: ResourceType, namespace: str, name: str, current: dict | None, body, subresource: str,
+               dry_run: bool, manager: str | None, force: bool) -> tuple[dict, bool]:
+        """Server-side apply (fieldmanager): managedFields, conflicts, removal of fields the manager dropped."""
+        if subresource:
+            raise errors.ApiError(415, "UnsupportedMediaType", f"server-side apply to the {subresource} subresource "
+                                  "is not supported by the local cluster; apply the object, or PATCH with "
+                                  "application/merge-patch+json")
+        if not isinstance(body, dict):
+            raise errors.bad_request("an apply patch must be an object")
+        meta = body.get("metadata") or {}
+        if meta.get("name") not in (None, name):
+            raise errors.bad_request(f"the name of the object ({meta['name']}) does not match the name on the URL ({name})")
+        version = _version_of(rt, body)
+        body, _ = decode_object(rt, version, body, "Ignore")
+        body.setdefault("metadata", {})["name"] = name
+        if current is None:
+            obj = fieldmanager.apply(rt, version, None, body, manager, force)
+            fields = obj["metadata"].pop("managedFields")
+            return self.create(rt, obj, namespace, dry_run, managed_fields=fields), True
+        merged = fieldmanager.apply(rt, version, current, body, manager, force)
+        merged["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        return self.update(rt, merged, namespace, name, "", dry_run), False
 
     # --- delete ---------------------------------------------------------------------------
     def delete(self, rt: ResourceType, namespace: str, name: str, grace: int | None = None,

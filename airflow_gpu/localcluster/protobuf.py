@@ -36,6 +36,35 @@ SCHEMAS: dict[str, dict[int, tuple[str, str]]] = {
     "Quantity": {1: ("string", "str")},
     "PriorityClass": {1: ("metadata", "msg:ObjectMeta"), 2: ("value", "int"), 3: ("globalDefault", "bool"),
                       4: ("description", "str"), 5: ("preemptionPolicy", "str")},
+    # workloads: what `kubectl create deployment|job|poddisruptionbudget` and `kubectl run` send
+    "Pod": {1: ("metadata", "msg:ObjectMeta"), 2: ("spec", "msg:PodSpec")},
+    "Deployment": {1: ("metadata", "msg:ObjectMeta"), 2: ("spec", "msg:DeploymentSpec")},
+    "DeploymentSpec": {1: ("replicas", "int"), 2: ("selector", "msg:LabelSelector"), 3: ("template", "msg:PodTemplateSpec"),
+                       4: ("strategy", "msg:DeploymentStrategy"), 5: ("minReadySeconds", "int"),
+                       6: ("revisionHistoryLimit", "int"), 7: ("paused", "bool"), 9: ("progressDeadlineSeconds", "int")},
+    "DeploymentStrategy": {1: ("type", "str")},
+    "Job": {1: ("metadata", "msg:ObjectMeta"), 2: ("spec", "msg:JobSpec")},
+    "JobSpec": {1: ("parallelism", "int"), 2: ("completions", "int"), 3: ("activeDeadlineSeconds", "int"),
+                4: ("selector", "msg:LabelSelector"), 5: ("manualSelector", "bool"), 6: ("template", "msg:PodTemplateSpec"),
+                7: ("backoffLimit", "int"), 8: ("ttlSecondsAfterFinished", "int"), 9: ("completionMode", "str"),
+                10: ("suspend", "bool")},
+    "PodDisruptionBudget": {1: ("metadata", "msg:ObjectMeta"), 2: ("spec", "msg:PodDisruptionBudgetSpec")},
+    "PodDisruptionBudgetSpec": {1: ("minAvailable", "intstr"), 2: ("selector", "msg:LabelSelector"),
+                                3: ("maxUnavailable", "intstr"), 4: ("unhealthyPodEvictionPolicy", "str")},
+    "IntOrString": {1: ("type", "int"), 2: ("intVal", "int"), 3: ("strVal", "str")},
+    "LabelSelector": {1: ("matchLabels", "map:str")},
+    "PodTemplateSpec": {1: ("metadata", "msg:ObjectMeta"), 2: ("spec", "msg:PodSpec")},
+    "PodSpec": {2: ("containers", "list:msg:Container"), 3: ("restartPolicy", "str"),
+                4: ("terminationGracePeriodSeconds", "int"), 5: ("activeDeadlineSeconds", "int"), 6: ("dnsPolicy", "str"),
+                8: ("serviceAccountName", "str"), 10: ("nodeName", "str")},
+    "Container": {1: ("name", "str"), 2: ("image", "str"), 3: ("command", "list:str"), 4: ("args", "list:str"),
+                  5: ("workingDir", "str"), 6: ("ports", "list:msg:ContainerPort"),
+                  8: ("resources", "msg:ResourceRequirements"), 13: ("terminationMessagePath", "str"),
+                  14: ("imagePullPolicy", "str"), 16: ("stdin", "bool"), 17: ("stdinOnce", "bool"), 18: ("tty", "bool"),
+                  20: ("terminationMessagePolicy", "str")},
+    "ContainerPort": {1: ("name", "str"), 2: ("hostPort", "int"), 3: ("containerPort", "int"), 4: ("protocol", "str"),
+                      5: ("hostIP", "str")},
+    "ResourceRequirements": {1: ("limits", "map:quantity"), 2: ("requests", "map:quantity")},
 }
 
 
@@ -104,13 +133,18 @@ def decode_message(data: bytes, schema: str) -> dict:
             raise ValueError(f"{schema} field {number} is not understood by the local cluster")
         name, typ = fields[number]
         if typ == "str":
-            out[name] = raw.decode()
+            if raw:  # Go writes "" for unset non-pointer strings; the API's defaulting treats both alike
+                out[name] = raw.decode()
         elif typ == "bytes":
             out[name] = raw
         elif typ == "int":
             out[name] = raw - (1 << 64) if raw >= 1 << 63 else raw
         elif typ == "bool":
-            out[name] = bool(raw)
+            if raw:  # as JSON's omitempty: false and unset are one value
+                out[name] = True
+        elif typ == "intstr":  # intstr.IntOrString: {type 0: intVal, 1: strVal} -> 3 or "25%"
+            value = decode_message(raw, "IntOrString")
+            out[name] = value.get("strVal", "") if value.get("type") == 1 else value.get("intVal", 0)
         elif typ.startswith("msg:"):
             out[name] = decode_message(raw, typ[4:])
         elif typ.startswith("map:"):

@@ -50,7 +50,8 @@ class ResourceType:
 BUILTINS: tuple[ResourceType, ...] = (
     ResourceType("", ("v1",), "namespaces", "Namespace", False, ("ns",), ("status",), model="V1Namespace"),
     ResourceType("", ("v1",), "nodes", "Node", False, ("no",), ("status",), model="V1Node"),
-    ResourceType("", ("v1",), "pods", "Pod", True, ("po",), ("status", "binding", "eviction", "log"), ("all",), model="V1Pod"),
+    ResourceType("", ("v1",), "pods", "Pod", True, ("po",), ("status", "binding", "eviction", "log", "exec", "attach", "portforward"),
+                 ("all",), model="V1Pod"),
     ResourceType("", ("v1",), "services", "Service", True, ("svc",), ("status",), ("all",), model="V1Service"),
     ResourceType("", ("v1",), "events", "Event", True, ("ev",), model="CoreV1Event"),
     ResourceType("", ("v1",), "configmaps", "ConfigMap", True, ("cm",), model="V1ConfigMap"),
@@ -59,6 +60,13 @@ BUILTINS: tuple[ResourceType, ...] = (
     ResourceType("", ("v1",), "resourcequotas", "ResourceQuota", True, ("quota",), ("status",), model="V1ResourceQuota"),
     ResourceType("scheduling.k8s.io", ("v1",), "priorityclasses", "PriorityClass", False, ("pc",), model="V1PriorityClass"),
     ResourceType("coordination.k8s.io", ("v1",), "leases", "Lease", True, model="V1Lease"),
+    ResourceType("apps", ("v1",), "deployments", "Deployment", True, ("deploy",), ("status", "scale"), ("all",),
+                 model="V1Deployment"),
+    ResourceType("apps", ("v1",), "replicasets", "ReplicaSet", True, ("rs",), ("status", "scale"), ("all",),
+                 model="V1ReplicaSet"),
+    ResourceType("batch", ("v1",), "jobs", "Job", True, (), ("status",), ("all",), model="V1Job"),
+    ResourceType("policy", ("v1",), "poddisruptionbudgets", "PodDisruptionBudget", True, ("pdb",), ("status",),
+                 model="V1PodDisruptionBudget"),
     ResourceType("apiextensions.k8s.io", ("v1",), "customresourcedefinitions", "CustomResourceDefinition", False,
                  ("crd", "crds"), ("status",), ("api-extensions",), model="V1CustomResourceDefinition"),
     # RBAC is stored (so deploy manifests apply) but not enforced: the local cluster has one user

@@ -137,6 +137,10 @@ class ClusterSpec(_Model):
                                      description="Events older than this are deleted (kube-apiserver --event-ttl)")
     watch_history: int = Field(alias="watchHistory", default=20_000, ge=10,
                                description="events kept for watches that resume; older resourceVersions get 410 Gone")
+    node_lease_seconds: float = Field(alias="nodeLeaseRenewSeconds", default=10.0, gt=0,
+                                      description="how often each kubelet renews its Lease in kube-node-lease")
+    node_status_seconds: float = Field(alias="nodeStatusReportSeconds", default=60.0, gt=0,
+                                       description="how often each kubelet reports its node's condition heartbeats")
     sim_default_seconds: float | None = Field(
         alias="simDefaultSeconds", default=None,
         description="run time of a container without a command and without the sim-duration annotation; null: until deleted",
