@@ -100,11 +100,7 @@ class CycleState:
 
     # --- changes ----------------------------------------------------------------------------
     def add(self, rg: RunningGang) -> None:
-        for p in rg.placements:
-            if p.pod not in self.snap.placements:
-                self.snap.assume(p)
-        if self.usage is not None:
-            self.usage.add(rg.gang.team, self.demand(rg.placements))
+        self.restore(rg)
         self.running.append(rg)
 
     def remove(self, rg: RunningGang) -> None:
@@ -150,7 +146,7 @@ class CycleState:
         self._release(rg)
 
     def restore(self, rg: RunningGang) -> None:
-        """Undo release(rg) on a what-if copy: its pods and quota are held again."""
+        """Hold a gang's pods and quota (undoes release(rg) on a what-if; `running` is left alone)."""
         for p in rg.placements:
             if p.pod not in self.snap.placements:
                 self.snap.assume(p)
