@@ -1,7 +1,7 @@
 """`airflow-gpu simulate`: trace simulation on the same core/ placement code as the scheduler.
 
     airflow-gpu simulate inflation --nodes CSV --pods CSV --policy NAME --seed N [--ratio 1.3]
-                                   [--json] [--assignments FILE]
+                                   [--json] [--assignments FILE] [--bound]
     airflow-gpu simulate replay (--pods CSV --nodes CSV | --seed-scenario) [--capacity F] [--seed N]
                                 [--platforms a,b] [--json] [--events DIR] [--plots DIR] [--report FILE]
 """
@@ -32,6 +32,9 @@ def register(subparsers) -> None:
     inflation.add_argument("--ratio", type=float, default=1.3, help="arrived GPU demand as a multiple of capacity (default 1.3)")
     inflation.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     inflation.add_argument("--assignments", type=Path, help="write the final placement as CSV to this file")
+    inflation.add_argument("--bound", action="store_true",
+                           help="also report the upper bound on allocation for the arrived pods (MILP, sim/bound.py) "
+                                "and the policy's gap to it in GPUs")
     inflation.set_defaults(func=_inflation)
     _register_replay(modes)
 
@@ -171,6 +174,17 @@ def _inflation(args) -> int:
     }
     if args.assignments:
         summary["assignments"] = str(args.assignments)
+    if args.bound:
+        from airflow_gpu.sim.bound import allocation_bound
+
+        bound = allocation_bound(nodes, result.pods)
+        summary["bound"] = {
+            "gpu_allocation_pct": round(bound.pct, 4),
+            "unallocated_gpus": round(bound.unallocated_gpus, 3),
+            "gap_gpus": round((bound.gpu_milli - float(result.allocated[-1])) / 1000, 3),
+            "method": bound.method,
+            "seconds": round(bound.seconds, 3),
+        }
     if args.json:
         print(json.dumps(summary))
     else:
@@ -181,6 +195,9 @@ def _inflation(args) -> int:
             f"{summary['failed_pods']} of {summary['pods']} pods failed, {summary['seconds']:.1f}s"
         )
         print("  at arrived " + ", ".join(f"{k}%: {v:.2f}%" for k, v in summary["allocation_at_pct"].items()))
+        if args.bound:
+            b = summary["bound"]
+            print(f"  upper bound {b['gpu_allocation_pct']:.2f}% ({b['method']}): gap {b['gap_gpus']:.1f} GPUs")
     return 0
 
 

@@ -52,6 +52,9 @@ class CycleState:
     usage: QuotaUsage | None = None
     running: list[RunningGang] = field(default_factory=list)
     node_product: dict[str, str | None] = field(default_factory=dict)
+    # quota demand per running gang's placements, shared by copies: preemption planning releases
+    # the same gangs from many what-if copies (keyed by id, the tuple kept alive with its demand)
+    _demands: dict[int, tuple] = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, snap: Snapshot, running: Iterable[RunningGang] = (), book: QuotaBook | None = None,
@@ -72,10 +75,17 @@ class CycleState:
 
     def copy(self) -> CycleState:
         return CycleState(self.snap.copy(), self.book, self.usage.copy() if self.usage is not None else None,
-                          list(self.running), self.node_product)
+                          list(self.running), self.node_product, self._demands)
 
     # --- quota views ------------------------------------------------------------------------
     def demand(self, placements: Iterable[Placement]) -> Demand:
+        if isinstance(placements, tuple):  # a RunningGang's (immutable): computed once per cycle
+            hit = self._demands.get(id(placements))
+            if hit is not None and hit[0] is placements:
+                return hit[1]
+            demand = demand_of_placements(placements, self.node_product, self.book)
+            self._demands[id(placements)] = (placements, demand)
+            return demand
         return demand_of_placements(placements, self.node_product, self.book)
 
     def check(self, team: str, demand: Demand) -> QuotaVerdict:
@@ -90,11 +100,7 @@ class CycleState:
 
     # --- changes ----------------------------------------------------------------------------
     def add(self, rg: RunningGang) -> None:
-        for p in rg.placements:
-            if p.pod not in self.snap.placements:
-                self.snap.assume(p)
-        if self.usage is not None:
-            self.usage.add(rg.gang.team, self.demand(rg.placements))
+        self.restore(rg)
         self.running.append(rg)
 
     def remove(self, rg: RunningGang) -> None:
@@ -128,6 +134,24 @@ class CycleState:
                 self.usage.remove(v.gang.team, self.demand(v.placements))
         self.running = [r for r in self.running if id(r) not in gone]
         self.hold(team, placements, assume=False)
+
+    def capacity_view(self) -> CycleState:
+        """A copy of capacity and quota only (no preemption candidates): what admission what-ifs
+        read, without copying the list of every running gang."""
+        return CycleState(self.snap.copy(), self.book, self.usage.copy() if self.usage is not None else None,
+                          [], self.node_product, self._demands)
+
+    def release(self, rg: RunningGang) -> None:
+        """Free a gang's capacity and quota (a what-if: `running` is left alone)."""
+        self._release(rg)
+
+    def restore(self, rg: RunningGang) -> None:
+        """Hold a gang's pods and quota (undoes release(rg) on a what-if; `running` is left alone)."""
+        for p in rg.placements:
+            if p.pod not in self.snap.placements:
+                self.snap.assume(p)
+        if self.usage is not None:
+            self.usage.add(rg.gang.team, self.demand(rg.placements))
 
     def without(self, victims: Iterable[RunningGang]) -> CycleState:
         work = self.copy()

@@ -277,19 +277,47 @@ def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float,
 
 
 class _Feasibility:
-    """Would `gang` be admitted if `victims` were gone? Memoised per victim set."""
+    """Would `gang` be admitted if `victims` were gone? Memoised per victim set.
+
+    Victim sets tried one after another differ by few gangs (bisection, then giving victims back
+    one at a time), so each what-if state is built from the nearest one built before: release the
+    extra victims, restore the ones given back. At 50,000 running pods this is what keeps planning
+    in milliseconds rather than re-releasing the whole set every time."""
+
+    KEEP = 8  # what-if states kept to build from
 
     def __init__(self, state: CycleState, gang: Gang, profile: Profile, exclude, allow_borrowing: bool):
         self.state, self.gang, self.profile, self.exclude = state, gang, profile, exclude
         self.allow_borrowing = allow_borrowing
         self.memo: dict[frozenset[str], GangDecision | None] = {}
         self.room: RoomEstimate | None = None  # set once the candidates are known
+        self.built: dict[frozenset[str], tuple[tuple[RunningGang, ...], CycleState]] = {}
+
+    def _work(self, key: frozenset[str], victims: Sequence[RunningGang]) -> CycleState:
+        cost = lambda gangs: sum(len(g.placements) for g in gangs)  # noqa: E731
+        base, release, restore = None, list(victims), []
+        best = cost(victims)
+        for done, (done_victims, work) in self.built.items():
+            extra = [v for v in victims if v.gang.name not in done]
+            back = [v for v in done_victims if v.gang.name not in key]
+            c = cost(extra) + cost(back)
+            if c < best:
+                base, release, restore, best = work, extra, back, c
+        work = (base if base is not None else self.state).capacity_view()
+        for v in release:
+            work.release(v)
+        for v in restore:
+            work.restore(v)
+        if len(self.built) >= self.KEEP:
+            self.built.pop(next(iter(self.built)))
+        self.built[key] = (tuple(victims), work)
+        return work
 
     def __call__(self, victims: Sequence[RunningGang]) -> GangDecision | None:
         key = frozenset(v.gang.name for v in victims)
         if key in self.memo:
             return self.memo[key]
-        work = self.state.without(victims)
+        work = self._work(key, victims)
         if self.room is not None and not self.room.may_fit(work.snap):
             self.memo[key] = None  # admission would find no domain with room either
             return None

@@ -11,6 +11,7 @@ Units as in model.py: CPU millicores, memory MiB, GPU milli (1000 = a whole GPU)
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -35,6 +36,63 @@ def gpu_kind(gpu_shares) -> int | None:
     if len(gpu_shares) == 1 and gpu_shares[0][1] < GPU_MILLI:
         return 0
     return min(len(gpu_shares), len(GPU_KINDS) - 1)
+
+
+class Placements(MutableMapping):
+    """pod name -> Placement, with a copy that costs the changes since the last flatten, not the
+    pods: a what-if copy of a 50,000-pod snapshot (preemption planning makes hundreds) shares one
+    read-only base dict and keeps only what it added and removed on top."""
+
+    __slots__ = ("_base", "_added", "_removed")
+
+    def __init__(self, base: dict | None = None, added: dict | None = None, removed: set | None = None):
+        self._base: dict = base if base is not None else {}  # never written once shared
+        self._added: dict = added if added is not None else {}
+        self._removed: set = removed if removed is not None else set()
+
+    def __contains__(self, name) -> bool:
+        return name in self._added or (name in self._base and name not in self._removed)
+
+    def __getitem__(self, name):
+        hit = self._added.get(name)
+        if hit is not None:
+            return hit
+        if name in self._removed:
+            raise KeyError(name)
+        return self._base[name]
+
+    def get(self, name, default=None):
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def __setitem__(self, name, placement) -> None:
+        self._added[name] = placement
+
+    def __delitem__(self, name) -> None:
+        found = self._added.pop(name, None) is not None
+        if name in self._base and name not in self._removed:
+            self._removed.add(name)
+            found = True
+        if not found:
+            raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._added
+        for name in self._base:
+            if name not in self._removed and name not in self._added:
+                yield name
+
+    def __len__(self) -> int:
+        shadowed = sum(1 for k in self._added if k in self._base and k not in self._removed)
+        return len(self._base) - len(self._removed) + len(self._added) - shadowed
+
+    def copy(self) -> Placements:
+        if len(self._added) + len(self._removed) > max(64, len(self._base) // 8):
+            # flatten (same contents): this and later copies share the fresh base
+            self._base, self._added, self._removed = dict(self), {}, set()
+        return Placements(self._base, dict(self._added), set(self._removed))
 
 
 class OverCommitError(ValueError):
@@ -114,6 +172,11 @@ class ClusterShape:
         return {n.name: n.gpu_product for n in self.nodes}
 
     @cached_property
+    def gpu_counts(self) -> list[int]:
+        """gpu_count as Python ints (per-pod bookkeeping reads one at a time)."""
+        return self.gpu_count.tolist()
+
+    @cached_property
     def total_gpu_milli(self) -> int:
         return int(self.gpu_count.sum()) * GPU_MILLI
 
@@ -126,6 +189,14 @@ class ClusterShape:
             return np.array([names[v] if v else -1 for v in values], dtype=np.int64).reshape(len(values))
 
         return self.cached_mask(("domain", level), build)
+
+    def domain_names(self, level: str) -> tuple[str, ...]:
+        """The names of the domains at `level`, indexed by domain_ids(level)."""
+        key = ("domain-names", level)
+        names = self._mask_cache.get(key)
+        if names is None:
+            names = self._mask_cache[key] = tuple(sorted({getattr(nd, level) for nd in self.nodes} - {""}))
+        return names
 
 
 class Snapshot:
@@ -156,7 +227,7 @@ class Snapshot:
         self.cpu_free: np.ndarray = cpu_free
         self.mem_free: np.ndarray = mem_free
         self.mig_free: np.ndarray = mig_free
-        self.placements: dict[str, Placement] = placements
+        self.placements: Placements = placements if isinstance(placements, Placements) else Placements(dict(placements))
 
     # --- construction -------------------------------------------------------------------------
     @classmethod
@@ -183,7 +254,7 @@ class Snapshot:
             self.cpu_free.copy(),
             self.mem_free.copy(),
             self.mig_free.copy(),
-            dict(self.placements),
+            self.placements.copy(),
             self.version.copy(),
             self.kind_counts.copy(),
         )
@@ -272,14 +343,16 @@ class Snapshot:
         of it is not free."""
         if placement.pod in self.placements:
             raise OverCommitError(f"pod {placement.pod} is already placed on {self.placements[placement.pod].node}")
-        i, gpu_idx, milli, mig = self._parse(placement)
-        free = self.gpu_free[i]
-        need = np.zeros_like(free)
-        np.add.at(need, gpu_idx, milli)
+        # plain Python on one node's row: a cycle assumes every running pod (50,000 at scale), and
+        # building numpy arrays per pod cost more than the arithmetic
+        i, need, mig = self._parse(placement)
+        row = self.gpu_free[i]
         problems = []
-        if (need > free).any():
-            bad = [int(g) for g in np.flatnonzero(need > free)]
-            problems.append(f"GPU {bad} asks {need[bad].tolist()} milli, free {free[bad].tolist()}")
+        if need:
+            free = row.tolist()
+            bad = sorted(g for g, m in need.items() if m > free[g])
+            if bad:
+                problems.append(f"GPU {bad} asks {[need[g] for g in bad]} milli, free {[free[g] for g in bad]}")
         if placement.cpu_milli > self.cpu_free[i]:
             problems.append(f"cpu_milli {placement.cpu_milli} > free {int(self.cpu_free[i])}")
         if placement.memory_mib > self.mem_free[i]:
@@ -288,7 +361,8 @@ class Snapshot:
             problems.append(f"no free MIG slice {placement.mig_profile}")
         if problems:
             raise OverCommitError(f"pod {placement.pod} on node {placement.node}: " + "; ".join(problems))
-        self.gpu_free[i] -= need
+        for g, m in need.items():
+            row[g] -= m
         self.cpu_free[i] -= placement.cpu_milli
         self.mem_free[i] -= placement.memory_mib
         if mig is not None:
@@ -304,10 +378,12 @@ class Snapshot:
         held = self.placements.get(name)
         if held is None:
             raise OverCommitError(f"pod {name} is not placed in this snapshot; nothing to release")
-        if not isinstance(placement, str) and placement != held:
+        if not isinstance(placement, str) and placement is not held and placement != held:
             raise OverCommitError(f"pod {name}: release of {placement} does not match the held {held}")
-        i, gpu_idx, milli, mig = self._parse(held)
-        np.add.at(self.gpu_free[i], gpu_idx, milli)
+        i, need, mig = self._parse(held)
+        row = self.gpu_free[i]
+        for g, m in need.items():
+            row[g] += m
         self.cpu_free[i] += held.cpu_milli
         self.mem_free[i] += held.memory_mib
         if mig is not None:
@@ -318,17 +394,19 @@ class Snapshot:
         del self.placements[name]
         return held
 
-    def _parse(self, placement: Placement):
+    def _parse(self, placement: Placement) -> tuple[int, dict[int, int], int | None]:
+        """(node index, milli per GPU index, MIG profile index or None), validated."""
         i = self.node_index(placement.node)
-        count = int(self.shape.gpu_count[i])
-        gpu_idx = np.array([g for g, _ in placement.gpu_shares], dtype=np.int64)
-        milli = np.array([m for _, m in placement.gpu_shares], dtype=np.int64)
-        if len(gpu_idx) and ((gpu_idx < 0) | (gpu_idx >= count)).any():
-            raise OverCommitError(
-                f"pod {placement.pod}: GPU index out of range on node {placement.node} ({count} GPUs)"
-            )
-        if len(milli) and ((milli <= 0) | (milli > GPU_MILLI)).any():
-            raise OverCommitError(f"pod {placement.pod}: each GPU share must be 1..{GPU_MILLI} milli")
+        count = self.shape.gpu_counts[i]
+        need: dict[int, int] = {}
+        for g, milli in placement.gpu_shares:
+            if not 0 <= g < count:
+                raise OverCommitError(
+                    f"pod {placement.pod}: GPU index out of range on node {placement.node} ({count} GPUs)"
+                )
+            if not 0 < milli <= GPU_MILLI:
+                raise OverCommitError(f"pod {placement.pod}: each GPU share must be 1..{GPU_MILLI} milli")
+            need[g] = need.get(g, 0) + milli
         if placement.cpu_milli < 0 or placement.memory_mib < 0:
             raise OverCommitError(f"pod {placement.pod}: cpu_milli and memory_mib must not be negative")
         mig = None
@@ -338,4 +416,4 @@ class Snapshot:
                     f"pod {placement.pod}: MIG profile {placement.mig_profile!r} exists on no node"
                 )
             mig = self.shape.mig_profiles.index(placement.mig_profile)
-        return i, gpu_idx, milli, mig
+        return i, need, mig

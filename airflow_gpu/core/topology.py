@@ -136,25 +136,30 @@ def candidate_domains(snap: Snapshot, gang: Gang, profile: Profile | None = None
     for level in LADDER[1 : limit + 1]:
         if level is TopologyLevel.ANY:
             ids = np.zeros(len(snap), dtype=np.int64)
-            names = ["*"]
+            names: tuple[str, ...] = ("*",)
         else:
             ids = snap.shape.domain_ids(level.value)
-            names = sorted({getattr(n, level.value) for n in snap.nodes if getattr(n, level.value)})
+            names = snap.shape.domain_names(level.value)
+        # every domain at once: nodes that fit a member, grouped by domain, most members first
+        # (then node order) inside each; only domains whose sum holds the gang are looked at
+        cand = np.flatnonzero((ids >= 0) & (fit > 0))
         found = []
-        for d, name in enumerate(names):
-            members = np.flatnonzero((ids == d) & (fit > 0))
-            if not len(members):
-                continue
-            order = members[np.lexsort((members, -fit[members]))]
-            if bound is not None and level is not req.level:
-                spans = np.unique(bound[order])
-                if len(spans) != 1 or spans[0] < 0:
+        if len(cand):
+            grouped = cand[np.lexsort((cand, -fit[cand], ids[cand]))]
+            dom = ids[grouped]
+            starts = np.flatnonzero(np.r_[True, dom[1:] != dom[:-1]])
+            ends = np.r_[starts[1:], len(grouped)]
+            totals = np.add.reduceat(fit[grouped], starts)
+            for s, e in zip(starts[totals >= want].tolist(), ends[totals >= want].tolist()):
+                order = grouped[s:e]
+                if bound is not None and level is not req.level:
+                    spans = np.unique(bound[order])
+                    if len(spans) != 1 or spans[0] < 0:
+                        continue
+                if mixed and not holds_every_set(fits, counts, order, free, needs):
                     continue
-            cum = np.cumsum(fit[order])
-            if cum[-1] < want or (mixed and not holds_every_set(fits, counts, order, free, needs)):
-                continue
-            needed = int(np.searchsorted(cum, want) + 1)
-            found.append(Domain(level, name, order, needed))
+                needed = int(np.searchsorted(np.cumsum(fit[order]), want) + 1)
+                found.append(Domain(level, names[int(dom[s])], order, needed))
         found.sort(key=lambda dom: (dom.nodes_needed, dom.name))
         out.extend(found)
     return out

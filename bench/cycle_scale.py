@@ -1,0 +1,208 @@
+"""The scheduler's cycle at 5,000 nodes x 8 GPUs, 50,000 running pods, 1,000 pending gangs.
+
+Targets (issue 16): p50 <= 500 ms, p99 <= 2 s per cycle. One cycle here is what the scheduler's
+loop does in core/ every cycle:
+1. snapshot build: the empty snapshot of the (unchanged) node list copied, then every running pod
+   assumed on its node (scheduler/state.build_world does exactly this from the informer cache);
+2. CycleState.build with a quota book (usage of every running gang);
+3. schedule_cycle over the pending gangs: admission in queue order, at most one preemption plan,
+   one reservation.
+Synthetic cluster (seeded): 5,000 nodes (H100 / A100 halves), NVLink cliques of 16, racks of 32,
+zones of 1,250; running pods of 1, 2, 4 and 8 whole GPUs, GPU shares and CPU-only pods in gangs of
+1..4 members, about 90 % of the GPUs taken, four teams; pending gangs of 1..8 members x 1..8 GPUs,
+priorities 0..4, a tenth of them high priority (preemption). Policy: the scheduler's default.
+Per step: median and p99 over CYCLES cycles (each on the same state, as a quiet cluster repeats its
+cycle), then the profile's top five costs (cumulative, by function) over one cycle.
+
+`python -m bench cycle_scale` (env BENCH_CYCLE_NODES, BENCH_CYCLE_PODS, BENCH_CYCLE_GANGS,
+BENCH_CYCLE_CYCLES to scale it down or up).
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import os
+import pstats
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from airflow_gpu.core.cycle import CycleState
+from airflow_gpu.core.model import Gang, Node, Placement, PodRequest, RunningGang, TopologyLevel, TopologyRequirement
+from airflow_gpu.core.plugins.fgd import TypicalPods
+from airflow_gpu.core.policies import DEFAULT_POLICY, make_profile
+from airflow_gpu.core.queue import schedule_cycle
+from airflow_gpu.core.quota import QuotaBook
+from airflow_gpu.core.snapshot import Snapshot
+
+NODES = int(os.environ.get("BENCH_CYCLE_NODES", 5000))
+RUNNING_PODS = int(os.environ.get("BENCH_CYCLE_PODS", 50_000))
+PENDING_GANGS = int(os.environ.get("BENCH_CYCLE_GANGS", 1000))
+CYCLES = int(os.environ.get("BENCH_CYCLE_CYCLES", 7))
+TEAMS = ("vision", "language", "speech", "research")
+GPUS_PER_NODE = 8
+
+
+@dataclass(frozen=True)
+class _Team:  # shaped like airflow_gpu.config.Team for QuotaBook.from_teams
+    name: str
+    quota: dict
+    borrowing_limit: dict | None = None
+    lending_limit: dict | None = None
+
+
+def build_nodes(n: int = NODES) -> list[Node]:
+    return [
+        Node(f"node-{i:05d}", cpu_milli=128_000, memory_mib=1_024_000, gpu_count=GPUS_PER_NODE,
+             gpu_product="H100" if i < n // 2 else "A100", clique=f"clique-{i // 16}", rack=f"rack-{i // 32}",
+             zone=f"zone-{i // 1250}")
+        for i in range(n)
+    ]
+
+
+def build_running(nodes: list[Node], pods: int = RUNNING_PODS, seed: int = 16):
+    """Running gangs with their placements, filled node by node (about 90 % of GPUs taken)."""
+    rng = np.random.default_rng(seed)
+    per_node = pods / len(nodes)
+    placements: list[tuple[PodRequest, Placement]] = []
+    for node in nodes:
+        k = int(per_node) + (rng.random() < per_node - int(per_node))
+        free = [1000] * GPUS_PER_NODE
+        cpu = node.cpu_milli
+        for j in range(k):
+            name = f"{node.name}-p{j}"
+            kind = rng.random()
+            whole = [g for g, f in enumerate(free) if f == 1000]
+            if kind < 0.45 and whole:
+                size = int(min(len(whole), rng.choice([1, 1, 2, 4, 8])))
+                req = PodRequest(name, cpu_milli=4000 * size, memory_mib=32_000 * size, gpus=size)
+                shares = tuple((g, 1000) for g in whole[:size])
+            elif kind < 0.9:
+                milli = int(rng.choice([250, 500]))
+                fits = [g for g, f in enumerate(free) if f >= milli]
+                if not fits:
+                    req, shares = PodRequest(name, cpu_milli=1000, memory_mib=4_000), ()
+                else:
+                    req = PodRequest(name, cpu_milli=2000, memory_mib=16_000, gpu_milli=milli)
+                    shares = ((fits[0], milli),)
+            else:
+                req, shares = PodRequest(name, cpu_milli=1000, memory_mib=4_000), ()
+            if req.cpu_milli > cpu:
+                break
+            cpu -= req.cpu_milli
+            for g, m in shares:
+                free[g] -= m
+            placements.append((req, Placement(name, node.name, shares, None, req.cpu_milli, req.memory_mib)))
+    order = rng.permutation(len(placements))
+    running: list[RunningGang] = []
+    i = 0
+    while i < len(order):
+        size = int(rng.integers(1, 5))
+        chunk = [placements[k] for k in order[i:i + size]]
+        i += size
+        team = TEAMS[int(rng.integers(len(TEAMS)))]
+        gang = Gang(f"run-{len(running)}", team, "best-effort-training", int(rng.integers(0, 3)),
+                    tuple(r for r, _ in chunk), TopologyRequirement(TopologyLevel.ANY), checkpointable=bool(rng.random() < 0.5))
+        start = float(rng.uniform(0, 3600))
+        running.append(RunningGang(gang, tuple(p for _, p in chunk), start,
+                                   last_checkpoint_at=start + float(rng.uniform(0, 600))))
+    return running
+
+
+def build_pending(gangs: int = PENDING_GANGS, seed: int = 17) -> list[Gang]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(gangs):
+        workers, gpus = int(rng.integers(1, 9)), int(rng.choice([1, 2, 4, 8]))
+        high = rng.random() < 0.1
+        team = TEAMS[int(rng.integers(len(TEAMS)))]
+        members = tuple(PodRequest(f"q{i}-{r}", cpu_milli=4000, memory_mib=32_000, gpus=gpus) for r in range(workers))
+        out.append(Gang(f"q{i}", team, "production-training" if high else "best-effort-training",
+                        10 if high else int(rng.integers(0, 5)), members, created_at=float(i),
+                        expected_duration=float(rng.uniform(60, 7200))))
+    return out
+
+
+def quota_book(total_gpus: int) -> QuotaBook:
+    share = total_gpus // len(TEAMS)
+    return QuotaBook.from_teams([_Team(t, {"H100": share // 2, "A100": share // 2}) for t in TEAMS])
+
+
+class Cycle:
+    """One scheduler cycle's core work, step by step, on fixed inputs."""
+
+    def __init__(self, nodes, running, pending, profile, book):
+        self.empty = Snapshot.from_nodes(nodes)
+        self.running, self.pending, self.profile, self.book = running, pending, profile, book
+
+    def snapshot(self) -> Snapshot:
+        snap = self.empty.copy()
+        for rg in self.running:
+            for p in rg.placements:
+                snap.assume(p)
+        return snap
+
+    def state(self, snap: Snapshot) -> CycleState:
+        return CycleState.build(snap, self.running, self.book)
+
+    def run(self):
+        t0 = time.perf_counter()
+        snap = self.snapshot()
+        t1 = time.perf_counter()
+        state = self.state(snap)
+        t2 = time.perf_counter()
+        result = schedule_cycle(state, self.pending, self.profile, now=7200.0)
+        t3 = time.perf_counter()
+        return (t1 - t0, t2 - t1, t3 - t2, t3 - t0), result
+
+
+def _pct(values, q):
+    return float(np.percentile(np.array(values) * 1000, q))
+
+
+def top_costs(fn, n: int = 5) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(n)
+    lines = [ln for ln in out.getvalue().splitlines() if ln.strip()]
+    head = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("ncalls"))
+    return "\n".join(lines[head:head + n + 1])
+
+
+def main() -> None:
+    t = time.perf_counter()
+    nodes = build_nodes()
+    running = build_running(nodes)
+    pending = build_pending()
+    pods = [r for rg in running for r in rg.gang.members]
+    profile = make_profile(DEFAULT_POLICY, typical=TypicalPods.from_pods(pods))
+    cycle = Cycle(nodes, running, pending, profile, quota_book(len(nodes) * GPUS_PER_NODE))
+    snap = cycle.snapshot()
+    print(f"cluster: {len(nodes)} nodes x {GPUS_PER_NODE} GPUs, {len(pods)} running pods in {len(running)} gangs, "
+          f"{snap.gpu_allocation_ratio():.1%} of GPUs allocated; {len(pending)} pending gangs; policy "
+          f"{DEFAULT_POLICY} (built in {time.perf_counter() - t:.1f} s)")
+    times, result = [], None
+    for _ in range(CYCLES):
+        step, result = cycle.run()
+        times.append(step)
+    print(f"last cycle: {len(result.admitted)} admitted, {len(result.preemptions)} preemption plan(s), "
+          f"{len(result.waiting)} waiting, reservation: {result.reservation.gang.name if result.reservation else 'none'}")
+    print(f"{'step':24s} {'p50 ms':>9s} {'p99 ms':>9s}   ({CYCLES} cycles)")
+    for k, label in enumerate(("snapshot build", "cycle state (quota)", "schedule_cycle", "whole cycle")):
+        col = [s[k] for s in times]
+        print(f"{label:24s} {_pct(col, 50):9.1f} {_pct(col, 99):9.1f}")
+    whole = [s[3] for s in times]
+    ok = _pct(whole, 50) <= 500 and _pct(whole, 99) <= 2000
+    print(f"target p50 <= 500 ms, p99 <= 2000 ms: {'OK' if ok else 'MISSED'}")
+    print("\ntop five costs of one cycle (cProfile, by own time):")
+    print(top_costs(cycle.run))
+
+
+if __name__ == "__main__":
+    main()
