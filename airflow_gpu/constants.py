@@ -10,6 +10,7 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "airflow-gpu"
 LABEL_TEAM = f"{DOMAIN}/team"
 LABEL_TIER = f"{DOMAIN}/tier"
+LABEL_TIER_CLASS = f"{DOMAIN}/tier-class"  # guaranteed | preemptible (ResourceQuotas per tier class)
 LABEL_GANG = f"{DOMAIN}/gang"  # name of the PodGroup a pod belongs to
 LABEL_GANG_RANK = f"{DOMAIN}/rank"
 LABEL_DAG_ID = f"{DOMAIN}/dag-id"

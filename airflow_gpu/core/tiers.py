@@ -34,6 +34,19 @@ class TierDecision:
     members: tuple[PodRequest, ...]  # confined to on-demand unless spot-eligible
 
 
+# Tier classes: what the team's Airflow pool and namespace ResourceQuota of a tier are sized at.
+# Non-preemptible tiers run inside the team's guarantee; preemptible tiers may also borrow, and are
+# displaced (preempted, within the team too) when guaranteed work needs the GPUs back.
+TIER_CLASS_GUARANTEED = "guaranteed"
+TIER_CLASS_PREEMPTIBLE = "preemptible"
+TIER_CLASSES = (TIER_CLASS_GUARANTEED, TIER_CLASS_PREEMPTIBLE)
+
+
+def tier_class(policy: TierPolicy) -> str:
+    """Preemptible tiers (victims allowed) -> "preemptible", the others -> "guaranteed"."""
+    return TIER_CLASS_PREEMPTIBLE if policy.preemptible else TIER_CLASS_GUARANTEED
+
+
 def priority_class_name(tier: str) -> str:
     return f"{PRIORITY_CLASS_PREFIX}{tier}"
 
