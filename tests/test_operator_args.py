@@ -65,7 +65,7 @@ BAD = {
                       "checkpoint", "use s3:// or file://"),
     "checkpoint_path": ('team="nlp", tier="production-training", gpus_per_worker=1, checkpoint="/tmp/ckpt"',
                         "checkpoint", "s3://bucket/prefix"),
-    "pool_given": ('team="nlp", tier="production-training", gpus_per_worker=1, pool="gpu.nlp.guaranteed"', "pool",
+    "pool_given": ('team="nlp", tier="production-training", gpus_per_worker=1, pool="gpu.nlp.preemptible"', "pool",
                    "derived from team and tier"),
     "priority_given": ('team="nlp", tier="production-training", gpus_per_worker=1, priority_weight=5',
                        "priority_weight", "derived"),

@@ -128,7 +128,16 @@ def test_rest_backend_sync(airflow_stack, tmp_path):
 
 
 def _ti(api, dag_id: str, run_id: str) -> dict:
-    return api.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/train")
+    """The task instance; on this shared 2-core machine the api-server can miss the client's 30 s timeout
+    while task processes start, so a timed-out read is "not known yet" and the caller's wait goes on."""
+    from airflow_gpu.airflow_api import AirflowApiError
+
+    try:
+        return api.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/train")
+    except AirflowApiError as exc:
+        if "timed out" not in str(exc):
+            raise
+        return {"state": None}
 
 
 def test_scheduler_holds_task_until_pool_slots_free(airflow_stack, tmp_path):
