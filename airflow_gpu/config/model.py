@@ -198,7 +198,8 @@ class QuotaConfig(_Strict):
 
     def tier_policies(self) -> dict[str, TierPolicy]:
         """The one adapter from this file to core's tier rule: tier name -> core.tiers.TierPolicy."""
-        return {t.name: TierPolicy(t.priority, t.preemptible, t.spot_eligible) for t in self.tiers}
+        return {t.name: TierPolicy(t.priority, t.preemptible, t.spot_eligible, t.preemption_policy != "Never")
+                for t in self.tiers}
 
     def node_label_aliases(self) -> dict[str, str]:
         """nvidia.com/gpu.product node label value -> product name, for products that declare one."""
