@@ -81,7 +81,7 @@ BAD = {
                          ' container_resources={"limits": {"nvidia.com/gpu": "2"}}', "container_resources",
                          "GPUs come from gpus_per_worker"),
     "own_label_prefix": ('team="nlp", tier="production-training", gpus_per_worker=1,'
-                         ' labels={"airflow-gpu.io/team": "vision"}', "labels", "set by the operator"),
+                         ' labels={"airflow-gpu.io/team": "vision"}', "labels", "prefix is reserved for airflow-gpu"),
     "other_namespace": ('team="nlp", tier="production-training", gpus_per_worker=1, namespace="team-vision"',
                         "namespace", "runs in namespace 'team-nlp'"),
     "no_config": ('team="nlp", tier="production-training", gpus_per_worker=1, config_file="/nonexistent/q.yaml"',

@@ -215,7 +215,7 @@ def test_migration_retires_a_pool_in_use_and_deletes_it_once_empty(airflow_stack
         dag_id="gpu_old_pool", pool="gpu.nlp.a100-80gb", slots=21, release=release, mode="defer"))
     wait_until(lambda: _dag_exists(api, "gpu_old_pool"), timeout=90, what="DAG gpu_old_pool parsed")
     run_id = api.request("POST", "/api/v2/dags/gpu_old_pool/dagRuns", json={"logical_date": None})["dag_run_id"]
-    wait_until(lambda: _ti(api, "gpu_old_pool", run_id)["state"] == "deferred", timeout=90, what="task deferred")
+    wait_until(lambda: _ti(api, "gpu_old_pool", run_id)["state"] == "deferred", timeout=240, what="task deferred")
 
     config = two_team_config(tmp_path / "q.yaml")
     out = rest_sync(airflow_stack, config, "--dry-run")
@@ -237,7 +237,7 @@ def test_migration_retires_a_pool_in_use_and_deletes_it_once_empty(airflow_stack
     assert "no changes" in out.stdout and "retired pool gpu.nlp.a100-80gb still has 21 slot(s) in use" in out.stdout
 
     release.touch()
-    wait_until(lambda: _ti(api, "gpu_old_pool", run_id)["state"] == "success", timeout=120, what="task done")
+    wait_until(lambda: _ti(api, "gpu_old_pool", run_id)["state"] == "success", timeout=240, what="task done")
     out = rest_sync(airflow_stack, config)
     assert out.returncode == 0 and "delete gpu.nlp.a100-80gb" in out.stdout, out.stdout + out.stderr
     assert "gpu.nlp.a100-80gb" not in {p["name"] for p in api.paginate("/api/v2/pools", "pools")}

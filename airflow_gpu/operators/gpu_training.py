@@ -21,7 +21,6 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_gpu import constants
 from airflow_gpu.checkpoint.backends import uri_problem
 from airflow_gpu.config import ConfigError, load_config_cached
 from airflow_gpu.config.workload import GpuTaskPlan, WorkloadError, plan_gpu_task
@@ -30,18 +29,12 @@ from airflow_gpu.pools.plan import pool_name
 
 CONFIG_SECTION = "airflow_gpu"
 CONFIG_OPTION = "config_file"  # [airflow_gpu] config_file, env AIRFLOW__AIRFLOW_GPU__CONFIG_FILE
-TOPOLOGIES = ("node", "clique", "rack", "zone")
-GANG_BACKENDS = ("airflow-gpu", "coscheduling", "volcano", "kueue")
 DERIVED = ("pool", "pool_slots", "priority_weight", "weight_rule")
 DERIVED_MESSAGE = ("is derived from team and tier (the team's pool for the tier class, the GPU demand in 1/7-GPU "
                    "slots, the tier's priority with weight_rule 'absolute'); remove it")
-# our annotations an author may set: the local cluster's simulation knobs and the backfill hint
-USER_ANNOTATIONS = (constants.ANNOTATION_SIM_DURATION, constants.ANNOTATION_SIM_EXIT_CODE,
-                    constants.ANNOTATION_EXPECTED_DURATION)
 STATE_KEY = "airflow_gpu.gang"  # task_state_store key of the try's RunState
 _SAFE_KEY = re.compile(r"[^A-Za-z0-9._=-]+")
-RESOURCE_KINDS = ("requests", "limits")
-CONTAINER_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+_LEADING_NAME = re.compile(r"^[a-z_]+")
 
 
 class GpuTaskArgumentError(ValueError):
@@ -180,29 +173,10 @@ class GpuTrainingOperator(BaseOperator):
                     raise bad("deadline", "must be timezone-aware (e.g. pendulum.datetime(..., tz='UTC'))")
             else:
                 raise bad("deadline", f"must be a datetime or a timedelta (got {type(deadline).__name__})")
-        if not isinstance(image, str) or not image.strip():
-            raise bad("image", f"must be a container image name (got {image!r})")
-        if topology is not None and topology not in TOPOLOGIES:
-            raise bad("topology", f"must be one of {', '.join(TOPOLOGIES)} or None (got {topology!r})")
         if not isinstance(topology_required, bool):
             raise bad("topology_required", f"must be True or False (got {topology_required!r})")
-        if gang_backend not in GANG_BACKENDS:
-            raise bad("gang_backend", f"must be one of {', '.join(GANG_BACKENDS)} (got {gang_backend!r})")
-        if termination_grace_period is not None and (
-                isinstance(termination_grace_period, bool) or not isinstance(termination_grace_period, int)
-                or termination_grace_period < 0):
-            raise bad("termination_grace_period",
-                      f"must be whole seconds >= 0: the time training has to checkpoint after SIGTERM "
-                      f"(got {termination_grace_period!r})")
         if not isinstance(poll_interval, (int, float)) or isinstance(poll_interval, bool) or poll_interval <= 0:
             raise bad("poll_interval", f"must be a number of seconds > 0 (got {poll_interval!r})")
-        _check_resources(bad, container_resources)
-        for argument, value in (("labels", labels), ("annotations", annotations)):
-            for key in value or {}:
-                if str(key).startswith(constants.DOMAIN + "/") and not (
-                        argument == "annotations" and key in USER_ANNOTATIONS):
-                    raise bad(argument, f"{key!r}: keys under {constants.DOMAIN}/ are set by the operator; "
-                                        "use your own prefix")
         if namespace is not None and namespace != plan.namespace:
             raise bad("namespace", f"team {plan.team.name!r} runs in namespace {plan.namespace!r} (its quota and "
                                    "pools are there); leave namespace out")
@@ -241,6 +215,26 @@ class GpuTrainingOperator(BaseOperator):
         self.poll_interval = float(poll_interval)
         self.priority_class = plan.priority_class
         self.tier_class = plan.tier_class
+        self._dry_run(bad)
+
+    def _dry_run(self, bad) -> None:
+        """Build the first attempt's WorkloadSpec now (kube/ validates the Kubernetes side: names,
+        labels, env, secrets, resources, backend, topology), so its errors are parse errors too.
+        Templated values are only known at run time: with a Jinja template among them, skipped."""
+        from airflow_gpu.kube.names import TaskInstanceRef
+        from airflow_gpu.kube.spec import WorkloadSpecError
+
+        if any(_templated(getattr(self, name)) for name in self.template_fields):
+            return
+        ref = TaskInstanceRef(self.dag_id if self.has_dag() else "dag", self.task_id, "parse")
+        try:
+            self.workload_spec(ref, new_run(1), self.capacity_for().capacity_type)
+        except WorkloadSpecError as exc:
+            text = str(exc)
+            argument = _LEADING_NAME.match(text).group(0) if _LEADING_NAME.match(text) else "arguments"
+            if argument == "checkpoint_uri":
+                argument = "checkpoint"
+            raise bad(argument, text) from None
 
     # -- derived values, recomputed from the (cached) config where they decide -------------------
 
@@ -305,7 +299,8 @@ class GpuTrainingOperator(BaseOperator):
         if outcome.status == "disrupted":
             kind = "preemptions" if outcome.cause == "preemption" else "interruptions"
             run[kind] += 1
-            step = outcome.last_checkpoint_step
+            self._delete_objects(kube, ref, wait=True)  # the stop-save on SIGTERM is committed once they are gone
+            step = self._newest_step(run)
             if step is not None:
                 run["last_checkpoint_step"] = step
             self.log.warning("gang %s %s (%s): %s; the whole gang is torn down and resubmitted from the newest "
@@ -314,7 +309,6 @@ class GpuTrainingOperator(BaseOperator):
                              ", ".join(f"{p}: {r}" for p, r in outcome.disrupted_pods.items()) or "-",
                              f" (step {run['last_checkpoint_step']})" if run.get("last_checkpoint_step") is not None
                              else " (none yet: from the start)")
-            self._delete_objects(kube, ref, wait=True)
             run["resumed_from_step"] = run.get("last_checkpoint_step")
             run["attempt"] += 1
             return self._launch(run, context, kube)
@@ -452,6 +446,23 @@ class GpuTrainingOperator(BaseOperator):
         if outcome.last_checkpoint_step is not None:
             run["last_checkpoint_step"] = outcome.last_checkpoint_step
 
+    def _newest_step(self, run: dict) -> int | None:
+        """The step of rank 0's newest committed checkpoint, from its status record (read with the
+        worker's S3 credentials or pod identity); None when there is none or it cannot be read."""
+        uri = run.get("checkpoint_uri")
+        if not uri:
+            return None
+        try:
+            from airflow_gpu.checkpoint import CheckpointStore
+
+            with CheckpointStore(uri) as store:
+                status = store.read_status() or {}
+        except Exception as exc:  # noqa: BLE001 - the trigger's mirrored step is the fallback
+            self.log.info("could not read %s/status.json: %s", uri, exc)
+            return None
+        step = status.get("step")
+        return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+
     def _log_rank0(self, kube, outcome) -> None:
         if not outcome.gang:
             return
@@ -512,31 +523,22 @@ class GpuTrainingOperator(BaseOperator):
                 "resumed_from_step": run.get("resumed_from_step"), "gpu_product": run.get("gpu_product")}
 
 
-def _check_resources(bad, resources) -> None:
-    if resources is None:
-        return
-    if not isinstance(resources, Mapping):
-        raise bad("container_resources", f"must be a mapping like {{'requests': {{'cpu': '4', 'memory': '16Gi'}}}} "
-                                         f"(got {type(resources).__name__})")
-    for kind, values in resources.items():
-        if kind not in RESOURCE_KINDS:
-            raise bad("container_resources", f"unknown key {kind!r}; allowed: {', '.join(RESOURCE_KINDS)}")
-        if not isinstance(values, Mapping):
-            raise bad("container_resources", f"{kind} must be a mapping of resource -> quantity (got {values!r})")
-        for name in values:
-            if name not in CONTAINER_RESOURCES:
-                hint = (" GPUs come from gpus_per_worker / mig_profile" if "gpu" in str(name) or "mig" in str(name)
-                        else "")
-                raise bad("container_resources", f"{kind}.{name}: only {', '.join(CONTAINER_RESOURCES)} may be set "
-                                                 f"here;{hint or ' other resources are not per-container asks'}")
-
-
 def new_run(try_number: int, resumed_from_step: int | None = None) -> dict:
     """The RunState of a fresh try. ENV.md's attempt numbering: try_number * 1000 + relaunches, so
     AIRFLOW_GPU_ATTEMPT strictly increases across relaunches and tries."""
     return {"try": try_number, "attempt": try_number * 1000, "attempts": 0, "interruptions": 0, "preemptions": 0,
             "gpu_seconds": 0.0, "lost_gpu_seconds": 0.0, "resumed_from_step": None,
             "last_checkpoint_step": resumed_from_step, "started": time.time(), "gang": None, "pods": [], "uids": {}}
+
+
+def _templated(value) -> bool:
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, Mapping):
+        return any(_templated(k) or _templated(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_templated(v) for v in value)
+    return False
 
 
 def _attempt_selector(ref, attempt: int) -> str:
