@@ -153,15 +153,9 @@ class Demo:
 
     # workloads
     def submit_gang(self, gang: GangManifests) -> None:
-        from kubernetes import client
+        from airflow_gpu.devtools.gangs import submit_gang
 
-        ns = gang.group["metadata"]["namespace"]
-        res = gang.group_resource
-        client.CustomObjectsApi(self.api).create_namespaced_custom_object(res.group, res.version, ns, res.plural,
-                                                                           gang.group)
-        client.CoreV1Api(self.api).create_namespaced_service(ns, gang.service)
-        for pod in gang.pods:
-            client.CoreV1Api(self.api).create_namespaced_pod(ns, pod)
+        submit_gang(self.api, gang)
 
     def pods(self, namespace: str, prefix: str = "") -> list[dict]:
         from airflow_gpu.devtools.gangs import list_pods

@@ -301,29 +301,9 @@ def test_state_classification():
 
 
 @pytest.fixture(scope="module")
-def api(kube_cluster):
-    api = G.api_client(kube_cluster.kubeconfig)
-    G.install_priority_classes(api)
-    G.ensure_namespace(api, "team-nlp")
-    return api
-
-
-@pytest.fixture(scope="module")
-def scheduler(kube_cluster, tmp_path_factory):
-    proc = G.scheduler_process(kube_cluster.kubeconfig, tmp_path_factory.mktemp("sched") / "scheduler.log",
-                               identity="kube-manifests").start()
-    yield proc
-    proc.stop()
-
-
-def create(api, m) -> None:
-    ns = m.pods[0]["metadata"]["namespace"]
-    res = m.group_resource
-    client.CustomObjectsApi(api).create_namespaced_custom_object(res.group, res.version, ns, res.plural, m.group)
-    core = client.CoreV1Api(api)
-    core.create_namespaced_service(ns, m.service)
-    for p in m.pods:
-        core.create_namespaced_pod(ns, p)
+def api(kube_api):
+    G.ensure_namespace(kube_api, "team-nlp")
+    return kube_api
 
 
 def read_state(api, m, ti: TaskInstanceRef):
@@ -358,9 +338,9 @@ def cleanup(api, ti) -> None:
                  what="pods deleted")
 
 
-def test_round_trip_success_and_selector(api, scheduler):
+def test_round_trip_success_and_selector(api, gpu_scheduler):
     ti, m = round_trip_spec("ok", annotations={C.ANNOTATION_SIM_DURATION: "2"})
-    create(api, m)
+    G.submit_gang(api, m)
     assert wait_phase(api, m, ti, (S.ADMITTED, S.RUNNING, S.SUCCEEDED)).expected == 2
     done = wait_phase(api, m, ti, (S.SUCCEEDED, S.FAILED, S.DISRUPTED))
     assert done.phase == S.SUCCEEDED, done.describe()
@@ -374,18 +354,18 @@ def test_round_trip_success_and_selector(api, scheduler):
     cleanup(api, ti)
 
 
-def test_round_trip_application_failure(api, scheduler):
+def test_round_trip_application_failure(api, gpu_scheduler):
     ti, m = round_trip_spec("exit1", annotations={C.ANNOTATION_SIM_DURATION: "1", C.ANNOTATION_SIM_EXIT_CODE: "1"})
-    create(api, m)
+    G.submit_gang(api, m)
     done = wait_phase(api, m, ti, (S.SUCCEEDED, S.FAILED, S.DISRUPTED))
     assert done.phase == S.FAILED, done.describe()
     assert set(done.exit_codes.values()) == {1} and "exit 1" in done.reason and not done.disrupted_pods
     cleanup(api, ti)
 
 
-def test_round_trip_interruption_and_partial_loss(api, scheduler, kube_cluster):
+def test_round_trip_interruption_and_partial_loss(api, gpu_scheduler, kube_cluster):
     ti, m = round_trip_spec("spot", annotations={C.ANNOTATION_SIM_DURATION: "120"})
-    create(api, m)
+    G.submit_gang(api, m)
     running = wait_phase(api, m, ti, (S.RUNNING,))
     node = running.members[0].node
     kube_cluster.interrupt(node, notice=3.0, replace_after=2.0)  # the DisruptionTarget comes first, then eviction
@@ -395,7 +375,7 @@ def test_round_trip_interruption_and_partial_loss(api, scheduler, kube_cluster):
     cleanup(api, ti)
 
     ti, m = round_trip_spec("partial", annotations={C.ANNOTATION_SIM_DURATION: "120"})
-    create(api, m)
+    G.submit_gang(api, m)
     wait_phase(api, m, ti, (S.RUNNING,))
     client.CoreV1Api(api).delete_namespaced_pod(m.pods[1]["metadata"]["name"], "team-nlp", grace_period_seconds=0)
     partial = G.wait_until(lambda: (st := read_state(api, m, ti)).missing and st, 30, what="a member gone")

@@ -14,7 +14,7 @@ from kubernetes.client.rest import ApiException
 
 from airflow_gpu import constants as C
 from airflow_gpu.devtools.processes import ManagedProcess, wait_until  # noqa: F401 - re-exported for callers
-from airflow_gpu.kube import group_manifest, member_name, membership
+from airflow_gpu.kube import GangManifests, group_manifest, member_name, membership
 
 
 def api_client(kubeconfig: str | Path, pool: int = 32) -> client.ApiClient:
@@ -95,6 +95,18 @@ def create_gang(api: client.ApiClient, namespace: str, name: str, members: int, 
         core.create_namespaced_pod(namespace, pod_manifest(pod_name, namespace, gpus, group=name, **pod_kw),
                                    _preload_content=False)
     return names
+
+
+def submit_gang(api: client.ApiClient, gang: GangManifests) -> dict[str, str]:
+    """Create a gang's objects in order (group, Service, pods); returns pod name -> UID."""
+    ns = gang.pods[0]["metadata"]["namespace"]
+    if gang.group is not None:
+        res = gang.group_resource
+        client.CustomObjectsApi(api).create_namespaced_custom_object(res.group, res.version, ns, res.plural, gang.group)
+    core = client.CoreV1Api(api)
+    if gang.service is not None:
+        core.create_namespaced_service(ns, gang.service)
+    return {p["metadata"]["name"]: core.create_namespaced_pod(ns, p).metadata.uid for p in gang.pods}
 
 
 def list_pods(api: client.ApiClient, namespace: str | None = None) -> list[dict]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_gpu import constants as C
-from airflow_gpu.kube.wire import as_dict
+from airflow_gpu.kube.wire import as_dict, parse_time
 
 PENDING = "pending"  # not all members bound
 ADMITTED = "admitted"  # every member bound, not all running yet
@@ -27,6 +27,16 @@ TERMINAL = (SUCCEEDED, FAILED, DISRUPTED)
 
 REASON_PARTIAL_LOSS = "PartialLoss"
 REASON_ALL_LOST = "AllMembersLost"
+CAUSE_PREEMPTION = "preemption"  # a scheduler took the GPUs for higher-priority work
+CAUSE_INTERRUPTION = "interruption"  # the capacity went away: spot reclaim, drain, node lost, members lost
+
+
+def disruption_cause(reason: str | None) -> str | None:
+    """preemption | interruption for a DisruptionTarget reason (None: no disruption). The first
+    reason a watcher saw counts: the Eviction API overwrites the scheduler's PreemptionByScheduler."""
+    if not reason:
+        return None
+    return CAUSE_PREEMPTION if reason == C.REASON_PREEMPTION_BY_SCHEDULER else CAUSE_INTERRUPTION
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,8 @@ class MemberState:
     disruption_message: str = ""
     deleting: bool = False
     uid: str = ""
+    started_at: float | None = None  # status.startTime (epoch seconds)
+    finished_at: float | None = None  # the latest container finishedAt
 
 
 @dataclass(frozen=True)
@@ -81,14 +93,19 @@ def _condition(status: dict, kind: str) -> dict | None:
     return None
 
 
-def _exit_code(status: dict, container: str | None) -> int | None:
-    codes = []
+def _terminated(status: dict, container: str | None) -> list[dict]:
+    out = []
     for cs in status.get("containerStatuses") or []:
         if container and cs.get("name") != container:
             continue
         term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
-        if term and term.get("exitCode") is not None:
-            codes.append(int(term["exitCode"]))
+        if term:
+            out.append(term)
+    return out
+
+
+def _exit_code(terminated: list[dict]) -> int | None:
+    codes = [int(t["exitCode"]) for t in terminated if t.get("exitCode") is not None]
     nonzero = [c for c in codes if c != 0]
     return nonzero[0] if nonzero else (codes[0] if codes else None)
 
@@ -107,16 +124,20 @@ def member_state(pod: Any, live_nodes: Collection[str] | None = None, container:
     elif node and live_nodes is not None and node not in live_nodes and phase not in ("Succeeded", "Failed"):
         disruption, message = C.POD_REASON_NODE_LOST, f"node {node} no longer exists"
     rank_text = (meta.get("labels") or {}).get(C.LABEL_GANG_RANK)
+    terminated = _terminated(status, container)
+    finished = [t for t in (parse_time(t.get("finishedAt")) for t in terminated) if t is not None]
     return MemberState(
         name=meta.get("name") or "",
         rank=int(rank_text) if rank_text and rank_text.isdigit() else None,
         phase=phase,
         node=node,
-        exit_code=_exit_code(status, container),
+        exit_code=_exit_code(terminated),
         disruption=disruption,
         disruption_message=message,
         deleting=bool(meta.get("deletionTimestamp")),
         uid=meta.get("uid") or "",
+        started_at=parse_time(status.get("startTime")),
+        finished_at=max(finished) if finished else None,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 
@@ -13,3 +14,23 @@ def as_dict(obj: Any) -> Any:
     from kubernetes.client import ApiClient  # only needed for client model objects
 
     return ApiClient().sanitize_for_serialization(obj)
+
+
+def parse_time(value: Any) -> float | None:
+    """RFC 3339 string, datetime or epoch seconds -> epoch seconds."""
+    if value in (None, ""):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, datetime):
+        dt = value
+    else:
+        text = str(value).strip()
+        try:
+            return float(text)
+        except ValueError:
+            pass
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
