@@ -205,3 +205,13 @@ def test_task_policy_refuses_another_teams_pool(tmp_path):
     (path, error), = result["errors"].items()
     assert path.endswith("other_team.py")
     assert "AirflowClusterPolicyViolation" in error and "names pool 'gpu.vision.guaranteed' of team 'vision'" in error
+
+
+def test_registered_in_provider_info():
+    import importlib
+
+    from airflow_gpu.provider import get_provider_info
+
+    (entry,) = get_provider_info()["operators"]
+    (module,) = entry["python-modules"]
+    assert importlib.import_module(module).GpuTrainingOperator.__module__ == module
