@@ -117,3 +117,22 @@ def test_resource_quota_refusal_is_waited_out(cluster, monkeypatch):
     thread.join(timeout=60)
     assert "deferred" in result and len(result["deferred"].trigger.pod_uids) == 2
     assert set(result["deferred"].trigger.pod_uids) == set(pods_of(cluster, "quota"))
+
+
+def test_execution_timeout_while_deferred_deletes_the_gang(cluster):
+    """The triggerer's timeout (what is left of execution_timeout) resumes the task with __fail__: the
+    gang goes before the task fails."""
+    import datetime as dt
+
+    from airflow.sdk.bases.operator import TriggerFailureReason
+    from airflow.sdk.exceptions import TaskDeferralTimeout
+
+    op = operator("train", execution_timeout=dt.timedelta(minutes=5))
+    ti = FakeTaskInstance("timeout", "train", "manual__1")
+    deferred = execute_until_deferred(op, context_for(ti, DictStateStore()))
+    assert dt.timedelta(minutes=4) < deferred.timeout <= dt.timedelta(minutes=5)
+    assert len(pods_of(cluster, "timeout")) == 2
+    resumed = operator("train", execution_timeout=dt.timedelta(minutes=5))  # a fresh worker process
+    with pytest.raises(TaskDeferralTimeout):
+        resumed.resume_execution("__fail__", {"error": TriggerFailureReason.TRIGGER_TIMEOUT}, context_for(ti, None))
+    wait_until(lambda: not pods_of(cluster, "timeout"), timeout=60, what="the gang deleted")
