@@ -175,3 +175,79 @@ def test_spot_interruption_resumes_from_checkpoint_within_the_try(platform, sqli
     resumed = [json.loads(x[x.index("{"):]) for x in log.splitlines() if '"event": "resume"' in x]
     assert resumed and resumed[-1]["step"] > 0 and resumed[-1]["attempt"] == 1001, log[-8000:]
     assert wait_until(lambda: not leftovers(core, "op_spot"), timeout=60, what="objects deleted")
+
+
+def _first_event(trigger, timeout: float) -> dict:
+    import asyncio
+
+    async def main():
+        gen = trigger.run()
+        try:
+            return (await asyncio.wait_for(gen.__anext__(), timeout)).payload
+        finally:
+            await gen.aclose()
+    return asyncio.run(main())
+
+
+def test_production_preempts_the_teams_best_effort_gang(platform, kube_cluster, monkeypatch):
+    """Team nlp (quota 8): a best-effort 2 x 4 GPU gang runs; a production 2 x 4 GPU gang of the same team
+    is submitted (its pool and ResourceQuota are the guaranteed ones, so nothing holds it back) and the
+    scheduler preempts the best-effort gang; the best-effort task sees a preemption, resubmits its gang
+    as the next attempt within the try (no retry spent) and defers again. Measures the production gang's
+    start latency (submission -> every pod bound)."""
+    from airflow_gpu.devtools.operator_run import DictStateStore, FakeTaskInstance, context_for, execute_until_deferred
+    from airflow_gpu.operators import GpuTrainingOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(
+        {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kube_cluster.kubeconfig)}}))
+    core, bucket = platform["core"], platform["bucket"]
+
+    def make(task_id, tier, **kw):
+        return GpuTrainingOperator(task_id=task_id, team="nlp", tier=tier, workers=2, gpus_per_worker=4,
+                                   image="python:3.11", retries=2, poll_interval=1, config_file=str(SEED),
+                                   termination_grace_period=5, **kw)
+
+    def bound(dag_id):
+        pods = core.list_namespaced_pod("team-nlp", label_selector=f"{C.LABEL_DAG_ID}={dag_id}").items
+        return len(pods) == 2 and all(p.spec.node_name and not p.metadata.deletion_timestamp for p in pods)
+
+    best = make("sweep", "best-effort-training", checkpoint=f"s3://{bucket}/be", spot="never",
+                annotations={C.ANNOTATION_SIM_DURATION: "600"})
+    best_ti, best_store = FakeTaskInstance("op_be", "sweep", "manual__1"), DictStateStore()
+    deferred = execute_until_deferred(best, context_for(best_ti, best_store))
+    wait_until(lambda: bound("op_be"), timeout=120, what="the best-effort gang bound")
+
+    import threading
+
+    watched: dict = {}  # the best-effort task's trigger watches from before the production task arrives
+    watcher = threading.Thread(target=lambda: watched.update(payload=_first_event(deferred.trigger, 240)), daemon=True)
+    watcher.start()
+    time.sleep(3)
+    prod = make("finetune", "production-training", annotations={C.ANNOTATION_SIM_DURATION: "600"})
+    t0 = time.monotonic()
+    execute_until_deferred(prod, context_for(FakeTaskInstance("op_prod", "finetune", "manual__1"), DictStateStore()))
+    watcher.join(240)
+    payload = watched["payload"]
+    assert payload["status"] == "disrupted" and payload["cause"] == "preemption", json.dumps(payload)
+    wait_until(lambda: bound("op_prod"), timeout=120, what="the production gang bound")
+    latency = time.monotonic() - t0
+    print(f"production gang start latency (submission -> 8 GPUs bound, incl. the preemption): {latency:.1f} s")
+
+    again = None
+    from airflow.sdk.exceptions import TaskDeferred
+    try:
+        make("sweep", "best-effort-training", checkpoint=f"s3://{bucket}/be", spot="never",
+             annotations={C.ANNOTATION_SIM_DURATION: "600"}).execute_complete(
+            context_for(best_ti, best_store), event=payload, run=deferred.kwargs["run"])
+    except TaskDeferred as exc:
+        again = exc
+    assert again is not None, "the preempted task must resubmit and defer, not finish or fail"
+    run = again.kwargs["run"]
+    assert (run["try"], run["attempt"], run["preemptions"], run["interruptions"]) == (1, 1001, 1, 0)
+    assert best_ti.try_number == 1  # no retry spent
+    pending = core.list_namespaced_pod("team-nlp", label_selector=f"{C.LABEL_DAG_ID}=op_be").items
+    assert {p.metadata.labels[C.LABEL_ATTEMPT] for p in pending} == {"1001"}  # requeued, waits for quota
+    assert latency < 60
+    for dag_id, ti_task in (("op_be", "sweep"), ("op_prod", "finetune")):
+        make(ti_task, "production-training")._cleanup_quietly(
+            context_for(FakeTaskInstance(dag_id, ti_task, "manual__1"), None))
