@@ -244,6 +244,6 @@ def test_a_waiting_task_costs_at_most_two_requests_a_minute(api, gpu_scheduler, 
 
 
 def _epoch(stamp: str) -> float:
-    from airflow_gpu.kube.wire import parse_time
+    from airflow_gpu.kube.wire import api_time
 
-    return parse_time(stamp)
+    return api_time(stamp)
