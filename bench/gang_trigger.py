@@ -18,7 +18,7 @@ from airflow_gpu import constants as C
 from airflow_gpu.devtools import gangs as G
 from airflow_gpu.devtools.kube import start_kube_cluster
 from airflow_gpu.kube import TaskInstanceRef, WorkloadSpec, build
-from airflow_gpu.kube.wire import parse_time
+from airflow_gpu.kube.wire import api_time
 from airflow_gpu.triggers.gang import USER_AGENT, GangTrigger
 
 NS = "bench-wait"
@@ -58,7 +58,7 @@ def main() -> None:
         asyncio.run(_wait_all(triggers, minutes * 60))
         ended = time.time()
         ours = [e for e in cluster.audit_events() if e.get("userAgent") == USER_AGENT
-                and started <= parse_time(e["requestReceivedTimestamp"]) <= ended]
+                and started <= api_time(e["requestReceivedTimestamp"]) <= ended]
         verbs = Counter(e["verb"] for e in ours)
         watches = verbs.pop("watch", 0)
         others = sum(verbs.values())

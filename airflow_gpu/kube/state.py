@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_gpu import constants as C
-from airflow_gpu.kube.wire import as_dict, parse_time
+from airflow_gpu.kube.wire import api_time, as_dict
 
 PENDING = "pending"  # not all members bound
 ADMITTED = "admitted"  # every member bound, not all running yet
@@ -125,7 +125,7 @@ def member_state(pod: Any, live_nodes: Collection[str] | None = None, container:
         disruption, message = C.POD_REASON_NODE_LOST, f"node {node} no longer exists"
     rank_text = (meta.get("labels") or {}).get(C.LABEL_GANG_RANK)
     terminated = _terminated(status, container)
-    finished = [t for t in (parse_time(t.get("finishedAt")) for t in terminated) if t is not None]
+    finished = [t for t in (api_time(t.get("finishedAt")) for t in terminated) if t is not None]
     return MemberState(
         name=meta.get("name") or "",
         rank=int(rank_text) if rank_text and rank_text.isdigit() else None,
@@ -136,7 +136,7 @@ def member_state(pod: Any, live_nodes: Collection[str] | None = None, container:
         disruption_message=message,
         deleting=bool(meta.get("deletionTimestamp")),
         uid=meta.get("uid") or "",
-        started_at=parse_time(status.get("startTime")),
+        started_at=api_time(status.get("startTime")),
         finished_at=max(finished) if finished else None,
     )
 

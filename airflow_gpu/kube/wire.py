@@ -16,21 +16,14 @@ def as_dict(obj: Any) -> Any:
     return ApiClient().sanitize_for_serialization(obj)
 
 
-def parse_time(value: Any) -> float | None:
-    """RFC 3339 string, datetime or epoch seconds -> epoch seconds."""
-    if value in (None, ""):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
+def api_time(value: Any) -> float | None:
+    """A time the API server wrote (status.startTime, finishedAt: RFC 3339), as epoch seconds;
+    None when absent or unreadable."""
     if isinstance(value, datetime):
-        dt = value
-    else:
-        text = str(value).strip()
-        try:
-            return float(text)
-        except ValueError:
-            pass
-        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.timestamp()
+        return value.timestamp() if value.tzinfo else value.replace(tzinfo=timezone.utc).timestamp()
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

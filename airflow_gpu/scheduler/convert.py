@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any, Iterable, Mapping
 
 from kubernetes.utils.quantity import parse_quantity
 
 from airflow_gpu import constants as C
+from airflow_gpu.constants import (  # noqa: F401 - re-exported: callers import them with the conversion
+    PODGROUP_GROUP,
+    PODGROUP_KIND,
+    PODGROUP_PLURAL,
+    PODGROUP_VERSION,
+)
 from airflow_gpu.core.model import (
     Gang,
     Node,
@@ -27,7 +34,7 @@ from airflow_gpu.core.model import (
     TopologyRequirement,
 )
 from airflow_gpu.core.tiers import DEFAULT_TIER, TierPolicy, decide, resolve_tier, tier_of_priority_class  # noqa: F401
-from airflow_gpu.kube.wire import as_dict, parse_time
+from airflow_gpu.kube.wire import as_dict
 
 
 class ConversionError(ValueError):
@@ -39,6 +46,26 @@ def key_of(obj: Mapping) -> str:
     meta = obj.get("metadata") or {}
     ns = meta.get("namespace")
     return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+
+def parse_time(value: Any) -> float | None:
+    """RFC 3339 string, datetime or epoch seconds -> epoch seconds."""
+    if value in (None, ""):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, datetime):
+        dt = value
+    else:
+        text = str(value).strip()
+        try:
+            return float(text)
+        except ValueError:
+            pass
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
 
 
 def _quantity(value: Any, where: str) -> Decimal:

@@ -14,12 +14,12 @@ are serialised into the trigger row.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_gpu import constants as C
@@ -27,12 +27,12 @@ from airflow_gpu.kube import state as S
 from airflow_gpu.kube.outcome import STATUS_ERROR, GangOutcome, outcome_of
 from airflow_gpu.kube.state import GangState, gang_state
 
-log = logging.getLogger(__name__)
 
 CLASSPATH = "airflow_gpu.triggers.gang.GangTrigger"
 USER_AGENT = "airflow-gpu-gang-trigger"  # names this component in the API server's audit log
 MAX_CHECKPOINT_STEP = 10**15
 CLOCK_SKEW = 300.0  # a checkpoint time this far in the future is refused (the writer's clock is off)
+WATCH_CLIENT_SLACK = 30  # seconds the client waits beyond the server's end of a watch
 _RELIST = object()  # a watch ended in a way that needs a fresh list (410 Gone, error)
 
 
@@ -181,12 +181,14 @@ class GangTrigger(BaseTrigger):
                 try:
                     pod_rv, group_rv = await self._list(core, custom)
                     failing_since = None
-                except client.ApiException as exc:
+                except (client.ApiException, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                    # an API server restart or a network blip is waited out; refused access is not
                     failing_since = failing_since or time.monotonic()
-                    if exc.status in (401, 403) or time.monotonic() - failing_since > self.api_failure_timeout:
+                    status = getattr(exc, "status", None)
+                    if status in (401, 403) or time.monotonic() - failing_since > self.api_failure_timeout:
                         raise
                     self.log.warning("Listing gang %s failed (%s); retrying in %.0fs", self.gang_name,
-                                     exc.status, self.poll_interval)
+                                     status or f"{type(exc).__name__}: {exc}", self.poll_interval)
                     await asyncio.sleep(self.poll_interval)
                     continue
                 done = self._evaluate()
@@ -259,8 +261,11 @@ class GangTrigger(BaseTrigger):
             while True:
                 w = watch.Watch()
                 try:
+                    # the provider's client applies a 60 s client-side timeout unless told otherwise (it
+                    # cannot see a watch's timeout_seconds): give the server's end of the watch room
                     async for event in w.stream(list_fn, *args, resource_version=rv, timeout_seconds=self.watch_timeout,
-                                                allow_watch_bookmarks=True, **kwargs):
+                                                allow_watch_bookmarks=True,
+                                                _request_timeout=self.watch_timeout + WATCH_CLIENT_SLACK, **kwargs):
                         obj = event["raw_object"]
                         rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
                         if event["type"] == "ERROR":

@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from airflow_gpu.constants import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION
 from airflow_gpu.scheduler.cache import View
-from airflow_gpu.scheduler.convert import key_of
+from airflow_gpu.scheduler.convert import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION, key_of
 from airflow_gpu.ui.queue import POOL_PREFIX, PoolRow, TaskRow
 
 WAITING_STATES = ("scheduled", "queued", "running", "deferred", "up_for_retry")
