@@ -10,12 +10,18 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "airflow-gpu"
 LABEL_TEAM = f"{DOMAIN}/team"
 LABEL_TIER = f"{DOMAIN}/tier"
+LABEL_TIER_CLASS = f"{DOMAIN}/tier-class"  # guaranteed | preemptible (ResourceQuotas per tier class)
 LABEL_GANG = f"{DOMAIN}/gang"  # name of the PodGroup a pod belongs to
 LABEL_GANG_RANK = f"{DOMAIN}/rank"
 LABEL_DAG_ID = f"{DOMAIN}/dag-id"
 LABEL_TASK_ID = f"{DOMAIN}/task-id"
 LABEL_RUN_ID = f"{DOMAIN}/run-id"
 LABEL_TRY_NUMBER = f"{DOMAIN}/try-number"
+LABEL_MAP_INDEX = f"{DOMAIN}/map-index"
+LABEL_ATTEMPT = f"{DOMAIN}/attempt"  # AIRFLOW_GPU_ATTEMPT of the pods (one gang object set per attempt)
+# The task-instance labels above are label-safe forms (kube.names.label_value); the exact values are
+# kept in this annotation as JSON {"dag_id", "task_id", "run_id", "map_index", "try_number"}.
+ANNOTATION_TASK_INSTANCE = f"{DOMAIN}/task-instance"
 
 # Upstream pod-group labels (../shared/crds/README.md)
 LABEL_COSCHEDULING_POD_GROUP = "scheduling.x-k8s.io/pod-group"
@@ -23,6 +29,23 @@ ANNOTATION_VOLCANO_GROUP_NAME = "scheduling.k8s.io/group-name"
 LABEL_KUEUE_POD_GROUP_NAME = "kueue.x-k8s.io/pod-group-name"
 ANNOTATION_KUEUE_POD_GROUP_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
 LABEL_KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+
+# --- gang objects per backend (group, version, plural, kind) --------------------------------
+PODGROUP_GROUP = "scheduling.x-k8s.io"  # scheduler-plugins PodGroup: the airflow-gpu scheduler's and coscheduling's
+PODGROUP_VERSION = "v1alpha1"
+PODGROUP_PLURAL = "podgroups"
+PODGROUP_KIND = "PodGroup"
+VOLCANO_PODGROUP_GROUP = "scheduling.volcano.sh"
+VOLCANO_PODGROUP_VERSION = "v1beta1"
+VOLCANO_PODGROUP_PLURAL = "podgroups"
+GANG_BACKEND_AIRFLOW_GPU = "airflow-gpu"
+GANG_BACKEND_COSCHEDULING = "coscheduling"
+GANG_BACKEND_VOLCANO = "volcano"
+GANG_BACKEND_KUEUE = "kueue"
+GANG_BACKENDS = (GANG_BACKEND_AIRFLOW_GPU, GANG_BACKEND_COSCHEDULING, GANG_BACKEND_VOLCANO, GANG_BACKEND_KUEUE)
+COSCHEDULING_SCHEDULER_NAME = "scheduler-plugins-scheduler"  # scheduler-plugins' second-scheduler manifests
+VOLCANO_SCHEDULER_NAME = "volcano"
+KUBE_DEFAULT_SCHEDULER_NAME = "default-scheduler"  # Kueue admits; kube-scheduler places
 
 # --- annotations ----------------------------------------------------------------------------
 ANNOTATION_WAIT_REASON = f"{DOMAIN}/wait-reason"
@@ -69,6 +92,11 @@ CAPACITY_SPOT = "spot"
 CAPACITY_ON_DEMAND = "on-demand"
 TAINT_SPOT = f"{DOMAIN}/spot"
 TAINT_KARPENTER_DISRUPTED = "karpenter.sh/disrupted"
+TAINT_GKE_SPOT = "cloud.google.com/gke-spot"  # GKE taints spot node pools with it when asked to
+# Taints the node lifecycle controller would set; the scheduler adds them for a cordoned or not-ready
+# node so that it is filtered by the same taint/toleration logic as every other taint.
+TAINT_UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
+TAINT_NOT_READY = "node.kubernetes.io/not-ready"
 
 # --- upstream workload labels and annotations (apps/v1, batch/v1, kube-node-lease) ----------
 LABEL_POD_TEMPLATE_HASH = "pod-template-hash"
@@ -95,6 +123,7 @@ REASON_EVICTION_BY_EVICTION_API = "EvictionByEvictionAPI"
 REASON_DELETION_BY_TAINT_MANAGER = "DeletionByTaintManager"
 REASON_TERMINATION_BY_KUBELET = "TerminationByKubelet"
 REASON_DELETION_BY_POD_GC = "DeletionByPodGC"
+POD_REASON_NODE_LOST = "NodeLost"  # pod status.reason the node controller sets when its node is gone
 PODGROUP_PHASE_TIMED_OUT = "TimedOut"  # our PodGroup phase past spec.scheduleTimeoutSeconds (pods stay pending)
 REASON_SCHEDULE_TIMEOUT = "ScheduleTimeout"  # Event reason when a PodGroup times out
 
@@ -114,6 +143,17 @@ ENV_EXAMPLE_EPOCHS = "AIRFLOW_GPU_EXAMPLE_EPOCHS"
 ENV_EXAMPLE_STEPS_PER_EPOCH = "AIRFLOW_GPU_EXAMPLE_STEPS_PER_EPOCH"
 ENV_EXAMPLE_STEP_SECONDS = "AIRFLOW_GPU_EXAMPLE_STEP_SECONDS"
 ENV_EXAMPLE_SEED = "AIRFLOW_GPU_EXAMPLE_SEED"
+ENV_EXAMPLE_LEARNING_RATE = "AIRFLOW_GPU_EXAMPLE_LEARNING_RATE"
+# the example DAGs (dags/): checkpoint URI prefix and the Secret with the S3 credentials of the pods
+ENV_EXAMPLE_CHECKPOINTS = "AIRFLOW_GPU_EXAMPLE_CHECKPOINTS"
+ENV_EXAMPLE_S3_SECRET = "AIRFLOW_GPU_EXAMPLE_S3_SECRET"
+# rank environment of a gang's pods (torchrun / torch.distributed env:// init; one pod = one node)
+ENV_MASTER_ADDR = "MASTER_ADDR"
+ENV_MASTER_PORT = "MASTER_PORT"
+ENV_WORLD_SIZE = "WORLD_SIZE"
+ENV_RANK = "RANK"
+ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+DEFAULT_MASTER_PORT = 29500
 EXIT_CODE_STOPPED = 143  # training saved a checkpoint on SIGTERM and stopped: NOT a success
 
 # --- tiers ----------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from airflow_gpu import constants as C
+from airflow_gpu.kube import GangManifests, WorkloadSpec, build
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SEED_CLUSTER = REPO_ROOT / "examples" / "cluster-seed.yaml"
@@ -51,61 +52,38 @@ def cli(*args: str, env: dict | None = None) -> str:
     return run([sys.executable, "-m", "airflow_gpu", *args], env=env)
 
 
-# --- pods as the operator will build them ------------------------------------------------------
+# --- pods as the operator will build them (airflow_gpu.kube) ---------------------------------
+
+
+def team_of(namespace: str) -> str:
+    return namespace.removeprefix("team-")
 
 
 def training_gang(name: str, namespace: str, tier: str, workers: int, gpus: int, *, spot: bool,
-                  checkpoint_uri: str | None, attempt: int, epochs: int = 8) -> tuple[dict, list[dict]]:
-    """A PodGroup and its pods. Checkpointed ranks run the example trainer; S3 credentials come from
-    a Kubernetes Secret, never from literals in the pod spec."""
-    labels = {C.LABEL_TIER: tier, C.LABEL_COSCHEDULING_POD_GROUP: name}
-    annotations = {C.ANNOTATION_CHECKPOINTABLE: str(checkpoint_uri is not None).lower()}
-    podgroup = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
-                "metadata": {"name": name, "namespace": namespace, "labels": {C.LABEL_TIER: tier},
-                             "annotations": annotations},
-                "spec": {"minMember": workers}}
-    pods = []
-    for rank in range(workers):
-        env = [{"name": "RANK", "value": str(rank)}, {"name": "WORLD_SIZE", "value": str(workers)},
-               {"name": C.ENV_ATTEMPT, "value": str(attempt)},
-               {"name": C.ENV_INTERRUPTIONS, "value": str(attempt - 1)},
-               {"name": "AIRFLOW_GPU_EXAMPLE_EPOCHS", "value": str(epochs)},
-               {"name": "AIRFLOW_GPU_EXAMPLE_STEP_SECONDS", "value": "0.03"}]
-        container: dict = {"name": "trainer", "image": "python:3.11",
-                           "resources": {"requests": {"cpu": "1", "memory": "2Gi"},
-                                         "limits": {C.RESOURCE_GPU: str(gpus)}}}
-        pod_annotations = dict(annotations)
-        if checkpoint_uri:
-            env.append({"name": C.ENV_CHECKPOINT_URI, "value": f"{checkpoint_uri}/rank-{rank}"})
-            container["command"] = [sys.executable, "-m", "airflow_gpu.checkpoint.examples.train_numpy"]
-            container["envFrom"] = [{"secretRef": {"name": S3_SECRET}}]
-        else:
-            pod_annotations[C.ANNOTATION_SIM_DURATION] = "600"
-        container["env"] = env
-        spec: dict = {"schedulerName": C.DEFAULT_SCHEDULER_NAME, "restartPolicy": "Never",
-                      "priorityClassName": f"airflow-gpu-{tier}", "terminationGracePeriodSeconds": 20,
-                      "containers": [container]}
-        if spot:
-            spec["nodeSelector"] = {C.NODE_CAPACITY_TYPE_KARPENTER: C.CAPACITY_SPOT}
-            spec["tolerations"] = [{"key": C.TAINT_SPOT, "operator": "Exists", "effect": "NoSchedule"}]
-        else:
-            spec["nodeSelector"] = {C.NODE_CAPACITY_TYPE_KARPENTER: C.CAPACITY_ON_DEMAND}
-        pods.append({"apiVersion": "v1", "kind": "Pod",
-                     "metadata": {"name": f"{name}-{rank}", "namespace": namespace, "labels": labels,
-                                  "annotations": pod_annotations},
-                     "spec": spec})
-    return podgroup, pods
+                  checkpoint_uri: str | None, attempt: int, epochs: int = 8) -> GangManifests:
+    """A gang (PodGroup, headless Service, pods). Checkpointed ranks run the example trainer, each
+    rank in its own store; S3 credentials come from a Kubernetes Secret, never from literals."""
+    spec = WorkloadSpec(
+        team=team_of(namespace), namespace=namespace, tier=tier, image="python:3.11", name=name,
+        workers=workers, gpus_per_worker=gpus, attempt=attempt, interruptions=attempt - 1,
+        capacity_type=C.CAPACITY_SPOT if spot else C.CAPACITY_ON_DEMAND,
+        checkpoint_uri=checkpoint_uri, checkpoint_per_rank=checkpoint_uri is not None,
+        s3_secret=S3_SECRET if checkpoint_uri else None,
+        cmds=(sys.executable, "-m", "airflow_gpu.checkpoint.examples.train_numpy") if checkpoint_uri else (),
+        env_vars={C.ENV_EXAMPLE_EPOCHS: str(epochs), C.ENV_EXAMPLE_STEP_SECONDS: "0.03"},
+        annotations={} if checkpoint_uri else {C.ANNOTATION_SIM_DURATION: "600"},
+        container_resources={"requests": {"cpu": "1", "memory": "2Gi"}}, termination_grace_period=20,
+        container_name="trainer")
+    return build(spec)
 
 
 def inference_pod(name: str, namespace: str, profile: str, seconds: float) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "labels": {C.LABEL_TIER: C.TIER_INFERENCE},
-                         "annotations": {C.ANNOTATION_SIM_DURATION: str(seconds)}},
-            "spec": {"schedulerName": C.DEFAULT_SCHEDULER_NAME, "restartPolicy": "Never",
-                     "priorityClassName": f"airflow-gpu-{C.TIER_INFERENCE}",
-                     "containers": [{"name": "serve", "image": "vllm:latest",
-                                     "resources": {"requests": {"cpu": "2", "memory": "8Gi"},
-                                                   "limits": {f"{C.RESOURCE_MIG_PREFIX}{profile}": "1"}}}]}}
+    """A lone pod on a MIG slice: no PodGroup, no Service, no gang labels."""
+    spec = WorkloadSpec(
+        team=team_of(namespace), namespace=namespace, tier=C.TIER_INFERENCE, image="vllm:latest", name=name,
+        mig_profile=profile, gang=False, annotations={C.ANNOTATION_SIM_DURATION: str(seconds)},
+        container_resources={"requests": {"cpu": "2", "memory": "8Gi"}}, container_name="serve")
+    return build(spec).pods[0]
 
 
 # --- the story ---------------------------------------------------------------------------------
@@ -174,14 +152,10 @@ class Demo:
         console.print(f"pid {self.scheduler.pid}, log {self.workdir / 'scheduler.log'}")
 
     # workloads
-    def submit_gang(self, podgroup: dict, pods: list[dict]) -> None:
-        from kubernetes import client
+    def submit_gang(self, gang: GangManifests) -> None:
+        from airflow_gpu.devtools.gangs import submit_gang
 
-        ns = podgroup["metadata"]["namespace"]
-        client.CustomObjectsApi(self.api).create_namespaced_custom_object(
-            "scheduling.x-k8s.io", "v1alpha1", ns, "podgroups", podgroup)
-        for pod in pods:
-            client.CoreV1Api(self.api).create_namespaced_pod(ns, pod)
+        submit_gang(self.api, gang)
 
     def pods(self, namespace: str, prefix: str = "") -> list[dict]:
         from airflow_gpu.devtools.gangs import list_pods
@@ -227,7 +201,7 @@ class Demo:
     def story(self) -> None:
         uri = f"s3://{BUCKET}/team-research/sweep-lr"
         step("1. Best-effort sweep on spot (research, 2 x 4 GPUs, checkpoints every epoch to S3)")
-        self.submit_gang(*training_gang("sweep-lr", "team-research", C.TIER_BEST_EFFORT_TRAINING, 2, 4,
+        self.submit_gang(training_gang("sweep-lr", "team-research", C.TIER_BEST_EFFORT_TRAINING, 2, 4,
                                         spot=True, checkpoint_uri=uri, attempt=1, epochs=40))
         waited = self.wait("sweep gang bound and running", lambda: self.running("team-research", "sweep-lr", 2))
         self.notes.append(("sweep-lr started", f"{waited:.1f}s after submit on {self.where('team-research', 'sweep-lr')}"))
@@ -242,14 +216,14 @@ class Demo:
         step("3. Production reclaims borrowed GPUs (two on-demand nodes in maintenance)")
         for node in ("a100-od-0", "a100-od-1"):
             self.cluster.kubectl("cordon", node)
-        self.submit_gang(*training_gang("vision-exp", "team-vision", C.TIER_BEST_EFFORT_TRAINING, 1, 8,
+        self.submit_gang(training_gang("vision-exp", "team-vision", C.TIER_BEST_EFFORT_TRAINING, 1, 8,
                                         spot=False, checkpoint_uri=None, attempt=1))
         self.wait("vision experiment running (its own quota)", lambda: self.running("team-vision", "vision-exp", 1))
-        self.submit_gang(*training_gang("sweep-wide", "team-research", C.TIER_BEST_EFFORT_TRAINING, 1, 8,
+        self.submit_gang(training_gang("sweep-wide", "team-research", C.TIER_BEST_EFFORT_TRAINING, 1, 8,
                                         spot=False, checkpoint_uri=None, attempt=1))
         self.wait("research sweep running on borrowed quota", lambda: self.running("team-research", "sweep-wide", 1))
         self.notes.append(("borrowing", f"research runs 16 GPUs on a quota of 8: sweep-wide on {self.where('team-research', 'sweep-wide')}"))
-        self.submit_gang(*training_gang("nlp-finetune", "team-nlp", C.TIER_PRODUCTION_TRAINING, 1, 8,
+        self.submit_gang(training_gang("nlp-finetune", "team-nlp", C.TIER_PRODUCTION_TRAINING, 1, 8,
                                         spot=False, checkpoint_uri=None, attempt=1))
         waited = self.wait("production gang bound", lambda: self.running("team-nlp", "nlp-finetune", 1))
         survivors = {p["metadata"]["name"] for ns in ("team-research", "team-vision") for p in self.pods(ns)
@@ -286,9 +260,10 @@ class Demo:
         for p in self.pods("team-research", "sweep-lr"):
             core.delete_namespaced_pod(p["metadata"]["name"], "team-research", grace_period_seconds=0)
         client.CustomObjectsApi(self.api).delete_namespaced_custom_object(
-            "scheduling.x-k8s.io", "v1alpha1", "team-research", "podgroups", "sweep-lr")
+            C.PODGROUP_GROUP, C.PODGROUP_VERSION, "team-research", C.PODGROUP_PLURAL, "sweep-lr")
+        core.delete_namespaced_service("sweep-lr", "team-research")
         self.wait("old attempt gone", lambda: not self.pods("team-research", "sweep-lr"), 60)
-        self.submit_gang(*training_gang("sweep-lr", "team-research", C.TIER_BEST_EFFORT_TRAINING, 2, 4,
+        self.submit_gang(training_gang("sweep-lr", "team-research", C.TIER_BEST_EFFORT_TRAINING, 2, 4,
                                         spot=True, checkpoint_uri=uri, attempt=2, epochs=40))
         self.wait("retry finished", lambda: any(e["event"] == "done" for e in self.logs("team-research", "sweep-lr-0")), 120)
         events = self.logs("team-research", "sweep-lr-0")

@@ -12,4 +12,6 @@ def get_provider_info() -> dict:
         "description": "GPU-aware scheduling on Kubernetes: team quota pools, gang scheduling, spot with checkpoint resume.",
         "versions": [__version__],
         "plugins": [{"name": "airflow_gpu", "plugin-class": "airflow_gpu.plugin.AirflowGpuPlugin"}],
+        "operators": [{"integration-name": "airflow-gpu", "python-modules": ["airflow_gpu.operators.gpu_training"]}],
+        "triggers": [{"integration-name": "airflow-gpu", "python-modules": ["airflow_gpu.triggers.gang"]}],
     }

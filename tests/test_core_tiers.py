@@ -45,5 +45,19 @@ def test_config_adapter(repo_root):
     cfg = load_config(repo_root / "examples" / "seed-quotas.yaml")
     policies = cfg.tier_policies()
     for tier in cfg.tiers:
-        assert policies[tier.name] == TierPolicy(tier.priority, tier.preemptible, tier.spot_eligible)
+        assert policies[tier.name] == TierPolicy(tier.priority, tier.preemptible, tier.spot_eligible,
+                                                 preempts=tier.preemption_policy != "Never")
         assert tier.priority_class_name == priority_class_name(tier.name)
+
+
+def test_preemption_rules_of_the_tiers(repo_root):
+    """The scheduler's preemption and borrowing inputs come from core.tiers, not from scheduler/."""
+    from airflow_gpu.constants import TIER_BEST_EFFORT_TRAINING, TIER_INTERACTIVE
+    from airflow_gpu.core.tiers import borrowing_priority, never_preempting_tiers, non_preemptible_tiers
+
+    cfg = load_config(repo_root / "examples" / "seed-quotas.yaml")
+    policies = cfg.tier_policies()
+    assert non_preemptible_tiers(policies) == {t.name for t in cfg.tiers if not t.preemptible} | {TIER_INTERACTIVE}
+    assert never_preempting_tiers(policies) == {t.name for t in cfg.tiers if t.preemption_policy == "Never"}
+    assert borrowing_priority(policies) == cfg.tier(TIER_BEST_EFFORT_TRAINING).priority
+    assert non_preemptible_tiers({}) == {TIER_INTERACTIVE} and borrowing_priority({}) is None

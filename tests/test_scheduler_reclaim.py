@@ -14,7 +14,7 @@ from test_scheduler_gangs import PRODUCT, SIGTERM_SCRIPT, _quota_config
 from airflow_gpu import constants as C
 from airflow_gpu.config import load_config
 from airflow_gpu.devtools import gangs as G
-from airflow_gpu.scheduler.convert import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION
+from airflow_gpu.constants import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION
 from airflow_gpu.scheduler.loop import Scheduler, Settings
 
 BE_CLASS = "airflow-gpu-best-effort-training"

@@ -98,7 +98,7 @@ def test_queue_for_admin(stack):
     assert r.status_code == 200, r.text
     q = r.json()
     assert {t["team"] for t in q["teams"]} >= {"nlp", "vision"}
-    nlp_pool = next(t for t in q["teams"] if t["pool"] == "gpu.nlp.a100-80gb")
+    nlp_pool = next(t for t in q["teams"] if t["pool"] == "gpu.nlp.guaranteed")
     assert nlp_pool["slots"] == nlp_pool["gpus"] * 7
     by_dag = {w["dag_id"]: w for w in q["waiting"]}
     assert by_dag["llm_pretrain"]["reason"] == WAIT_REASON and by_dag["llm_pretrain"]["gpus"] == 12
@@ -168,7 +168,7 @@ def test_page_in_airflow_ui_headless_chromium(stack, tmp_path):
             frame = frame_el.content_frame()
             frame.wait_for_selector("body[data-ready=all]", timeout=60_000)
             text = frame.inner_text("body")
-            assert "gpu.nlp.a100-80gb" in text and "gpu.vision.a100-80gb" in text
+            assert "gpu.nlp.guaranteed" in text and "gpu.vision.preemptible" in text
             assert WAIT_REASON in text and QUOTA_REASON in text
             assert "team-nlp/finetune-1 → gpu-spot-0" in text
             assert frame.locator("#nodes .node").count() == 6 and frame.locator("#nodes .gpu.used").count() == 8

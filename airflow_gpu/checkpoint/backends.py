@@ -59,10 +59,25 @@ class Backend(Protocol):
     def multipart_abort(self, handle: Any) -> None: ...
 
 
+def uri_problem(uri: object) -> str | None:
+    """Why `uri` cannot be a checkpoint store, or None: s3://bucket[/prefix] or file:///absolute/path."""
+    if not isinstance(uri, str) or "://" not in uri:
+        return f"checkpoint URI {uri!r} must look like s3://bucket/prefix or file:///absolute/path"
+    scheme, rest = uri.split("://", 1)
+    if scheme.lower() not in ("s3", "file"):
+        return f"checkpoint URI {uri!r}: scheme {scheme.lower()!r} is not supported; use s3:// or file://"
+    if scheme.lower() == "s3" and not rest.split("/", 1)[0]:
+        return f"checkpoint URI {uri!r} names no bucket: s3://bucket/prefix"
+    if scheme.lower() == "file" and not rest.startswith(("/", "localhost/")):
+        return f"file URI {uri!r} must be absolute: file:///path/to/checkpoints"
+    return None
+
+
 def open_backend(uri: str, **options: Any) -> Backend:
     """file:///abs/path or s3://bucket/prefix. S3 options: see S3Backend."""
-    if not isinstance(uri, str) or "://" not in uri:
-        raise ConfigError(f"checkpoint URI {uri!r} must look like s3://bucket/prefix or file:///absolute/path")
+    problem = uri_problem(uri)
+    if problem:
+        raise ConfigError(problem)
     scheme = uri.split("://", 1)[0].lower()
     if scheme == "file":
         if options:
@@ -72,7 +87,7 @@ def open_backend(uri: str, **options: Any) -> Backend:
         from airflow_gpu.checkpoint.s3 import S3Backend
 
         return S3Backend(uri, **options)
-    raise ConfigError(f"checkpoint URI {uri!r}: scheme {scheme!r} is not supported; use s3:// or file://")
+    raise AssertionError(scheme)  # uri_problem admits only the two schemes
 
 
 class FileBackend:

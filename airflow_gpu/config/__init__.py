@@ -13,7 +13,7 @@ Loading is all or nothing: `load_config` raises `ConfigError` listing every prob
 """
 
 from airflow_gpu.config.errors import ConfigError, ConfigIssue
-from airflow_gpu.config.load import load_config, parse_config
+from airflow_gpu.config.load import load_config, load_config_cached, parse_config
 from airflow_gpu.config.model import (
     format_gpus,
     SLOTS_PER_GPU,
@@ -37,5 +37,6 @@ __all__ = [
     "Team",
     "Tier",
     "load_config",
+    "load_config_cached",
     "parse_config",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -189,3 +190,23 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or str(exc)
     return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else problem
+
+
+_CACHE: dict[str, tuple[tuple[int, int], QuotaConfig]] = {}
+
+
+def load_config_cached(path: str | Path) -> QuotaConfig:
+    """`load_config` once per process and file version: the DAG processor parses many tasks that
+    name the same file, and a changed file (mtime or size) is read again. Errors are not cached."""
+    key = str(Path(path).resolve())
+    try:
+        st = os.stat(key)
+    except OSError:
+        return load_config(path)  # reports the unreadable file
+    version = (st.st_mtime_ns, st.st_size)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    cfg = load_config(path)
+    _CACHE[key] = (version, cfg)
+    return cfg

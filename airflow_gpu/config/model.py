@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from airflow_gpu import constants
-from airflow_gpu.core.tiers import TierPolicy, priority_class_name
+from airflow_gpu.core.tiers import TIER_CLASS_GUARANTEED, TierPolicy, priority_class_name, tier_class
 
 SLOTS_PER_GPU = 7
 """Airflow pool slots per whole GPU: one slot is one MIG compute slice (1/7 GPU)."""
@@ -198,7 +198,8 @@ class QuotaConfig(_Strict):
 
     def tier_policies(self) -> dict[str, TierPolicy]:
         """The one adapter from this file to core's tier rule: tier name -> core.tiers.TierPolicy."""
-        return {t.name: TierPolicy(t.priority, t.preemptible, t.spot_eligible) for t in self.tiers}
+        return {t.name: TierPolicy(t.priority, t.preemptible, t.spot_eligible, t.preemption_policy != "Never")
+                for t in self.tiers}
 
     def node_label_aliases(self) -> dict[str, str]:
         """nvidia.com/gpu.product node label value -> product name, for products that declare one."""
@@ -224,3 +225,20 @@ class QuotaConfig(_Strict):
         """Slots the team is guaranteed (quota without borrowing): what counts against capacity."""
         t = team if isinstance(team, Team) else self.team(team)
         return self.team_slots(t, product) - t.borrowing_gpus(product) * SLOTS_PER_GPU
+
+    def tier_class(self, tier: str) -> str:
+        """"guaranteed" or "preemptible": which of the team's pools and ResourceQuotas the tier uses."""
+        return tier_class(self.tier_policies()[self.tier(tier).name])
+
+    def team_tier_classes(self, team: str | Team) -> list[str]:
+        """Tier classes of the tiers the team may use, guaranteed first."""
+        t = team if isinstance(team, Team) else self.team(team)
+        classes = {self.tier_class(tier.name) for tier in self.tiers if t.allows_tier(tier.name)}
+        return sorted(classes, key=lambda c: c != TIER_CLASS_GUARANTEED)
+
+    def class_slots(self, team: str | Team, cls: str) -> int:
+        """Slots of the team's pool for a tier class, over every product: the guarantee for
+        non-preemptible tiers, quota + borrowing for preemptible ones (MIG instances in both)."""
+        t = team if isinstance(team, Team) else self.team(team)
+        size = self.guaranteed_slots if cls == TIER_CLASS_GUARANTEED else self.team_slots
+        return sum(size(t, product) for product in t.products())

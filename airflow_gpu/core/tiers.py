@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from airflow_gpu.constants import TIER_INTERACTIVE
 from airflow_gpu.core.capacity import confine_to_eligible_capacity, is_spot_eligible
 from airflow_gpu.core.model import PodRequest
 
@@ -22,6 +23,7 @@ class TierPolicy:
     priority: int = 0
     preemptible: bool = True
     spot_eligible: bool = False
+    preempts: bool = True  # False: its PriorityClass says preemptionPolicy: Never (waits, never evicts)
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,19 @@ class TierDecision:
     preemptible: bool
     spot_eligible: bool
     members: tuple[PodRequest, ...]  # confined to on-demand unless spot-eligible
+
+
+# Tier classes: what the team's Airflow pool and namespace ResourceQuota of a tier are sized at.
+# Non-preemptible tiers run inside the team's guarantee; preemptible tiers may also borrow, and are
+# displaced (preempted, within the team too) when guaranteed work needs the GPUs back.
+TIER_CLASS_GUARANTEED = "guaranteed"
+TIER_CLASS_PREEMPTIBLE = "preemptible"
+TIER_CLASSES = (TIER_CLASS_GUARANTEED, TIER_CLASS_PREEMPTIBLE)
+
+
+def tier_class(policy: TierPolicy) -> str:
+    """Preemptible tiers (victims allowed) -> "preemptible", the others -> "guaranteed"."""
+    return TIER_CLASS_PREEMPTIBLE if policy.preemptible else TIER_CLASS_GUARANTEED
 
 
 def priority_class_name(tier: str) -> str:
@@ -73,3 +88,18 @@ def resolve_tier(named: str | None, priority_classes: list[str], tiers: Mapping[
         if t in tiers:
             return t
     return classes[0] if classes else DEFAULT_TIER
+
+
+def non_preemptible_tiers(tiers: Mapping[str, TierPolicy]) -> frozenset[str]:
+    """Tiers never chosen as preemption victims: those the config marks so, and interactive always."""
+    return frozenset(name for name, policy in tiers.items() if not policy.preemptible) | {TIER_INTERACTIVE}
+
+
+def never_preempting_tiers(tiers: Mapping[str, TierPolicy]) -> frozenset[str]:
+    return frozenset(name for name, policy in tiers.items() if not policy.preempts)
+
+
+def borrowing_priority(tiers: Mapping[str, TierPolicy]) -> int | None:
+    """Idle quota is borrowed at best-effort priority (docs/DESIGN.md): the lowest preemptible tier's."""
+    preemptible = [policy.priority for policy in tiers.values() if policy.preemptible]
+    return min(preemptible) if preemptible else None

@@ -14,7 +14,7 @@ from kubernetes.client.rest import ApiException
 
 from airflow_gpu import constants as C
 from airflow_gpu.devtools.processes import ManagedProcess, wait_until  # noqa: F401 - re-exported for callers
-from airflow_gpu.scheduler.convert import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION
+from airflow_gpu.kube import GangManifests, group_manifest, member_name, membership
 
 
 def api_client(kubeconfig: str | Path, pool: int = 32) -> client.ApiClient:
@@ -58,7 +58,7 @@ def pod_manifest(name: str, namespace: str, gpus: int = 1, group: str | None = N
         ann[C.ANNOTATION_SIM_DURATION] = str(sim_seconds)
     lab = dict(labels or {})
     if group:
-        lab[C.LABEL_COSCHEDULING_POD_GROUP] = group
+        lab.update(membership(C.GANG_BACKEND_AIRFLOW_GPU, group).labels)
     container = {"name": "main", "image": "python:3.11",
                  "resources": {"requests": {"cpu": cpu, "memory": "256Mi"},
                                "limits": {C.RESOURCE_GPU: str(gpus)} if gpus else {}}}
@@ -79,12 +79,10 @@ def pod_manifest(name: str, namespace: str, gpus: int = 1, group: str | None = N
 
 def create_podgroup(api: client.ApiClient, namespace: str, name: str, min_member: int,
                     annotations: dict | None = None, labels: dict | None = None) -> dict:
-    body = {"apiVersion": f"{PODGROUP_GROUP}/{PODGROUP_VERSION}", "kind": "PodGroup",
-            "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {},
-                         "labels": labels or {}},
-            "spec": {"minMember": min_member}}
+    body = group_manifest(C.GANG_BACKEND_AIRFLOW_GPU, namespace, name, min_member, labels=labels,
+                          annotations=annotations)
     return client.CustomObjectsApi(api).create_namespaced_custom_object(
-        PODGROUP_GROUP, PODGROUP_VERSION, namespace, PODGROUP_PLURAL, body)
+        C.PODGROUP_GROUP, C.PODGROUP_VERSION, namespace, C.PODGROUP_PLURAL, body)
 
 
 def create_gang(api: client.ApiClient, namespace: str, name: str, members: int, gpus: int,
@@ -92,11 +90,23 @@ def create_gang(api: client.ApiClient, namespace: str, name: str, members: int, 
     """A PodGroup of `members` pods with `gpus` GPUs each; returns the pod names."""
     create_podgroup(api, namespace, name, members, pg_annotations)
     core = client.CoreV1Api(api)
-    names = [f"{name}-{i}" for i in range(members)]
+    names = [member_name(name, i) for i in range(members)]
     for pod_name in names:
         core.create_namespaced_pod(namespace, pod_manifest(pod_name, namespace, gpus, group=name, **pod_kw),
                                    _preload_content=False)
     return names
+
+
+def submit_gang(api: client.ApiClient, gang: GangManifests) -> dict[str, str]:
+    """Create a gang's objects in order (group, Service, pods); returns pod name -> UID."""
+    ns = gang.pods[0]["metadata"]["namespace"]
+    if gang.group is not None:
+        res = gang.group_resource
+        client.CustomObjectsApi(api).create_namespaced_custom_object(res.group, res.version, ns, res.plural, gang.group)
+    core = client.CoreV1Api(api)
+    if gang.service is not None:
+        core.create_namespaced_service(ns, gang.service)
+    return {p["metadata"]["name"]: core.create_namespaced_pod(ns, p).metadata.uid for p in gang.pods}
 
 
 def list_pods(api: client.ApiClient, namespace: str | None = None) -> list[dict]:
@@ -108,7 +118,7 @@ def list_pods(api: client.ApiClient, namespace: str | None = None) -> list[dict]
 
 def get_podgroup(api: client.ApiClient, namespace: str, name: str) -> dict:
     return client.CustomObjectsApi(api).get_namespaced_custom_object(
-        PODGROUP_GROUP, PODGROUP_VERSION, namespace, PODGROUP_PLURAL, name)
+        C.PODGROUP_GROUP, C.PODGROUP_VERSION, namespace, C.PODGROUP_PLURAL, name)
 
 
 def events_for(api: client.ApiClient, namespace: str, name: str | None = None) -> list[dict]:

@@ -62,7 +62,9 @@ class DatabaseBackend:
 
         self._require_schema()
         with self._session() as session:
-            return [_state(p.pool, p.slots, p.description, p.include_deferred, p.team_name)
+            stats = Pool.slots_stats(session=session)
+            return [_state(p.pool, p.slots, p.description, p.include_deferred, p.team_name,
+                           _in_use(stats.get(p.pool) or {}))
                     for p in Pool.get_pools(session=session)]
 
     def apply(self, changes: list[Change]) -> None:
@@ -147,7 +149,8 @@ class RestBackend:
             return None
 
     def list_pools(self) -> list[PoolState]:
-        return [_state(p["name"], p["slots"], p.get("description"), p["include_deferred"], p.get("team_name"))
+        return [_state(p["name"], p["slots"], p.get("description"), p["include_deferred"], p.get("team_name"),
+                       _in_use({k.removesuffix("_slots"): v for k, v in p.items() if k.endswith("_slots")}))
                 for p in self._api.paginate("/api/v2/pools", "pools")]
 
     def apply(self, changes: list[Change]) -> None:
@@ -168,6 +171,11 @@ class RestBackend:
         self._api.close()
 
 
-def _state(name, slots, description, include_deferred, team_name) -> PoolState:
+def _state(name, slots, description, include_deferred, team_name, in_use: int = 0) -> PoolState:
     return PoolState(name=name, slots=int(slots), description=description,
-                     include_deferred=bool(include_deferred), team_name=team_name)
+                     include_deferred=bool(include_deferred), team_name=team_name, in_use=in_use)
+
+
+def _in_use(stats: dict) -> int:
+    """Slots task instances hold or wait for in a pool: running, queued, scheduled, deferred."""
+    return sum(int(stats.get(k) or 0) for k in ("running", "queued", "scheduled", "deferred"))

@@ -14,7 +14,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from airflow_gpu import constants as C
-from airflow_gpu.scheduler.convert import PODGROUP_GROUP, PODGROUP_KIND, PODGROUP_PLURAL, PODGROUP_VERSION
+from airflow_gpu.constants import PODGROUP_GROUP, PODGROUP_KIND, PODGROUP_PLURAL, PODGROUP_VERSION
 
 log = logging.getLogger(__name__)
 MERGE = "application/merge-patch+json"

@@ -23,7 +23,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from airflow_gpu.scheduler.convert import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION, key_of
+from airflow_gpu.constants import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION
+from airflow_gpu.scheduler.convert import key_of
 
 log = logging.getLogger(__name__)
 

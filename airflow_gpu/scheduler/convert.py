@@ -16,6 +16,12 @@ from typing import Any, Iterable, Mapping
 from kubernetes.utils.quantity import parse_quantity
 
 from airflow_gpu import constants as C
+from airflow_gpu.constants import (  # noqa: F401 - re-exported: callers import them with the conversion
+    PODGROUP_GROUP,
+    PODGROUP_KIND,
+    PODGROUP_PLURAL,
+    PODGROUP_VERSION,
+)
 from airflow_gpu.core.model import (
     Gang,
     Node,
@@ -28,29 +34,11 @@ from airflow_gpu.core.model import (
     TopologyRequirement,
 )
 from airflow_gpu.core.tiers import DEFAULT_TIER, TierPolicy, decide, resolve_tier, tier_of_priority_class  # noqa: F401
-
-PODGROUP_GROUP = "scheduling.x-k8s.io"
-PODGROUP_VERSION = "v1alpha1"
-PODGROUP_PLURAL = "podgroups"
-PODGROUP_KIND = "PodGroup"
-
-# Taints the node lifecycle controller would set; added here so a cordoned or not-ready node is
-# filtered by the same taint/toleration logic as every other taint.
-TAINT_UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
-TAINT_NOT_READY = "node.kubernetes.io/not-ready"
+from airflow_gpu.kube.wire import as_dict
 
 
 class ConversionError(ValueError):
     """An object the scheduler cannot understand; the message names the object and the field."""
-
-
-def as_dict(obj: Any) -> dict:
-    """A wire-format dict for a client model object or a dict (returned as is)."""
-    if isinstance(obj, dict):
-        return obj
-    from kubernetes.client import ApiClient  # only needed for client model objects
-
-    return ApiClient().sanitize_for_serialization(obj)
 
 
 def key_of(obj: Mapping) -> str:
@@ -167,9 +155,9 @@ def node_from_k8s(obj: Any) -> Node:
         for t in (node.get("spec") or {}).get("taints") or []
     ]
     if (node.get("spec") or {}).get("unschedulable"):
-        taints.append(Taint(key=TAINT_UNSCHEDULABLE, effect="NoSchedule"))
+        taints.append(Taint(key=C.TAINT_UNSCHEDULABLE, effect="NoSchedule"))
     if not node_ready(node):
-        taints.append(Taint(key=TAINT_NOT_READY, effect="NoSchedule"))
+        taints.append(Taint(key=C.TAINT_NOT_READY, effect="NoSchedule"))
     gpu_memory = labels.get(C.NODE_GPU_MEMORY, "0")
     return Node(
         name=name,

@@ -53,6 +53,7 @@ from airflow_gpu.core.policies import DEFAULT_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy
 from airflow_gpu.core.queue import Backoff, schedule_cycle
 from airflow_gpu.core.quota import QuotaBook
+from airflow_gpu.core.tiers import borrowing_priority, never_preempting_tiers, non_preemptible_tiers
 from airflow_gpu.scheduler.actions import Api, default_identity, grace_seconds_of
 from airflow_gpu.scheduler.cache import ClusterCache, View
 from airflow_gpu.scheduler.convert import (
@@ -101,21 +102,19 @@ class Settings:
 
 
 def preemption_policy_from_config(cfg) -> PreemptionPolicy:
+    """The tiers' preemption rules (core.tiers) as the preemption plugin takes them."""
     if cfg is None:
         return PreemptionPolicy()
-    return PreemptionPolicy(
-        non_preemptible_tiers=frozenset(t.name for t in cfg.tiers if not t.preemptible) | {C.TIER_INTERACTIVE},
-        never_preempting_tiers=frozenset(t.name for t in cfg.tiers if t.preemption_policy == "Never"),
-    )
+    tiers = cfg.tier_policies()
+    return PreemptionPolicy(non_preemptible_tiers=non_preemptible_tiers(tiers),
+                            never_preempting_tiers=never_preempting_tiers(tiers))
 
 
 def quota_book_from_config(cfg) -> QuotaBook | None:
     if cfg is None:
         return None
-    aliases = {p.node_label: p.name for p in cfg.products if p.node_label}
-    # idle quota is borrowed at best-effort priority (DESIGN.md): the lowest preemptible tier's
-    preemptible = [t.priority for t in cfg.tiers if t.preemptible]
-    return QuotaBook.from_teams(cfg.teams, aliases=aliases, borrowed_priority=min(preemptible) if preemptible else None)
+    return QuotaBook.from_teams(cfg.teams, aliases=cfg.node_label_aliases(),
+                                borrowed_priority=borrowing_priority(cfg.tier_policies()))
 
 
 class Scheduler:

@@ -21,13 +21,13 @@ from airflow_gpu.core.plugins.fgd import FGDScore, TypicalPods
 from airflow_gpu.core.policies import make_profile
 from airflow_gpu.core.queue import estimate_start
 from airflow_gpu.config import SLOTS_PER_GPU
+from airflow_gpu.pools.plan import POOL_PREFIX, parse_pool_name
 from airflow_gpu.scheduler.cache import View
 from airflow_gpu.scheduler.convert import ConversionContext, hint_time, key_of, parse_time
 from airflow_gpu.scheduler.state import build_world
 from airflow_gpu.ui.ledger import try_key
 
 ESTIMATE_LIMIT = 25  # estimated starts for the first N waiting gangs of the cluster's queue (cost bound)
-POOL_PREFIX = "gpu."
 
 
 @dataclass
@@ -66,11 +66,8 @@ class Inputs:
 
 
 def pool_parts(pool: str) -> tuple[str, str] | None:
-    """gpu.<team>.<product> -> (team, product)."""
-    if not pool.startswith(POOL_PREFIX):
-        return None
-    team, _, product = pool[len(POOL_PREFIX):].partition(".")
-    return (team, product) if team and product else None
+    """gpu.<team>.<tier class> -> (team, tier class); the naming is pools.plan's."""
+    return parse_pool_name(pool)
 
 
 def ti_link(base_url: str, dag_id: str, run_id: str, task_id: str) -> str:
@@ -113,7 +110,7 @@ def build(inputs: Inputs, now: float | None = None, estimate_limit: int = ESTIMA
         parts = pool_parts(p.pool)
         if parts is None:
             continue
-        teams.append({"team": parts[0], "product": parts[1], "pool": p.pool, "slots": p.slots, "occupied": p.occupied,
+        teams.append({"team": parts[0], "tier_class": parts[1], "pool": p.pool, "slots": p.slots, "occupied": p.occupied,
                       "deferred": p.deferred, "queued": p.queued, "gpus": p.slots / SLOTS_PER_GPU,
                       "occupied_gpus": p.occupied / SLOTS_PER_GPU, "team_name": p.team_name})
     tis = {(t.dag_id, t.task_id, t.run_id, str(t.try_number)): t for t in inputs.tasks}
@@ -149,7 +146,7 @@ def build(inputs: Inputs, now: float | None = None, estimate_limit: int = ESTIMA
         reason = (f"pool full: {t.pool} has {pool['occupied']} of {pool['slots']} slots occupied"
                   if pool and pool["occupied"] + t.pool_slots > pool["slots"] else "waiting for an Airflow executor slot")
         waiting.append(_waiting_row((t.dag_id, t.task_id, t.run_id, str(t.try_number)), parts[0], "",
-                                    t.pool_slots / SLOTS_PER_GPU, [parts[1]], now - (t.queued_at or now), reason,
+                                    t.pool_slots / SLOTS_PER_GPU, [], now - (t.queued_at or now), reason,
                                     None, None, inputs.base_url, ""))
     _positions(waiting)
     running = [_running_row(world.running_units[r.gang.name], r, world, now, inputs.base_url) for r in world.running]

@@ -82,8 +82,9 @@ def read_xcom_results(session, since: float, until: float) -> list[dict]:
     for r in q:
         from airflow_gpu.ui.queue import pool_parts
 
-        team, product = pool_parts(r.pool) or ("", "")
+        team = (pool_parts(r.pool) or ("", ""))[0]
         value = r.value if isinstance(r.value, dict) else json.loads(r.value) if r.value else {}
+        product = str(value.get("gpu_product") or "")  # pools span products; the operator reports its own
         out.append({"team": team, "product": product, "try": (r.dag_id, r.task_id, r.run_id, str(r.try_number)),
                     "start": (r.start_date or r.end_date).timestamp(), "end": r.end_date.timestamp(), "value": value})
     return out

@@ -11,6 +11,7 @@ configuration comes from the environment (ENV.md):
     AIRFLOW_GPU_EXAMPLE_STEPS_PER_EPOCH  SGD steps per epoch (default 40)
     AIRFLOW_GPU_EXAMPLE_STEP_SECONDS sleep per step, to stand in for a real model's step time (default 0)
     AIRFLOW_GPU_EXAMPLE_SEED         data and initialisation seed (default 0)
+    AIRFLOW_GPU_EXAMPLE_LEARNING_RATE  SGD learning rate (default LEARNING_RATE)
     AWS_*                            S3 endpoint and credentials, as boto3 reads them
 
 Prints one JSON object per line (events: start, resume, epoch, stopped, done, stale). Exit codes:
@@ -91,6 +92,7 @@ def main() -> int:
     steps_per_epoch = int(env_number(env, C.ENV_EXAMPLE_STEPS_PER_EPOCH, 40, minimum=1))
     step_seconds = float(env_number(env, C.ENV_EXAMPLE_STEP_SECONDS, 0.0, float))
     seed = int(env_number(env, C.ENV_EXAMPLE_SEED, 0))
+    learning_rate = float(env_number(env, C.ENV_EXAMPLE_LEARNING_RATE, LEARNING_RATE, float))
     ckpt = Checkpointer.from_env()
     x, y = make_data(seed)
     try:
@@ -114,7 +116,7 @@ def main() -> int:
             idx = batch_indices(seed, state["step"], steps_per_epoch)
             _, grads = loss_and_grads(params, x[idx], y[idx])
             for name in params:
-                velocity[name] = MOMENTUM * velocity[name] - LEARNING_RATE * grads[name]
+                velocity[name] = MOMENTUM * velocity[name] - learning_rate * grads[name]
                 params[name] = params[name] + velocity[name]
             state["step"] += 1
             if step_seconds:

@@ -1,0 +1,200 @@
+"""WorkloadSpec -> the Kubernetes objects of one attempt of a gang: W pods with rank and checkpoint
+env, a headless Service for rank discovery, and the backend's group object.
+
+Every object carries the task instance's labels, so `TaskInstanceRef.selector()` finds all of them
+(cleanup on every path), and the attempt's label, so one attempt's objects are told from another's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from airflow_gpu import constants as C
+from airflow_gpu.kube.backends import (
+    DEFAULT_SCHEDULER,
+    GroupResource,
+    Membership,
+    group_manifest,
+    group_resource,
+    membership,
+)
+from airflow_gpu.kube.names import member_name
+from airflow_gpu.kube.spec import WorkloadSpec, WorkloadSpecError
+
+
+@dataclass(frozen=True)
+class GangManifests:
+    """The objects to create, in this order: group, Service, pods (a scheduler that sees a pod
+    before its group would treat it as a lone pod)."""
+
+    group: dict | None
+    group_resource: GroupResource | None
+    service: dict | None
+    pods: tuple[dict, ...]
+
+    @property
+    def name(self) -> str:
+        return self.pods[0]["metadata"]["labels"].get(C.LABEL_GANG) or self.pods[0]["metadata"]["name"]
+
+    def objects(self) -> list[dict]:
+        return [o for o in (self.group, self.service) if o is not None] + list(self.pods)
+
+
+def common_labels(spec: WorkloadSpec) -> dict[str, str]:
+    """Labels on every object of the attempt."""
+    labels = {C.LABEL_MANAGED_BY: C.MANAGED_BY_VALUE, C.LABEL_TEAM: spec.team, C.LABEL_TIER: spec.tier,
+              C.LABEL_ATTEMPT: str(spec.attempt)}
+    if spec.task_instance is not None:
+        labels.update(spec.task_instance.labels())
+    return labels
+
+
+def scheduling_annotations(spec: WorkloadSpec) -> dict[str, str]:
+    """What the airflow-gpu scheduler reads from a gang's objects (scheduler/convert.py)."""
+    out = {C.ANNOTATION_CHECKPOINTABLE: str(spec.checkpointable).lower(),
+           C.ANNOTATION_INTERRUPTIONS: str(spec.interruptions)}
+    if spec.gpu_products:
+        out[C.ANNOTATION_GPU_PRODUCTS] = ",".join(spec.gpu_products)
+    if spec.topology_annotation:
+        out[C.ANNOTATION_TOPOLOGY] = spec.topology_annotation
+    if spec.task_instance is not None:
+        out[C.ANNOTATION_TASK_INSTANCE] = spec.task_instance.annotation()
+    return out
+
+
+def capacity_placement(spec: WorkloadSpec) -> tuple[dict[str, str], list[dict]]:
+    """nodeSelector and tolerations that put the pods on the chosen capacity type, in the labels of
+    the cluster's provisioner (constants.NODE_CAPACITY_TYPE_*). GKE has no on-demand label: on-demand
+    there is "not spot", which the scheduler already enforces for work that may not run on spot."""
+    spot = spec.capacity_type == C.CAPACITY_SPOT
+    if spec.capacity_type is None:
+        return {}, []
+    tolerations = [{"key": C.TAINT_SPOT, "operator": "Exists", "effect": "NoSchedule"}] if spot else []
+    if spec.capacity_labels == "karpenter":
+        return {C.NODE_CAPACITY_TYPE_KARPENTER: C.CAPACITY_SPOT if spot else C.CAPACITY_ON_DEMAND}, tolerations
+    if spec.capacity_labels == "eks":
+        return {C.NODE_CAPACITY_TYPE_EKS: "SPOT" if spot else "ON_DEMAND"}, tolerations
+    if spot:  # gke
+        tolerations.append({"key": C.TAINT_GKE_SPOT, "operator": "Equal", "value": "true", "effect": "NoSchedule"})
+        return {C.NODE_GKE_SPOT: "true"}, tolerations
+    return {}, []
+
+
+def _node_selector(spec: WorkloadSpec, capacity: dict[str, str]) -> dict[str, str]:
+    selector = dict(spec.node_selector)
+    for key, value in capacity.items():
+        if selector.get(key, value) != value:
+            raise WorkloadSpecError(f"node_selector[{key!r}]={selector[key]!r} contradicts capacity_type="
+                                    f"{spec.capacity_type!r} ({key}={value}); drop it from node_selector")
+        selector[key] = value
+    return selector
+
+
+def rank_env(spec: WorkloadSpec, rank: int) -> list[dict]:
+    """torch.distributed env:// rendezvous: rank 0's stable DNS name through the headless Service."""
+    name = spec.gang_name
+    master = f"{member_name(name, 0)}.{name}.{spec.namespace}.svc"
+    return [{"name": C.ENV_MASTER_ADDR, "value": master},
+            {"name": C.ENV_MASTER_PORT, "value": str(spec.master_port)},
+            {"name": C.ENV_WORLD_SIZE, "value": str(spec.workers)},
+            {"name": C.ENV_RANK, "value": str(rank)},
+            {"name": C.ENV_LOCAL_WORLD_SIZE, "value": str(spec.processes_per_worker)}]
+
+
+def checkpoint_env(spec: WorkloadSpec, rank: int) -> list[dict]:
+    """The contract of checkpoint/ENV.md (attempt and interruptions always; the rest when set)."""
+    env = [{"name": C.ENV_ATTEMPT, "value": str(spec.attempt)},
+           {"name": C.ENV_INTERRUPTIONS, "value": str(spec.interruptions)}]
+    optional = ((C.ENV_CHECKPOINT_URI, spec.checkpoint_uri_of(rank)), (C.ENV_RESUME_URI, spec.resume_uri),
+                (C.ENV_DEADLINE, spec.deadline), (C.ENV_CHECKPOINT_KEEP_LAST, spec.checkpoint_keep_last),
+                (C.ENV_CHECKPOINT_KEEP_EVERY, spec.checkpoint_keep_every))
+    env += [{"name": k, "value": str(v)} for k, v in optional if v is not None]
+    return env
+
+
+def _container(spec: WorkloadSpec, rank: int) -> dict:
+    env = (rank_env(spec, rank) if spec.gang else []) + checkpoint_env(spec, rank)
+    env += [{"name": k, "value": v} for k, v in sorted(spec.env_vars.items())]
+    env += [{"name": s.env, "valueFrom": {"secretKeyRef": {"name": s.secret, "key": s.key}}}
+            for s in spec.secrets if s.env]
+    env_from = [{"secretRef": {"name": s.secret}} for s in spec.secrets if not s.env]
+    if spec.s3_secret:
+        env_from.append({"secretRef": {"name": spec.s3_secret}})
+    resources = {part: dict(spec.container_resources.get(part) or {}) for part in ("requests", "limits")}
+    resources["limits"].update(spec.gpu_limits())
+    container: dict = {"name": spec.container_name, "image": spec.image, "env": env,
+                       "resources": {k: v for k, v in resources.items() if v}}
+    if spec.cmds:
+        container["command"] = list(spec.cmds)
+    if spec.arguments:
+        container["args"] = list(spec.arguments)
+    if env_from:
+        container["envFrom"] = env_from
+    if spec.volume_mounts:
+        container["volumeMounts"] = [dict(m) for m in spec.volume_mounts]
+    return container
+
+
+def build(spec: WorkloadSpec) -> GangManifests:
+    """The objects of `spec`'s attempt. Deterministic: the same spec gives the same objects."""
+    name = spec.gang_name
+    labels = common_labels(spec)
+    annotations = scheduling_annotations(spec)
+    capacity_selector, capacity_tolerations = capacity_placement(spec)
+    node_selector = _node_selector(spec, capacity_selector)
+    member = (membership(spec.gang_backend, name, spec.workers, spec.queue) if spec.gang
+              else Membership(scheduler_name=DEFAULT_SCHEDULER[spec.gang_backend]))  # lone pod: no gang labels
+    pods = []
+    for rank in range(spec.workers):
+        pod_name = member_name(name, rank) if spec.gang else name
+        pod_labels = {**spec.labels, **labels, **member.labels}
+        if spec.gang:
+            pod_labels[C.LABEL_GANG_RANK] = str(rank)
+        pod_spec: dict = {
+            "schedulerName": spec.scheduler_name or member.scheduler_name,
+            "restartPolicy": "Never",  # a relaunch is a new attempt with new pods, never a restart in place
+            "priorityClassName": spec.priority_class_name,
+            "enableServiceLinks": False,
+            "containers": [_container(spec, rank)],
+        }
+        if spec.gang:
+            pod_spec["hostname"] = pod_name
+            pod_spec["subdomain"] = name
+        if node_selector:
+            pod_spec["nodeSelector"] = dict(node_selector)
+        tolerations = [dict(t) for t in spec.tolerations] + [t for t in capacity_tolerations if t not in spec.tolerations]
+        if tolerations:
+            pod_spec["tolerations"] = tolerations
+        if spec.volumes:
+            pod_spec["volumes"] = [dict(v) for v in spec.volumes]
+        if spec.service_account_name:
+            pod_spec["serviceAccountName"] = spec.service_account_name
+        if spec.termination_grace_period is not None:
+            pod_spec["terminationGracePeriodSeconds"] = spec.termination_grace_period
+        pods.append({"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {"name": pod_name, "namespace": spec.namespace, "labels": pod_labels,
+                                  "annotations": {**spec.annotations, **annotations, **member.annotations}},
+                     "spec": pod_spec})
+    if not spec.gang:
+        return GangManifests(None, None, None, tuple(pods))
+    group = group_manifest(
+        spec.gang_backend, spec.namespace, name, spec.workers, labels=labels, annotations=annotations,
+        min_resources=_min_resources(spec), priority_class=spec.priority_class_name, queue=spec.queue,
+        schedule_timeout_seconds=spec.schedule_timeout_seconds)
+    return GangManifests(group, group_resource(spec.gang_backend), _service(spec, labels), tuple(pods))
+
+
+def _min_resources(spec: WorkloadSpec) -> dict[str, str]:
+    return {res: str(int(qty) * spec.workers) for res, qty in spec.gpu_limits().items()}
+
+
+def _service(spec: WorkloadSpec, labels: dict[str, str]) -> dict:
+    """Headless: a DNS record per member (<pod>.<gang>.<namespace>.svc), published before the pods
+    are Ready so that ranks can rendezvous while they start."""
+    name = spec.gang_name
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": spec.namespace, "labels": dict(labels)},
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                     "selector": {C.LABEL_GANG: name},
+                     "ports": [{"name": "rendezvous", "port": spec.master_port, "targetPort": spec.master_port,
+                                "protocol": "TCP"}]}}

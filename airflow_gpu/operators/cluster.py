@@ -1,0 +1,174 @@
+"""The operator's few Kubernetes calls: create a gang's objects (find-or-create by deterministic name,
+waiting on a ResourceQuota refusal), check that stored UIDs still exist, read rank 0's log, and
+delete every object of a task instance by label selector. Sync official client, from the cncf
+provider's KubernetesHook (so `kubernetes_conn_id` works exactly as for KubernetesPodOperator)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+
+QUOTA_REFUSAL = "exceeded quota"
+LOG_TAIL_BYTES = 256 * 1024
+
+
+class ForeignObjectError(RuntimeError):
+    """An object with the gang's deterministic name exists but belongs to something else."""
+
+
+def _key(obj: dict) -> str:
+    return f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+class GangClient:
+    def __init__(self, api_client: client.ApiClient, log):
+        self.api = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.log = log
+
+    # -- create --------------------------------------------------------------------------------
+
+    def create(self, manifests, labels: dict[str, str], poll_interval: float,
+               sleep: Callable[[float], None] = time.sleep) -> dict[str, str]:
+        """Create the group, Service and pods in that order; return {"Kind/name": uid}. An object that
+        already exists with our labels (a worker that died after creating it) is adopted. A 403
+        "exceeded quota" means the namespace is full for now: log the quota's message once per change
+        and try again every poll_interval (the task's execution_timeout bounds the wait)."""
+        uids: dict[str, str] = {}
+        last_refusal = None
+        for obj in manifests.objects():
+            while True:
+                try:
+                    created = self._create(obj, manifests)
+                    break
+                except ApiException as exc:
+                    if exc.status == 409:
+                        created = self._adopt(obj, manifests, labels)
+                        break
+                    if exc.status == 403 and QUOTA_REFUSAL in (exc.body or ""):
+                        message = _status_message(exc)
+                        if message != last_refusal:
+                            self.log.warning("waiting: %s refused by a ResourceQuota: %s", _key(obj), message)
+                            last_refusal = message
+                        sleep(poll_interval)
+                        continue
+                    raise
+            uids[_key(obj)] = created["metadata"]["uid"]
+        return uids
+
+    def _create(self, obj: dict, manifests) -> dict:
+        ns = obj["metadata"]["namespace"]
+        if obj["kind"] == "Pod":
+            return _json(self.core.create_namespaced_pod(ns, obj, _preload_content=False))
+        if obj["kind"] == "Service":
+            return _json(self.core.create_namespaced_service(ns, obj, _preload_content=False))
+        gr = manifests.group_resource
+        return self.custom.create_namespaced_custom_object(gr.group, gr.version, ns, gr.plural, obj)
+
+    def _read(self, kind: str, ns: str, name: str, group_resource=None) -> dict:
+        if kind == "Pod":
+            return _json(self.core.read_namespaced_pod(name, ns, _preload_content=False))
+        if kind == "Service":
+            return _json(self.core.read_namespaced_service(name, ns, _preload_content=False))
+        gr = group_resource
+        return self.custom.get_namespaced_custom_object(gr.group, gr.version, ns, gr.plural, name)
+
+    def _adopt(self, obj: dict, manifests, labels: dict[str, str]) -> dict:
+        meta = obj["metadata"]
+        existing = self._read(obj["kind"], meta["namespace"], meta["name"], manifests.group_resource)
+        have = existing["metadata"].get("labels") or {}
+        if any(have.get(k) != v for k, v in labels.items()):
+            raise ForeignObjectError(f"{_key(obj)} in {meta['namespace']} exists but is not this task instance's "
+                                     f"(labels {have}); delete it or rename the task")
+        self.log.info("reattached to existing %s (uid %s)", _key(obj), existing["metadata"]["uid"])
+        return existing
+
+    # -- read back ------------------------------------------------------------------------------
+
+    def live_uids(self, namespace: str, selector: str) -> dict[str, str]:
+        """{"Pod/name": uid} of the task instance's pods that are not being deleted."""
+        pods = _json(self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False))
+        return {f"Pod/{p['metadata']['name']}": p["metadata"]["uid"] for p in pods["items"]
+                if not p["metadata"].get("deletionTimestamp")}
+
+    def pod_log(self, namespace: str, pod: str, container: str | None) -> str | None:
+        try:
+            resp = self.core.read_namespaced_pod_log(pod, namespace, container=container, limit_bytes=LOG_TAIL_BYTES,
+                                                     _preload_content=False)
+            return resp.data.decode("utf-8", "replace")
+        except ApiException as exc:
+            self.log.info("no log for pod %s: %s", pod, exc.reason)
+            return None
+
+    # -- delete ---------------------------------------------------------------------------------
+
+    def delete_all(self, namespace: str, selector: str, group_resource=None, grace: int | None = None) -> int:
+        """Delete every pod, Service and group object matching `selector`; return how many were asked to go."""
+        n = 0
+        pods = _json(self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False))
+        for p in pods["items"]:
+            n += self._ignore_missing(lambda name=p["metadata"]["name"]: self.core.delete_namespaced_pod(
+                name, namespace, grace_period_seconds=grace, _preload_content=False))
+        services = _json(self.core.list_namespaced_service(namespace, label_selector=selector, _preload_content=False))
+        for s in services["items"]:
+            n += self._ignore_missing(lambda name=s["metadata"]["name"]: self.core.delete_namespaced_service(
+                name, namespace, _preload_content=False))
+        if group_resource is not None:
+            gr = group_resource
+            try:
+                groups = self.custom.list_namespaced_custom_object(gr.group, gr.version, namespace, gr.plural,
+                                                                   label_selector=selector)["items"]
+            except ApiException as exc:
+                if exc.status != 404:  # the CRD is not installed: nothing to delete
+                    raise
+                groups = []
+            for g in groups:
+                n += self._ignore_missing(lambda name=g["metadata"]["name"]: self.custom.delete_namespaced_custom_object(
+                    gr.group, gr.version, namespace, gr.plural, name))
+        return n
+
+    def remaining(self, namespace: str, selector: str, group_resource=None) -> list[str]:
+        """Objects of the selector still present (pods still terminating count)."""
+        left = [f"Pod/{p['metadata']['name']}" for p in _json(self.core.list_namespaced_pod(
+            namespace, label_selector=selector, _preload_content=False))["items"]]
+        left += [f"Service/{s['metadata']['name']}" for s in _json(self.core.list_namespaced_service(
+            namespace, label_selector=selector, _preload_content=False))["items"]]
+        if group_resource is not None:
+            gr = group_resource
+            try:
+                left += [f"{gr.plural}/{g['metadata']['name']}" for g in self.custom.list_namespaced_custom_object(
+                    gr.group, gr.version, namespace, gr.plural, label_selector=selector)["items"]]
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        return left
+
+    @staticmethod
+    def _ignore_missing(call) -> int:
+        try:
+            call()
+            return 1
+        except ApiException as exc:
+            if exc.status == 404:
+                return 0
+            raise
+
+
+def _json(resp) -> dict:
+    return json.loads(resp.data) if hasattr(resp, "data") else resp
+
+
+def _status_message(exc: ApiException) -> str:
+    try:
+        return json.loads(exc.body).get("message") or exc.reason
+    except (TypeError, ValueError):
+        return str(exc.body or exc.reason)
+
+
+__all__ = ["ForeignObjectError", "GangClient", "QUOTA_REFUSAL"]

@@ -1,0 +1,554 @@
+"""GpuTrainingOperator: a gang of W training pods x G GPUs (or one MIG slice each) from a DAG task.
+
+Every argument is checked when the DAG file is parsed, against the quota configuration (loaded once
+per process): a bad one raises `GpuTaskArgumentError` naming the argument and the fix, and the DAG
+shows an import error instead of failing at run time. The author never repeats what the config
+decides: pool, pool_slots, priority_weight (weight_rule "absolute"), PriorityClass and capacity type
+are derived from team and tier (`airflow_gpu.config.workload`, `airflow_gpu.core.capacity`).
+
+Parsing stays cheap: this module imports no Kubernetes client, provider hook or trigger; execute()
+does.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from airflow_gpu.checkpoint.backends import uri_problem
+from airflow_gpu.config import ConfigError, load_config_cached
+from airflow_gpu.config.workload import GpuTaskPlan, WorkloadError, plan_gpu_task
+from airflow_gpu.core.capacity import choose_capacity, spot_request_problem
+from airflow_gpu.pools.plan import pool_name
+
+CONFIG_SECTION = "airflow_gpu"
+CONFIG_OPTION = "config_file"  # [airflow_gpu] config_file, env AIRFLOW__AIRFLOW_GPU__CONFIG_FILE
+DERIVED = ("pool", "pool_slots", "priority_weight", "weight_rule")
+DERIVED_MESSAGE = ("is derived from team and tier (the team's pool for the tier class, the GPU demand in 1/7-GPU "
+                   "slots, the tier's priority with weight_rule 'absolute'); remove it")
+STATE_KEY = "airflow_gpu.gang"  # task_state_store key of the try's RunState
+_SAFE_KEY = re.compile(r"[^A-Za-z0-9._=-]+")
+_LEADING_NAME = re.compile(r"^[a-z_]+")
+
+
+class GpuTaskArgumentError(ValueError):
+    """A GpuTrainingOperator argument is wrong: raised at DAG parse time, naming the argument."""
+
+    def __init__(self, task_id: str, argument: str, message: str):
+        self.argument = argument
+        super().__init__(f"GpuTrainingOperator(task_id={task_id!r}) argument {argument!r}: {message}")
+
+
+def resolve_config_file(config_file: str | None) -> str | None:
+    """The operator's `config_file`, else Airflow's `[airflow_gpu] config_file` (which also reads the
+    env var AIRFLOW__AIRFLOW_GPU__CONFIG_FILE)."""
+    if config_file:
+        return config_file
+    env = os.environ.get(f"AIRFLOW__{CONFIG_SECTION.upper()}__{CONFIG_OPTION.upper()}")
+    if env:
+        return env
+    from airflow.configuration import conf  # already imported by the DAG processor
+
+    return conf.get(CONFIG_SECTION, CONFIG_OPTION, fallback=None) or None
+
+
+def plan_arguments(task_id: str, config_file, team, tier, workers, gpus_per_worker, mig_profile, gpu_products):
+    """(plan, config path, derived BaseOperator arguments) for the arguments that decide the pool, or
+    GpuTaskArgumentError naming the bad one."""
+    def bad(argument: str, message: str) -> GpuTaskArgumentError:
+        return GpuTaskArgumentError(task_id, argument, message)
+
+    path = resolve_config_file(config_file)
+    if not path:
+        raise bad("config_file", f"no quota configuration: pass config_file=... or set [{CONFIG_SECTION}] "
+                                 f"{CONFIG_OPTION} (env AIRFLOW__{CONFIG_SECTION.upper()}__{CONFIG_OPTION.upper()})")
+    try:
+        cfg = load_config_cached(path)
+    except ConfigError as exc:
+        raise bad("config_file", str(exc)) from None
+    try:
+        plan = plan_gpu_task(cfg, team=team, tier=tier, workers=workers, gpus_per_worker=gpus_per_worker,
+                             mig_profile=mig_profile,
+                             gpu_products=list(gpu_products) if isinstance(gpu_products, (list, tuple)) else gpu_products)
+    except WorkloadError as exc:
+        raise bad(exc.argument, str(exc).split(": ", 1)[1]) from None
+    derived = {"pool": pool_name(plan.team.name, plan.tier_class), "pool_slots": plan.pool_slots,
+               "priority_weight": plan.priority, "weight_rule": "absolute"}
+    return plan, path, derived
+
+
+class GpuTrainingOperator(BaseOperator):
+    """Gang-scheduled training on the airflow-gpu scheduler; see the module docstring and README."""
+
+    template_fields: Sequence[str] = ("image", "cmds", "arguments", "env_vars", "labels", "annotations",
+                                      "checkpoint")
+    ui_color = "#76b900"
+
+    @classmethod
+    def partial(cls, **kwargs):
+        """Dynamic task mapping: the pool, pool_slots and priority of every mapped task are decided here,
+        when the DAG file is parsed (the scheduler needs them before any task is expanded), so the
+        arguments that decide them go to partial(); the others may be expanded."""
+        task_id = kwargs.get("task_id", "?")
+        for name in DERIVED:
+            if name in kwargs:
+                raise GpuTaskArgumentError(task_id, name, DERIVED_MESSAGE)
+        _, _, derived = plan_arguments(task_id, kwargs.get("config_file"), kwargs.get("team"), kwargs.get("tier"),
+                                       kwargs.get("workers", 1), kwargs.get("gpus_per_worker"),
+                                       kwargs.get("mig_profile"), kwargs.get("gpu_products"))
+        return super().partial(**kwargs, **derived)
+
+    def __init__(
+        self,
+        *,
+        team: str,
+        tier: str,
+        image: str,
+        workers: int = 1,
+        gpus_per_worker: int | None = None,
+        mig_profile: str | None = None,
+        gpu_products: Sequence[str] | None = None,
+        checkpoint: str | None = None,
+        spot: str = "auto",
+        max_interruptions: int = 3,
+        deadline: dt.datetime | dt.timedelta | None = None,
+        cmds: Sequence[str] | None = None,
+        arguments: Sequence[str] | None = None,
+        env_vars: Mapping[str, str] | None = None,
+        secrets: Sequence[Any] | None = None,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        volumes: Sequence[Any] | None = None,
+        volume_mounts: Sequence[Any] | None = None,
+        node_selector: Mapping[str, str] | None = None,
+        tolerations: Sequence[Any] | None = None,
+        service_account_name: str | None = None,
+        termination_grace_period: int | None = None,
+        container_resources: Mapping[str, Mapping[str, str]] | None = None,
+        topology: str | None = None,
+        topology_required: bool = False,
+        gang_backend: str = "airflow-gpu",
+        kubernetes_conn_id: str = "kubernetes_default",
+        namespace: str | None = None,
+        config_file: str | None = None,
+        deferrable: bool = True,
+        poll_interval: float = 10.0,
+        **kwargs: Any,
+    ) -> None:
+        task_id = kwargs.get("task_id", "?")
+
+        def bad(argument: str, message: str) -> GpuTaskArgumentError:
+            return GpuTaskArgumentError(task_id, argument, message)
+
+        plan, path, derived = plan_arguments(task_id, config_file, team, tier, workers, gpus_per_worker, mig_profile,
+                                             gpu_products)
+        for name, value in derived.items():
+            # partial() puts the derived values into a mapped task's kwargs; an author's own value is refused
+            if name in kwargs and kwargs.pop(name) != value:
+                raise bad(name, DERIVED_MESSAGE)
+        super().__init__(**derived, **kwargs)
+
+        if checkpoint is not None:
+            problem = uri_problem(checkpoint)
+            if problem:
+                raise bad("checkpoint", f"{problem}; it is the URI prefix under which each task instance "
+                                        "keeps its checkpoints")
+        problem = spot_request_problem(spot, checkpointable=checkpoint is not None, retriable=self.retries > 0)
+        if problem:
+            raise bad(*problem)
+        if isinstance(max_interruptions, bool) or not isinstance(max_interruptions, int) or max_interruptions < 0:
+            raise bad("max_interruptions", f"must be a whole number >= 0 (got {max_interruptions!r})")
+        if deadline is not None:
+            if isinstance(deadline, dt.timedelta):
+                if deadline <= dt.timedelta(0):
+                    raise bad("deadline", f"must be a positive duration after the task starts (got {deadline})")
+            elif isinstance(deadline, dt.datetime):
+                if deadline.tzinfo is None:
+                    raise bad("deadline", "must be timezone-aware (e.g. pendulum.datetime(..., tz='UTC'))")
+            else:
+                raise bad("deadline", f"must be a datetime or a timedelta (got {type(deadline).__name__})")
+        if not isinstance(topology_required, bool):
+            raise bad("topology_required", f"must be True or False (got {topology_required!r})")
+        if not isinstance(poll_interval, (int, float)) or isinstance(poll_interval, bool) or poll_interval <= 0:
+            raise bad("poll_interval", f"must be a number of seconds > 0 (got {poll_interval!r})")
+        if namespace is not None and namespace != plan.namespace:
+            raise bad("namespace", f"team {plan.team.name!r} runs in namespace {plan.namespace!r} (its quota and "
+                                   "pools are there); leave namespace out")
+
+        self.team = plan.team.name
+        self.tier = plan.tier.name
+        self.workers = plan.workers
+        self.gpus_per_worker = gpus_per_worker
+        self.mig_profile = mig_profile
+        self.gpu_products = list(plan.products)
+        self.checkpoint = checkpoint
+        self.spot = spot
+        self.max_interruptions = max_interruptions
+        self.deadline = deadline
+        self.image = image
+        self.cmds = list(cmds) if cmds is not None else None
+        self.arguments = list(arguments) if arguments is not None else None
+        self.env_vars = dict(env_vars or {})
+        self.secrets = list(secrets or [])
+        self.labels = dict(labels or {})
+        self.annotations = dict(annotations or {})
+        self.volumes = list(volumes or [])
+        self.volume_mounts = list(volume_mounts or [])
+        self.node_selector = dict(node_selector or {})
+        self.tolerations = list(tolerations or [])
+        self.service_account_name = service_account_name
+        self.termination_grace_period = termination_grace_period
+        self.container_resources = {k: dict(v) for k, v in (container_resources or {}).items()}
+        self.topology = topology
+        self.topology_required = topology_required
+        self.gang_backend = gang_backend
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.namespace = plan.namespace
+        self.config_file = path
+        self.deferrable = deferrable
+        self.poll_interval = float(poll_interval)
+        self.priority_class = plan.priority_class
+        self.tier_class = plan.tier_class
+        self._dry_run(bad)
+
+    def _dry_run(self, bad) -> None:
+        """Build the first attempt's WorkloadSpec now (kube/ validates the Kubernetes side: names,
+        labels, env, secrets, resources, backend, topology), so its errors are parse errors too.
+        Templated values are only known at run time: with a Jinja template among them, skipped."""
+        from airflow_gpu.kube.names import TaskInstanceRef
+        from airflow_gpu.kube.spec import WorkloadSpecError
+
+        if any(_templated(getattr(self, name)) for name in self.template_fields):
+            return
+        ref = TaskInstanceRef(self.dag_id if self.has_dag() else "dag", self.task_id, "parse")
+        try:
+            self.workload_spec(ref, new_run(1), self.capacity_for().capacity_type)
+        except WorkloadSpecError as exc:
+            text = str(exc)
+            argument = _LEADING_NAME.match(text).group(0) if _LEADING_NAME.match(text) else "arguments"
+            if argument == "checkpoint_uri":
+                argument = "checkpoint"
+            raise bad(argument, text) from None
+
+    # -- derived values, recomputed from the (cached) config where they decide -------------------
+
+    def gpu_plan(self) -> GpuTaskPlan:
+        return plan_gpu_task(load_config_cached(self.config_file), team=self.team, tier=self.tier,
+                             workers=self.workers, gpus_per_worker=self.gpus_per_worker,
+                             mig_profile=self.mig_profile, gpu_products=self.gpu_products)
+
+    def capacity_for(self, interruptions: int = 0, try_number: int = 1, seconds_to_deadline: float | None = None,
+                     seconds_run: float = 0.0):
+        """Spot or on-demand for the next launch: core.capacity decides."""
+        cfg = load_config_cached(self.config_file)
+        return choose_capacity(
+            self.spot, tier_allows_spot=cfg.tier(self.tier).spot_eligible, checkpointable=self.checkpoint is not None,
+            retriable=self.retries > 0, interruptions=interruptions, max_interruptions=self.max_interruptions,
+            last_try=try_number > self.retries, seconds_to_deadline=seconds_to_deadline, seconds_run=seconds_run)
+
+    # -- running: submit, defer, classify, resubmit ---------------------------------------------
+    #
+    # The run of one try is a small JSON record (`RunState`), kept in the task's durable state
+    # (task_state_store) after every change and carried through the deferral's kwargs: which attempt
+    # of the gang is out there (its object UIDs), and the try's counters for the XCom result.
+
+    def execute(self, context):
+        ti = context["ti"]
+        store = context.get("task_state_store")
+        stored = store.get(STATE_KEY) if store is not None else None
+        kube = self._client()
+        ref = self._task_instance(context)
+        if stored and stored.get("try") == ti.try_number:
+            run = dict(stored)
+            live = kube.live_uids(self.namespace, _attempt_selector(ref, run["attempt"]))
+            if run.get("uids") and all(live.get(k) == v for k, v in run["uids"].items() if k.startswith("Pod/")):
+                self.log.info("reattaching to gang %s (attempt %s): its pods are still there, same UIDs",
+                              run["gang"], run["attempt"])
+                return self._defer(run, context)
+            self.log.info("gang %s of this try is gone or incomplete after a worker restart: resubmitting", run["gang"])
+            run["attempt"] += 1
+        else:
+            if stored:
+                self.log.info("try %s: earlier try %s left state behind; its objects are deleted first",
+                              ti.try_number, stored.get("try"))
+            run = new_run(ti.try_number, resumed_from_step=(stored or {}).get("last_checkpoint_step"))
+        self._delete_objects(kube, ref, wait=True)  # nothing of an earlier try or attempt stays around
+        return self._launch(run, context, kube)
+
+    def execute_complete(self, context, event=None, run=None):
+        from airflow.exceptions import AirflowException
+
+        from airflow_gpu.kube.outcome import GangOutcome
+
+        kube = self._client()
+        ref = self._task_instance(context)
+        run = dict(run or (context.get("task_state_store").get(STATE_KEY) if context.get("task_state_store") else {}))
+        outcome = GangOutcome.from_payload(event or {})
+        self._account(run, outcome)
+        self._log_rank0(kube, outcome)
+        if outcome.status == "succeeded":
+            self.log.info("gang %s succeeded: %s", outcome.gang, outcome.reason)
+            self._finish(kube, ref, context, run)
+            return self._result(run)
+        if outcome.status == "disrupted":
+            kind = "preemptions" if outcome.cause == "preemption" else "interruptions"
+            run[kind] += 1
+            self._delete_objects(kube, ref, wait=True)  # the stop-save on SIGTERM is committed once they are gone
+            step = self._newest_step(run)
+            if step is not None:
+                run["last_checkpoint_step"] = step
+            self.log.warning("gang %s %s (%s): %s; the whole gang is torn down and resubmitted from the newest "
+                             "checkpoint%s, without spending a retry", outcome.gang,
+                             "preempted" if kind == "preemptions" else "interrupted", outcome.reason,
+                             ", ".join(f"{p}: {r}" for p, r in outcome.disrupted_pods.items()) or "-",
+                             f" (step {run['last_checkpoint_step']})" if run.get("last_checkpoint_step") is not None
+                             else " (none yet: from the start)")
+            run["resumed_from_step"] = run.get("last_checkpoint_step")
+            run["attempt"] += 1
+            return self._launch(run, context, kube)
+        self._finish(kube, ref, context, run)
+        if outcome.status == "failed":
+            raise AirflowException(f"gang {outcome.gang} failed (application failure, exit codes "
+                                   f"{outcome.exit_codes or '?'}): {outcome.reason}; Airflow retries it if retries remain")
+        raise AirflowException(f"gang {outcome.gang}: the trigger could not follow it: {outcome.reason}")
+
+    def resume_execution(self, next_method, next_kwargs, context):
+        """Also on a deferral that ended in failure (execution_timeout while deferred, trigger error):
+        delete the gang before the task fails, so nothing is left behind."""
+        try:
+            return super().resume_execution(next_method, next_kwargs, context)
+        except Exception:
+            if next_method == "__fail__" or not self._done:
+                self._cleanup_quietly(context)
+            raise
+
+    def on_kill(self) -> None:
+        context = getattr(self, "_context", None)
+        if context is not None:
+            self._cleanup_quietly(context)
+
+    # -- pieces ------------------------------------------------------------------------------------
+
+    _done = False
+
+    def _client(self):
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        from airflow_gpu.operators.cluster import GangClient
+
+        return GangClient(KubernetesHook(conn_id=self.kubernetes_conn_id).api_client, self.log)
+
+    def _task_instance(self, context):
+        from airflow_gpu.kube.names import TaskInstanceRef
+
+        ti = context["ti"]
+        self._context = context
+        map_index = getattr(ti, "map_index", -1)
+        return TaskInstanceRef(ti.dag_id, ti.task_id, ti.run_id, -1 if map_index is None else map_index,
+                               ti.try_number)
+
+    def checkpoint_uri_for(self, ref) -> str | None:
+        """The task instance's store under the `checkpoint` prefix, the same for every try and attempt."""
+        if self.checkpoint is None:
+            return None
+        parts = [ref.dag_id, ref.task_id, ref.run_id] + ([str(ref.map_index)] if ref.map_index >= 0 else [])
+        return "/".join([self.checkpoint.rstrip("/")] + [_SAFE_KEY.sub("_", p) for p in parts])
+
+    def workload_spec(self, ref, run: dict, capacity_type: str | None):
+        from airflow_gpu.kube.spec import WorkloadSpec
+
+        deadline = None
+        if isinstance(self.deadline, dt.datetime):
+            deadline = self.deadline.isoformat()
+        elif isinstance(self.deadline, dt.timedelta):
+            deadline = dt.datetime.fromtimestamp(run["started"] + self.deadline.total_seconds(), dt.timezone.utc).isoformat()
+        return WorkloadSpec(
+            team=self.team, namespace=self.namespace, tier=self.tier, image=self.image, workers=self.workers,
+            gpus_per_worker=self.gpus_per_worker, mig_profile=self.mig_profile, gpu_products=tuple(self.gpu_products),
+            task_instance=ref, attempt=run["attempt"], interruptions=run["interruptions"] + run["preemptions"],
+            priority_class=self.priority_class, capacity_type=capacity_type, topology=self.topology,
+            topology_required=self.topology_required, checkpoint_uri=self.checkpoint_uri_for(ref), deadline=deadline,
+            cmds=tuple(self.cmds or ()), arguments=tuple(self.arguments or ()), env_vars=self.env_vars,
+            secrets=tuple(self.secrets), labels=self.labels, annotations=self.annotations, volumes=tuple(self.volumes),
+            volume_mounts=tuple(self.volume_mounts), node_selector=self.node_selector,
+            tolerations=tuple(self.tolerations), service_account_name=self.service_account_name,
+            termination_grace_period=self.termination_grace_period, container_resources=self.container_resources,
+            gang_backend=self.gang_backend,
+            # every rank its own store (<uri>/rank-<r>): training code that saves from every rank never
+            # races itself; rank 0's store is the gang's progress (status.json) and the XCom result
+            checkpoint_per_rank=self.checkpoint is not None)
+
+    def _launch(self, run: dict, context, kube):
+        from airflow_gpu.kube.manifests import build
+
+        ref = self._task_instance(context)
+        now = time.time()
+        to_deadline = None
+        if isinstance(self.deadline, dt.datetime):
+            to_deadline = self.deadline.timestamp() - now
+        elif isinstance(self.deadline, dt.timedelta):
+            to_deadline = run["started"] + self.deadline.total_seconds() - now
+        choice = self.capacity_for(interruptions=run["interruptions"], try_number=ref.try_number,
+                                   seconds_to_deadline=to_deadline, seconds_run=now - run["started"])
+        spec = self.workload_spec(ref, run, choice.capacity_type)
+        manifests = build(spec)
+        run.update(gang=spec.gang_name, capacity=choice.capacity_type, uids={}, attempts=run["attempts"] + 1,
+                   pods=[p["metadata"]["name"] for p in manifests.pods], gpus=_gang_gpus(spec),
+                   checkpoint_uri=spec.checkpoint_uri_of(0),
+                   gpu_product=self.gpu_products[0] if len(self.gpu_products) == 1 else None)
+        self._save(context, run)  # the names first: a worker dying mid-creation is found by them
+        self.log.info("submitting gang %s: %s x %s in %s, attempt %s, %s (%s)%s", spec.gang_name, self.workers,
+                      f"{self.gpus_per_worker} GPU" if self.gpus_per_worker else self.mig_profile, self.namespace,
+                      run["attempt"], choice.capacity_type, choice.reason,
+                      f", resuming from checkpoint step {run['resumed_from_step']}"
+                      if run.get("resumed_from_step") is not None else "")
+        labels = {**ref.labels(), "airflow-gpu.io/attempt": str(run["attempt"])}
+        run["uids"] = kube.create(manifests, labels, self.poll_interval)
+        run["submitted"] = time.time()
+        self._save(context, run)
+        return self._defer(run, context)
+
+    def _defer(self, run: dict, context):
+        from airflow_gpu.kube.backends import group_resource
+        from airflow_gpu.triggers.gang import GangTrigger
+
+        ref = self._task_instance(context)
+        gr = group_resource(self.gang_backend)
+        trigger = GangTrigger(
+            namespace=self.namespace, gang_name=run["gang"], pod_names=list(run["pods"]), attempt=run["attempt"],
+            pod_uids={k.split("/", 1)[1]: v for k, v in run["uids"].items() if k.startswith("Pod/")},
+            group={"group": gr.group, "version": gr.version, "plural": gr.plural} if gr else None,
+            label_selector=_attempt_selector(ref, run["attempt"]), kubernetes_conn_id=self.kubernetes_conn_id,
+            poll_interval=self.poll_interval, checkpoint_status_uri=self._status_uri(ref))
+        timeout = None
+        if self.execution_timeout is not None and context["ti"].start_date is not None:
+            started = context["ti"].start_date
+            timeout = max(dt.timedelta(seconds=1), self.execution_timeout - (dt.datetime.now(dt.timezone.utc) - started))
+        self.defer(trigger=trigger, method_name="execute_complete", kwargs={"run": run}, timeout=timeout)
+
+    def _status_uri(self, ref) -> str | None:
+        base = self.checkpoint_uri_for(ref)
+        return f"{base}/rank-0" if base else None  # WorkloadSpec.checkpoint_uri_of(0)
+
+    def _account(self, run: dict, outcome) -> None:
+        gpus = float(run.get("gpus") or 0)
+        seconds = outcome.running_seconds
+        run["gpu_seconds"] += seconds * gpus
+        if outcome.status == "disrupted" and outcome.started_at is not None and outcome.finished_at is not None:
+            since = max(outcome.started_at, outcome.last_checkpoint_time or outcome.started_at)
+            run["lost_gpu_seconds"] += max(0.0, outcome.finished_at - since) * gpus
+        if outcome.last_checkpoint_step is not None:
+            run["last_checkpoint_step"] = outcome.last_checkpoint_step
+
+    def _newest_step(self, run: dict) -> int | None:
+        """The step of rank 0's newest committed checkpoint, from its status record (read with the
+        worker's S3 credentials or pod identity); None when there is none or it cannot be read."""
+        uri = run.get("checkpoint_uri")
+        if not uri:
+            return None
+        try:
+            from airflow_gpu.checkpoint import CheckpointStore
+
+            with CheckpointStore(uri) as store:
+                status = store.read_status() or {}
+        except Exception as exc:  # noqa: BLE001 - the trigger's mirrored step is the fallback
+            self.log.info("could not read %s/status.json: %s", uri, exc)
+            return None
+        step = status.get("step")
+        return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+
+    def _log_rank0(self, kube, outcome) -> None:
+        if not outcome.gang:
+            return
+        pod = f"{outcome.gang}-0"
+        text = kube.pod_log(self.namespace, pod, None)
+        if text:
+            self.log.info("--- log of rank 0 (%s), attempt %s ---\n%s--- end of rank 0's log ---", pod,
+                          outcome.attempt, text if text.endswith("\n") else text + "\n")
+
+    def _finish(self, kube, ref, context, run: dict) -> None:
+        self._done = True
+        self._delete_objects(kube, ref, wait=False)
+        run["finished"] = time.time()
+        self._save(context, run)
+
+    def _delete_objects(self, kube, ref, wait: bool) -> None:
+        from airflow_gpu.kube.backends import group_resource
+
+        gr = group_resource(self.gang_backend)
+        selector = ref.selector()
+        asked = kube.delete_all(self.namespace, selector, gr)
+        if asked:
+            self.log.info("deleting %s object(s) of this task instance (%s)", asked, selector)
+        if wait and asked:
+            deadline = time.monotonic() + max(60.0, (self.termination_grace_period or 30) + 60.0)
+            while kube.remaining(self.namespace, selector, gr) and time.monotonic() < deadline:
+                time.sleep(0.5)
+
+    def _cleanup_quietly(self, context) -> None:
+        try:
+            self._delete_objects(self._client(), self._task_instance(context), wait=False)
+        except Exception:  # noqa: BLE001 - cleanup must not hide the error that brought us here
+            self.log.exception("could not delete the objects of this task instance")
+
+    def _save(self, context, run: dict) -> None:
+        store = context.get("task_state_store")
+        if store is not None:
+            from airflow.sdk.execution_time.context import NEVER_EXPIRE
+
+            store.set(STATE_KEY, run, retention=NEVER_EXPIRE)
+
+    def _result(self, run: dict) -> dict:
+        """The XCom value. checkpoint_uri: the newest checkpoint of rank 0 (its status.json, read with
+        the worker's S3 credentials), else rank 0's store."""
+        newest = run.get("checkpoint_uri")
+        if newest:
+            try:
+                from airflow_gpu.checkpoint import CheckpointStore
+
+                with CheckpointStore(newest) as store:
+                    status = store.read_status() or {}
+                newest = status.get("checkpoint_uri") or newest
+            except Exception as exc:  # noqa: BLE001 - the result still names the store
+                self.log.info("could not read %s/status.json (%s); reporting the store", newest, exc)
+        return {"checkpoint_uri": newest, "attempts": run["attempts"],
+                "interruptions": run["interruptions"], "preemptions": run["preemptions"],
+                "gpu_seconds": round(run["gpu_seconds"], 3), "lost_gpu_seconds": round(run["lost_gpu_seconds"], 3),
+                "resumed_from_step": run.get("resumed_from_step"), "gpu_product": run.get("gpu_product")}
+
+
+def new_run(try_number: int, resumed_from_step: int | None = None) -> dict:
+    """The RunState of a fresh try. ENV.md's attempt numbering: try_number * 1000 + relaunches, so
+    AIRFLOW_GPU_ATTEMPT strictly increases across relaunches and tries."""
+    return {"try": try_number, "attempt": try_number * 1000, "attempts": 0, "interruptions": 0, "preemptions": 0,
+            "gpu_seconds": 0.0, "lost_gpu_seconds": 0.0, "resumed_from_step": None,
+            "last_checkpoint_step": resumed_from_step, "started": time.time(), "gang": None, "pods": [], "uids": {}}
+
+
+def _templated(value) -> bool:
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, Mapping):
+        return any(_templated(k) or _templated(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_templated(v) for v in value)
+    return False
+
+
+def _attempt_selector(ref, attempt: int) -> str:
+    return f"{ref.selector()},airflow-gpu.io/attempt={attempt}"
+
+
+def _gang_gpus(spec) -> float:
+    from airflow_gpu.config import SLOTS_PER_GPU
+
+    if spec.gpus_per_worker:
+        return float(spec.workers * spec.gpus_per_worker)
+    slices = int(spec.mig_profile.split("g", 1)[0])
+    return spec.workers * slices / SLOTS_PER_GPU

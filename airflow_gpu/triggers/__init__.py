@@ -1,0 +1,1 @@
+"""Triggers (Airflow provider convention): GangTrigger waits for a gang in the triggerer."""

@@ -1,0 +1,354 @@
+"""GangTrigger: waits, in the triggerer, for one attempt of a gang to end, and says how it ended.
+
+It WATCHES the gang's pods and its group object (one list each, then long watches resumed from the
+last resourceVersion: a handful of requests per watch timeout, whatever the wait), logs the
+scheduler's wait reason when it changes, mirrors the checkpoint status channel onto the pods while
+the gang runs (so the scheduler picks victims by lost work), and yields one TriggerEvent whose
+payload is a `kube.outcome.GangOutcome` classified by `kube.gang_state`.
+
+The cluster is reached like KubernetesPodTrigger does: the provider's AsyncKubernetesHook through
+`kubernetes_conn_id`, or a kubeconfig file (`config_file`) read on the triggerer, so no credentials
+are serialised into the trigger row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_gpu import constants as C
+from airflow_gpu.kube import state as S
+from airflow_gpu.kube.outcome import STATUS_ERROR, GangOutcome, outcome_of
+from airflow_gpu.kube.state import GangState, gang_state
+
+
+CLASSPATH = "airflow_gpu.triggers.gang.GangTrigger"
+USER_AGENT = "airflow-gpu-gang-trigger"  # names this component in the API server's audit log
+MAX_CHECKPOINT_STEP = 10**15
+CLOCK_SKEW = 300.0  # a checkpoint time this far in the future is refused (the writer's clock is off)
+WATCH_CLIENT_SLACK = 30  # seconds the client waits beyond the server's end of a watch
+_RELIST = object()  # a watch ended in a way that needs a fresh list (410 Gone, error)
+
+
+def checkpoint_hint(status: Any, now: float) -> tuple[int, float] | None:
+    """(step, time) from a status.json record, or None when it is not a sane one. The record is
+    written by the training code: bounded and validated before it becomes an annotation."""
+    if not isinstance(status, dict):
+        return None
+    step, when = status.get("step"), status.get("time")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_CHECKPOINT_STEP:
+        return None
+    if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
+        return None
+    if not 0 < when <= now + CLOCK_SKEW:
+        return None
+    return step, float(when)
+
+
+def checkpoint_annotations(hint: tuple[int, float]) -> dict[str, str]:
+    step, when = hint
+    return {C.ANNOTATION_LAST_CHECKPOINT_STEP: str(step), C.ANNOTATION_LAST_CHECKPOINT_TIME: f"{when:.3f}"}
+
+
+class GangTrigger(BaseTrigger):
+    """Waits for gang `gang_name` (pods `pod_names` in `namespace`) to succeed, fail or be disrupted.
+
+    pod_uids: pod name -> UID of the pods this attempt created; a pod of that name with another UID
+    is not ours (it counts as missing). group: {"group", "version", "plural"} of the gang's group
+    object, None when the backend has none. checkpoint_status_uri: the store whose status.json is
+    mirrored (rank 0's); S3 credentials come from the triggerer's environment or pod identity.
+    poll_interval: the least time between two fresh lists after a watch failed (the watch itself
+    does not poll). watch_timeout: how long one watch request lasts before it is resumed."""
+
+    def __init__(
+        self,
+        namespace: str,
+        gang_name: str,
+        pod_names: list[str],
+        *,
+        attempt: int = 0,
+        pod_uids: dict[str, str] | None = None,
+        group: dict[str, str] | None = None,
+        label_selector: str | None = None,
+        kubernetes_conn_id: str | None = None,
+        config_file: str | None = None,
+        cluster_context: str | None = None,
+        in_cluster: bool | None = None,
+        poll_interval: float = 10.0,
+        watch_timeout: int = 300,
+        checkpoint_status_uri: str | None = None,
+        checkpoint_mirror_interval: float = 60.0,
+        container_name: str | None = None,
+        api_failure_timeout: float = 600.0,
+    ):
+        super().__init__()
+        if not pod_names:
+            raise ValueError("pod_names: give the names of the gang's pods")
+        if poll_interval <= 0 or watch_timeout < 1 or checkpoint_mirror_interval <= 0:
+            raise ValueError("poll_interval, watch_timeout and checkpoint_mirror_interval must be > 0")
+        self.namespace = namespace
+        self.gang_name = gang_name
+        self.pod_names = list(pod_names)
+        self.attempt = attempt
+        self.pod_uids = dict(pod_uids or {})
+        self.group = dict(group) if group else None
+        self.label_selector = label_selector or f"{C.LABEL_GANG}={gang_name}"
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.config_file = config_file
+        self.cluster_context = cluster_context
+        self.in_cluster = in_cluster
+        self.poll_interval = float(poll_interval)
+        self.watch_timeout = int(watch_timeout)
+        self.checkpoint_status_uri = checkpoint_status_uri
+        self.checkpoint_mirror_interval = float(checkpoint_mirror_interval)
+        self.container_name = container_name
+        self.api_failure_timeout = float(api_failure_timeout)
+        # watch state (not serialised)
+        self._pods: dict[str, dict] = {}
+        self._group_obj: dict | None = None
+        self._first_disruption: dict[str, str] = {}
+        self._last_phase: str | None = None
+        self._last_wait: str | None = None
+        self._checkpoint: tuple[int, float] | None = None
+        self._running = asyncio.Event()
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return CLASSPATH, {
+            "namespace": self.namespace,
+            "gang_name": self.gang_name,
+            "pod_names": self.pod_names,
+            "attempt": self.attempt,
+            "pod_uids": self.pod_uids,
+            "group": self.group,
+            "label_selector": self.label_selector,
+            "kubernetes_conn_id": self.kubernetes_conn_id,
+            "config_file": self.config_file,
+            "cluster_context": self.cluster_context,
+            "in_cluster": self.in_cluster,
+            "poll_interval": self.poll_interval,
+            "watch_timeout": self.watch_timeout,
+            "checkpoint_status_uri": self.checkpoint_status_uri,
+            "checkpoint_mirror_interval": self.checkpoint_mirror_interval,
+            "container_name": self.container_name,
+            "api_failure_timeout": self.api_failure_timeout,
+        }
+
+    # --- the cluster ---------------------------------------------------------------------------
+
+    def _hook(self):
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+
+        config_dict = None
+        if self.config_file:
+            import yaml
+
+            with open(self.config_file) as f:
+                config_dict = yaml.safe_load(f)
+        return AsyncKubernetesHook(conn_id=self.kubernetes_conn_id, in_cluster=self.in_cluster,
+                                   config_dict=config_dict, cluster_context=self.cluster_context)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        self.log.info("Waiting for gang %s/%s (%d pods, attempt %s)", self.namespace, self.gang_name,
+                      len(self.pod_names), self.attempt)
+        try:
+            async with self._hook().get_conn() as api:
+                api.user_agent = USER_AGENT
+                outcome = await self._wait(api)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the event says what went wrong; the operator decides
+            self.log.exception("Watching gang %s/%s failed", self.namespace, self.gang_name)
+            outcome = GangOutcome(STATUS_ERROR, self.namespace, self.gang_name, self.attempt,
+                                  reason=f"{type(exc).__name__}: {exc}", finished_at=time.time())
+        self.log.info("Gang %s/%s: %s", self.namespace, self.gang_name, outcome.status +
+                      (f" ({outcome.reason})" if outcome.reason else ""))
+        yield TriggerEvent(outcome.to_payload())
+
+    async def _wait(self, api) -> GangOutcome:
+        from kubernetes_asyncio import client
+
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        failing_since: float | None = None
+        mirror = asyncio.create_task(self._mirror_checkpoints(core)) if self.checkpoint_status_uri else None
+        try:
+            while True:
+                try:
+                    pod_rv, group_rv = await self._list(core, custom)
+                    failing_since = None
+                except (client.ApiException, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                    # an API server restart or a network blip is waited out; refused access is not
+                    failing_since = failing_since or time.monotonic()
+                    status = getattr(exc, "status", None)
+                    if status in (401, 403) or time.monotonic() - failing_since > self.api_failure_timeout:
+                        raise
+                    self.log.warning("Listing gang %s failed (%s); retrying in %.0fs", self.gang_name,
+                                     status or f"{type(exc).__name__}: {exc}", self.poll_interval)
+                    await asyncio.sleep(self.poll_interval)
+                    continue
+                done = self._evaluate()
+                if done is not None:
+                    return done
+                done = await self._watch(core, custom, pod_rv, group_rv)
+                if done is not None:
+                    return done
+                await asyncio.sleep(self.poll_interval)  # a watch failed: never relist in a tight loop
+        finally:
+            if mirror is not None:
+                mirror.cancel()
+
+    async def _list(self, core, custom) -> tuple[str, str | None]:
+        pods = await core.list_namespaced_pod(self.namespace, **self._pod_selector(), _preload_content=False)
+        body = await pods.json()
+        self._pods = {p["metadata"]["name"]: p for p in body.get("items") or []}
+        group_rv = None
+        if self.group:
+            groups = await custom.list_namespaced_custom_object(
+                self.group["group"], self.group["version"], self.namespace, self.group["plural"],
+                field_selector=f"metadata.name={self.gang_name}")
+            items = groups.get("items") or []
+            self._group_obj = items[0] if items else None
+            group_rv = (groups.get("metadata") or {}).get("resourceVersion")
+        return (body.get("metadata") or {}).get("resourceVersion"), group_rv
+
+    def _pod_selector(self) -> dict[str, str]:
+        return {"label_selector": self.label_selector}
+
+    async def _watch(self, core, custom, pod_rv: str | None, group_rv: str | None) -> GangOutcome | None:
+        """Apply watch events until the gang is done (its outcome) or a watch needs a relist (None)."""
+        queue: asyncio.Queue = asyncio.Queue()
+        tasks = [asyncio.create_task(self._stream(queue, "pod", core.list_namespaced_pod, pod_rv,
+                                                  self.namespace, **self._pod_selector()))]
+        if self.group:
+            tasks.append(asyncio.create_task(self._stream(
+                queue, "group", custom.list_namespaced_custom_object, group_rv, self.group["group"],
+                self.group["version"], self.namespace, self.group["plural"],
+                field_selector=f"metadata.name={self.gang_name}")))
+        try:
+            while True:
+                item = await queue.get()
+                if item is _RELIST:
+                    return None
+                kind, event_type, obj = item
+                if kind == "pod":
+                    name = obj["metadata"]["name"]
+                    if event_type == "DELETED":
+                        self._pods.pop(name, None)
+                    else:
+                        self._pods[name] = obj
+                else:
+                    self._group_obj = None if event_type == "DELETED" else obj
+                done = self._evaluate()
+                if done is not None:
+                    return done
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _stream(self, queue: asyncio.Queue, kind: str, list_fn, resource_version: str | None, *args,
+                      **kwargs) -> None:
+        """One watch, resumed from its last resourceVersion each time the server ends it."""
+        from kubernetes_asyncio import client, watch
+
+        rv = resource_version
+        try:
+            while True:
+                w = watch.Watch()
+                try:
+                    # the provider's client applies a 60 s client-side timeout unless told otherwise (it
+                    # cannot see a watch's timeout_seconds): give the server's end of the watch room
+                    async for event in w.stream(list_fn, *args, resource_version=rv, timeout_seconds=self.watch_timeout,
+                                                allow_watch_bookmarks=True,
+                                                _request_timeout=self.watch_timeout + WATCH_CLIENT_SLACK, **kwargs):
+                        obj = event["raw_object"]
+                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                        if event["type"] == "ERROR":
+                            queue.put_nowait(_RELIST)
+                            return
+                        if event["type"] != "BOOKMARK":
+                            queue.put_nowait((kind, event["type"], obj))
+                finally:
+                    w.stop()
+        except asyncio.CancelledError:
+            raise
+        except client.ApiException as exc:
+            self.log.info("Watch of %s %s ended (%s); listing again", kind, self.gang_name, exc.status)
+            queue.put_nowait(_RELIST)
+        except Exception as exc:  # connection reset, timeout: list again after poll_interval
+            self.log.warning("Watch of %s %s failed: %s", kind, self.gang_name, exc)
+            queue.put_nowait(_RELIST)
+
+    # --- state ---------------------------------------------------------------------------------
+
+    def _ours(self) -> list[dict]:
+        if not self.pod_uids:
+            return [p for name, p in self._pods.items() if name in self.pod_names]
+        return [p for name, p in self._pods.items() if self.pod_uids.get(name) in (None, p["metadata"].get("uid"))
+                and name in self.pod_names]
+
+    def _evaluate(self) -> GangOutcome | None:
+        pods = self._ours()
+        for pod in pods:
+            for cond in (pod.get("status") or {}).get("conditions") or []:
+                if cond.get("type") == C.CONDITION_DISRUPTION_TARGET and cond.get("status") == "True":
+                    self._first_disruption.setdefault(pod["metadata"]["name"], cond.get("reason") or "DisruptionTarget")
+        state = gang_state(pods, self._group_obj, expected_names=self.pod_names, container=self.container_name)
+        self._log_changes(state)
+        if state.phase == S.RUNNING:
+            self._running.set()
+        if not state.terminal:
+            return None
+        return outcome_of(state, self.namespace, self.gang_name, self.attempt, time.time(),
+                          self._first_disruption, self._checkpoint)
+
+    def _log_changes(self, state: GangState) -> None:
+        if state.wait_reason and state.wait_reason != self._last_wait:
+            self.log.info("Gang %s waits: %s", self.gang_name, state.wait_reason)
+        self._last_wait = state.wait_reason or self._last_wait
+        if state.phase != self._last_phase:
+            self.log.info("Gang %s: %s", self.gang_name, state.describe())
+            self._last_phase = state.phase
+
+    # --- checkpoint status channel -> pod annotations ------------------------------------------
+
+    async def _mirror_checkpoints(self, core) -> None:
+        """While the gang runs: status.json -> last-checkpoint annotations on its pods, when it changed,
+        at most once per checkpoint_mirror_interval."""
+        await self._running.wait()
+        while True:
+            try:
+                hint = checkpoint_hint(await asyncio.to_thread(self._read_status), time.time())
+                if hint is not None and hint != self._checkpoint:
+                    await self._annotate(core, checkpoint_annotations(hint))
+                    self._checkpoint = hint
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a hint only: never end the wait over it
+                self.log.warning("Mirroring checkpoint status of %s failed: %s", self.gang_name, exc)
+            await asyncio.sleep(self.checkpoint_mirror_interval)
+
+    def _read_status(self) -> dict | None:
+        from airflow_gpu.checkpoint import CheckpointStore
+
+        with CheckpointStore(self.checkpoint_status_uri) as store:
+            return store.read_status()
+
+    async def _annotate(self, core, annotations: dict[str, str]) -> None:
+        from kubernetes_asyncio import client
+
+        body = {"metadata": {"annotations": annotations}}
+        for pod in self._ours():
+            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            try:
+                await core.patch_namespaced_pod(pod["metadata"]["name"], self.namespace, body,
+                                                _content_type="application/merge-patch+json")
+            except client.ApiException as exc:
+                if exc.status != 404:  # gone meanwhile: the watch reports it
+                    raise

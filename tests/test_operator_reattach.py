@@ -1,0 +1,138 @@
+"""GpuTrainingOperator's submission against the local cluster, one step at a time (no Airflow processes:
+airflow_gpu.devtools.operator_run stands in for the task runner and its durable state store):
+- a worker killed while the task is deferred: the restarted execute() reattaches to the same pod UIDs
+  and creates nothing new;
+- on_kill deletes every object of the task instance;
+- a ResourceQuota refusal at creation is waited out (logged with the quota's message), not a failure.
+No GPU scheduler runs here: the pods stay pending, which is all these steps need."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from airflow_gpu import constants as C
+from airflow_gpu.devtools.operator_run import DictStateStore, FakeTaskInstance, context_for, execute_until_deferred
+from airflow_gpu.devtools.processes import wait_until
+
+SEED = __import__("pathlib").Path(__file__).resolve().parent.parent / "examples" / "seed-quotas.yaml"
+
+
+@pytest.fixture(scope="module")
+def cluster(kube_cluster):
+    import subprocess
+    import sys
+
+    rendered = subprocess.run([sys.executable, "-m", "airflow_gpu", "pools", "render-k8s", "--config", str(SEED)],
+                              capture_output=True, text=True, timeout=60, check=True).stdout
+    kube_cluster.kubectl("apply", "-f", "-", input=rendered)
+    return kube_cluster
+
+
+@pytest.fixture(autouse=True)
+def connection(cluster, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(
+        {"conn_type": "kubernetes", "extra": {"kube_config_path": str(cluster.kubeconfig)}}))
+
+
+def operator(task_id: str, **kw):
+    from airflow_gpu.operators import GpuTrainingOperator
+
+    args = dict(team="research", tier="best-effort-training", workers=2, gpus_per_worker=4, image="python:3.11",
+                retries=2, poll_interval=0.5, config_file=str(SEED))
+    args.update(kw)
+    return GpuTrainingOperator(task_id=task_id, **args)
+
+
+def pods_of(cluster, dag_id: str) -> dict[str, str]:
+    pods = cluster.core().list_namespaced_pod("team-research", label_selector=f"{C.LABEL_DAG_ID}={dag_id}").items
+    return {p.metadata.name: p.metadata.uid for p in pods if not p.metadata.deletion_timestamp}
+
+
+def test_restarted_worker_reattaches_to_the_same_uids(cluster):
+    store = DictStateStore()
+    ti = FakeTaskInstance("reattach", "train", "manual__1")
+    first = execute_until_deferred(operator("train"), context_for(ti, store))
+    created = pods_of(cluster, "reattach")
+    assert len(created) == 2 and first.trigger.pod_uids == created
+    # the worker dies (SIGKILL) while deferred; Airflow's retry runs execute() again in a new process
+    second = execute_until_deferred(operator("train"), context_for(ti, DictStateStore(json.loads(json.dumps(store.data)))))
+    assert second.trigger.pod_uids == created and pods_of(cluster, "reattach") == created  # no duplicates
+    assert second.trigger.gang_name == first.trigger.gang_name and second.kwargs["run"]["attempt"] == 1000
+
+    # a stored gang whose pods are gone (deleted meanwhile) is resubmitted as the next attempt
+    cluster.core().delete_collection_namespaced_pod("team-research", label_selector=f"{C.LABEL_DAG_ID}=reattach",
+                                                     grace_period_seconds=0)
+    wait_until(lambda: not pods_of(cluster, "reattach"), timeout=30, what="pods gone")
+    third = execute_until_deferred(operator("train"), context_for(ti, store))
+    assert third.kwargs["run"]["attempt"] == 1001 and set(third.trigger.pod_uids) == set(pods_of(cluster, "reattach"))
+    op = operator("train")
+    execute_until_deferred(op, context_for(ti, store))
+    op.on_kill()
+    wait_until(lambda: not pods_of(cluster, "reattach"), timeout=60, what="on_kill deleted the pods")
+    services = cluster.core().list_namespaced_service("team-research", label_selector=f"{C.LABEL_DAG_ID}=reattach")
+    assert services.items == []
+    groups = cluster.custom().list_namespaced_custom_object("scheduling.x-k8s.io", "v1alpha1", "team-research",
+                                                            "podgroups", label_selector=f"{C.LABEL_DAG_ID}=reattach")
+    assert groups["items"] == []
+
+
+class Recorder:
+    """Stands in for the operator's logger in GangClient: keeps the formatted messages."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def _add(self, msg, *args, **_):
+        self.lines.append(msg % args if args else msg)
+
+    info = warning = error = exception = debug = _add
+
+
+def test_resource_quota_refusal_is_waited_out(cluster, monkeypatch):
+    from airflow_gpu.operators import GpuTrainingOperator
+    from airflow_gpu.operators.cluster import GangClient
+
+    core = cluster.core()
+    blocker = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "quota-blocker"},
+               "spec": {"schedulerName": "nobody", "priorityClassName": "airflow-gpu-best-effort-training",
+                        "containers": [{"name": "c", "image": "x", "resources": {"limits": {C.RESOURCE_GPU: "12"}}}]}}
+    core.create_namespaced_pod("team-research", blocker)  # 12 of research's 16 preemptible GPUs
+    recorder = Recorder()
+    monkeypatch.setattr(GpuTrainingOperator, "_client", lambda self: GangClient(cluster.api_client(), recorder))
+    ti = FakeTaskInstance("quota", "train", "manual__1")
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(
+        deferred=execute_until_deferred(operator("train"), context_for(ti, DictStateStore()))), daemon=True)
+    thread.start()
+    refusals = lambda: [x for x in recorder.lines if "refused by a ResourceQuota" in x]  # noqa: E731
+    wait_until(refusals, timeout=60, what="the quota refusal logged")
+    assert "exceeded quota: airflow-gpu-preemptible" in refusals()[0]
+    time.sleep(2)  # several tries at poll_interval 0.5 s
+    assert thread.is_alive() and len(refusals()) == 1  # waiting, not failed; logged when the message changes
+    core.delete_namespaced_pod("quota-blocker", "team-research", grace_period_seconds=0)
+    thread.join(timeout=60)
+    assert "deferred" in result and len(result["deferred"].trigger.pod_uids) == 2
+    assert set(result["deferred"].trigger.pod_uids) == set(pods_of(cluster, "quota"))
+
+
+def test_execution_timeout_while_deferred_deletes_the_gang(cluster):
+    """The triggerer's timeout (what is left of execution_timeout) resumes the task with __fail__: the
+    gang goes before the task fails."""
+    import datetime as dt
+
+    from airflow.sdk.bases.operator import TriggerFailureReason
+    from airflow.sdk.exceptions import TaskDeferralTimeout
+
+    op = operator("train", execution_timeout=dt.timedelta(minutes=5))
+    ti = FakeTaskInstance("timeout", "train", "manual__1")
+    deferred = execute_until_deferred(op, context_for(ti, DictStateStore()))
+    assert dt.timedelta(minutes=4) < deferred.timeout <= dt.timedelta(minutes=5)
+    assert len(pods_of(cluster, "timeout")) == 2
+    resumed = operator("train", execution_timeout=dt.timedelta(minutes=5))  # a fresh worker process
+    with pytest.raises(TaskDeferralTimeout):
+        resumed.resume_execution("__fail__", {"error": TriggerFailureReason.TRIGGER_TIMEOUT}, context_for(ti, None))
+    wait_until(lambda: not pods_of(cluster, "timeout"), timeout=60, what="the gang deleted")
