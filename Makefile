@@ -4,6 +4,9 @@ VENV      := .venv
 VPY       := $(VENV)/bin/python
 STAMP     := $(VENV)/.installed
 PYTEST_ARGS ?=
+# test files run in parallel on pytest-xdist workers, each file on one worker (its module-scoped
+# servers start once), longest first (tests/conftest.py); TEST_WORKERS=0 runs them in this process
+TEST_WORKERS ?= 2
 
 .PHONY: venv demo test bench clean
 
@@ -20,7 +23,7 @@ demo: venv
 
 test: venv
 	@test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium)  # UI browser test
-	$(VPY) -m pytest $(PYTEST_ARGS)
+	$(VPY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: venv
 	$(VPY) -m bench

@@ -53,6 +53,7 @@ ANNOTATION_CHECKPOINTABLE = f"{DOMAIN}/checkpointable"
 ANNOTATION_LAST_CHECKPOINT_TIME = f"{DOMAIN}/last-checkpoint-time"
 ANNOTATION_LAST_CHECKPOINT_STEP = f"{DOMAIN}/last-checkpoint-step"
 ANNOTATION_INTERRUPTIONS = f"{DOMAIN}/interruptions"  # relaunches after a disruption in this try
+ANNOTATION_PREEMPTIONS = f"{DOMAIN}/preemptions"  # relaunches after a preemption in this try
 ANNOTATION_GPU_PRODUCTS = f"{DOMAIN}/gpu-products"  # accepted products, preference order
 ANNOTATION_SIM_DURATION = f"{DOMAIN}/sim-duration-seconds"  # local cluster: simulated container run time
 ANNOTATION_SIM_EXIT_CODE = f"{DOMAIN}/sim-exit-code"  # local cluster: simulated container exit code

@@ -50,7 +50,7 @@ def script_cluster(kubeconfig: str) -> None:
         for i, node in enumerate(("gpu-od-0", "gpu-spot-0")):
             body = pod_manifest(f"finetune-{i}", "team-nlp", 4, group="finetune", sim_seconds=3600,
                                 labels=ti_labels("llm_finetune", "train", "nlp"),
-                                annotations={C.ANNOTATION_INTERRUPTIONS: "1"})
+                                annotations={C.ANNOTATION_INTERRUPTIONS: "1", C.ANNOTATION_PREEMPTIONS: "2"})
             body["spec"]["nodeName"] = node
             body["spec"]["tolerations"] = [{"key": C.TAINT_SPOT, "operator": "Exists"}]
             core.create_namespaced_pod("team-nlp", body, _preload_content=False)
@@ -106,7 +106,7 @@ def test_queue_for_admin(stack):
     assert by_dag["llm_pretrain"]["link"].endswith("/dags/llm_pretrain/runs/manual__2026-12-02/tasks/train")
     assert sorted(w["cluster_position"] for w in q["waiting"]) == [1, 2]
     (run,) = q["running"]
-    assert run["dag_id"] == "llm_finetune" and run["interruptions"] == 1
+    assert run["dag_id"] == "llm_finetune" and (run["interruptions"], run["preemptions"]) == (1, 2)
     assert {p["node"]: p["capacity_type"] for p in run["pods"]} == {"gpu-od-0": "on-demand", "gpu-spot-0": "spot"}
     assert run["last_checkpoint_age_seconds"] > 0
     c = q["cluster"]

@@ -121,12 +121,13 @@ def print_queue(data: dict) -> None:
                               str(r["gpus"]), str(r["waiting_seconds"]), r["reason"], est)))
     console.print(w)
     run = Table(title="Running")
-    for col in ("task", "team", "pods", "since checkpoint s", "interruptions"):
+    for col in ("task", "team", "pods", "since checkpoint s", "interruptions", "preemptions"):
         run.add_column(col)
     for r in data["running"]:
         pods = ", ".join(f"{p['name']}@{p['node']} ({p['capacity_type']})" for p in r["pods"])
         run.add_row(*map(Text, (f"{r['dag_id']}.{r['task_id']}" if r["dag_id"] else r["gang"], r["team"], pods,
-                                str(r["last_checkpoint_age_seconds"] or ""), str(r["interruptions"]))))
+                                str(r["last_checkpoint_age_seconds"] or ""), str(r["interruptions"]),
+                                str(r.get("preemptions", 0)))))
     console.print(run)
     c = data["cluster"]
     console.print(f"cluster: {c['gpus_total']} GPUs on {len(c['nodes'])} nodes, allocation "

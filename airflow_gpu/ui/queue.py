@@ -174,7 +174,7 @@ def _positions(waiting: list[dict]) -> None:
 
 def _running_row(unit, rg, world, now, base_url) -> dict:
     pods = []
-    interruptions = 0
+    interruptions = preemptions = 0
     for pod in unit.pods:
         node = (pod.get("spec") or {}).get("nodeName")
         if not node:
@@ -182,7 +182,8 @@ def _running_row(unit, rg, world, now, base_url) -> dict:
         known = world.nodes.get(node)
         pods.append({"name": key_of(pod), "node": node, "capacity_type": known.capacity_type if known else "unknown"})
         ann = (pod.get("metadata") or {}).get("annotations") or {}
-        interruptions = max(interruptions, int(ann.get(C.ANNOTATION_INTERRUPTIONS) or 0))
+        interruptions = max(interruptions, _count(ann, C.ANNOTATION_INTERRUPTIONS))
+        preemptions = max(preemptions, _count(ann, C.ANNOTATION_PREEMPTIONS))
     labels = ((unit.pods or [{}])[0].get("metadata") or {}).get("labels") or {}
     key = try_key(labels)
     dag_id, task_id, run_id, _ = key or (None, None, None, None)
@@ -191,5 +192,13 @@ def _running_row(unit, rg, world, now, base_url) -> dict:
     return {"dag_id": dag_id, "task_id": task_id, "run_id": run_id, "team": rg.gang.team, "tier": rg.gang.tier,
             "gang": unit.key, "gpus": round(_gpus(rg.gang.members), 3), "pods": pods,
             "running_seconds": round(now - rg.started_at, 1) if rg.started_at else None,
-            "last_checkpoint_age_seconds": age, "interruptions": interruptions,
+            "last_checkpoint_age_seconds": age, "interruptions": interruptions, "preemptions": preemptions,
             "link": ti_link(base_url, dag_id, run_id, task_id) if dag_id else None}
+
+
+def _count(annotations: Mapping[str, str], name: str) -> int:
+    """A relaunch counter the operator writes on its pods; a value a user mangled counts as 0."""
+    try:
+        return max(0, int(annotations.get(name) or 0))
+    except ValueError:
+        return 0
