@@ -138,7 +138,8 @@ class ReplayResult:
     preemptions: int
     interruptions: int
     guarantee: dict[str, tuple[float, float]]  # team -> (met, wanted) GPU-seconds within guarantee
-    util_curve: list[tuple[float, float, bool]]  # (time, allocated GPU fraction, some GPU work waits)
+    # (time, allocated GPU fraction, fraction computing (the running work's own ask), some GPU work waits)
+    util_curve: list[tuple[float, float, float, bool]]
     seconds: float = 0.0
 
 
@@ -242,8 +243,9 @@ class Replay:
         self.team_alloc: dict[str, float] = defaultdict(float)
         self.team_pending: dict[str, float] = defaultdict(float)
         self.guarantee = {t: [0.0, 0.0] for t in setting.teams}
-        self.allocated = 0
-        self.util_curve: list[tuple[float, float, bool]] = []
+        self.allocated = 0  # GPU milli held
+        self.computing = 0  # GPU milli the running work asked for (a share on a whole GPU counts the share)
+        self.util_curve: list[tuple[float, float, float, bool]] = []
         self.total_milli = sum(n.gpu_count for n in self.nodes) * GPU_MILLI
         self.guaranteed = {t: sum(self.quota.team(t).nominal.values()) if self.quota is not None
                            else self.total_milli * share for t, share in setting.teams.items()}
@@ -284,7 +286,7 @@ class Replay:
     def _enqueue(self, st: JobState) -> None:
         for name, gang in st.units.items():
             self.pending[name] = gang
-        self.team_pending[st.job.team] += st.job.gpu_milli
+        self.team_pending[st.job.team] += sum(g.gpu_milli_total for g in st.units.values())
 
     def _bind(self, gang: Gang, placements: tuple[Placement, ...], borrowed: bool, now: float) -> None:
         job_name = gang.name.split("/")[0]
@@ -307,6 +309,7 @@ class Replay:
         st.attempt.holds += [(gang.name, now, p) for p in placements]
         if all(u in self.placed for u in st.units):
             st.attempt.start = now
+            self.computing += st.job.gpu_milli
             st.first_start = now if st.first_start is None else st.first_start
             self.push(now + st.job.work - st.done, "finish", (job_name, st.attempts))
 
@@ -327,6 +330,8 @@ class Replay:
                 self.pending.pop(unit, None)
                 self.team_pending[st.job.team] -= st.units[unit].gpu_milli_total
         a.end, a.outcome = now, outcome
+        if a.start is not None:
+            self.computing -= st.job.gpu_milli
         ran = 0.0 if a.start is None else now - a.start
         if outcome == FINISHED:
             a.kept = ran
@@ -448,7 +453,8 @@ class Replay:
             if not victims:
                 break
         waiting = any(v > 0 for v in self.team_pending.values())
-        self.util_curve.append((now, self.allocated / self.total_milli if self.total_milli else 0.0, waiting))
+        total = self.total_milli or 1
+        self.util_curve.append((now, self.allocated / total, self.computing / total, waiting))
 
 
 def replay(setting: Setting, platform: Platform, progress=None) -> ReplayResult:
