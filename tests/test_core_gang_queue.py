@@ -214,3 +214,27 @@ def test_estimated_start_is_the_first_release_after_which_the_gang_fits(scene):
                 trial.forget(p)
         for p in est.placements:  # the reserved placement is a real one once those gangs are gone
             trial.assume(p)
+
+
+def test_asks_no_smaller_than_a_refused_one_wait_without_being_placed_again():
+    snap, running = two_busy_nodes()  # 4 GPUs free on n1 only
+    head = gang("head", 2, 8, priority=5, created_at=0.0)  # reserves both nodes
+    six = gang("six", 1, 6, priority=1, created_at=1.0)
+    seven = gang("seven", 1, 7, priority=1, created_at=2.0)  # no smaller than six: covered
+    other_team = gang("seven-u", 1, 7, priority=1, created_at=2.5, team="u")  # no quota book: teams alike
+    two = gang("two", 1, 2, priority=1, created_at=3.0)  # smaller: tried, would delay the head
+    two_again = gang("two-again", 1, 2, priority=1, created_at=4.0)  # the same ask: the same reason
+    res = run_cycle(snap, [head, six, seven, other_team, two, two_again], running, profile(), now=0.0)
+    assert res.admitted == [] and res.reservation.gang.name == "head"
+    assert res.waiting["seven"].startswith("does not fit, as six (no larger ask) this cycle: member six-0")
+    assert res.waiting["seven-u"].startswith("does not fit, as six")
+    assert res.waiting["two"].startswith("would delay head")
+    assert res.waiting["two-again"] == res.waiting["two"]
+    # without the reservation in the way the small ask is admitted: it is never skipped for a bigger refusal
+    res = run_cycle(snap, [six, seven, two], running, profile(), now=0.0)
+    assert [d.gang.name for d in res.admitted] == ["two"]
+    # with quotas the team is part of the ask (quota decides where a team may be placed)
+    book = QuotaBook({t: TeamQuota.from_gpus(t, {"H100": 64}) for t in ("t", "u")})
+    res = run_cycle(snap, [head, six, seven, other_team], running, profile(), now=0.0, quota=book)
+    assert res.waiting["seven"].startswith("does not fit, as six")
+    assert not res.waiting["seven-u"].startswith("does not fit, as")

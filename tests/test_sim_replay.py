@@ -129,7 +129,7 @@ def test_naive_partial_gangs_hold_gpus_while_full_gangs_start_whole():
 
 
 def test_replay_events_reverified_independently(tmp_path):
-    params = SeedParams(days=2.0, interruptions_per_node_day=2.0)
+    params = SeedParams(days=1.0, interruptions_per_node_day=2.0)
     setting = seed_setting(params, 7)
     summaries = {}
     for name in ("naive", "full", "no-gang", "interval-checkpoints"):

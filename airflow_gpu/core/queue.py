@@ -31,6 +31,14 @@ cluster changed in a way that can make room (the caller calls Backoff.reset: a p
 joined). A gang in back-off is skipped only once this cycle's reservation is taken: until then
 every gang is tried, so the head of line is never skipped and never loses its reservation to a
 gang behind it.
+
+Refused asks (RefusedAsks): within one cycle capacity only shrinks (admissions hold it, a
+nomination's victims keep theirs), so once the reservation is taken, a gang whose ask is no smaller
+than one already refused for capacity in this cycle (same team, same constraints, no fewer
+excluded nodes) is left waiting without being placed again. The team is part of the ask because
+quota decides which products a gang may be placed on; usage only grows within a cycle except at a
+nomination (its victims' quota is released), so the refusals are forgotten there. This keeps a cycle over a long backlog of similar asks
+at about one placement per distinct ask instead of one per gang.
 """
 
 from __future__ import annotations
@@ -138,6 +146,63 @@ class Backoff:
             self.forget(name)
 
 
+class RefusedAsks:
+    """Asks refused for capacity in this cycle. A one-pod gang is covered by a refused one-pod ask
+    of the same team with the same constraints and no more CPU, memory or GPU; a bigger gang only by
+    the same team, pod sets, topology and pins. An ask refused with every node open covers asks that
+    are shown fewer."""
+
+    def __init__(self, by_team: bool = True) -> None:
+        self.by_team = by_team  # False: no quota book, a team's ask is any team's
+        self._single: dict[tuple, list[tuple[int, int, int, bool, str, str]]] = {}
+        self._gangs: dict[tuple, tuple[bool, str, str]] = {}
+
+    def clear(self) -> None:
+        self._single.clear()
+        self._gangs.clear()
+
+    def _single_key(self, gang: Gang) -> tuple[tuple, int]:
+        pod = gang.members[0]
+        form = "mig" if pod.mig_profile else ("share" if pod.gpu_milli else "gpus")
+        return (gang.team if self.by_team else None, form, pod.mig_profile, pod.gpu_products, pod.node_selector, pod.tolerations,
+                pod.capacity_types), (pod.gpus if form == "gpus" else pod.gpu_milli)
+
+    def _gang_key(self, gang: Gang) -> tuple:
+        return (gang.team if self.by_team else None, gang.topology, gang.min_member, gang.pinned,
+                tuple((ps.request.shape, ps.count) for ps in gang.pod_sets))
+
+    def add(self, gang: Gang, excluded: bool, reason: str, delays: str = "") -> None:
+        """`delays`: the reason when the ask would fit but for the reservation (it names the head,
+        not the gang, so an equal ask of the same team waits for exactly that reason too)."""
+        entry = (excluded, gang.name, reason, delays)
+        if len(gang.members) == 1:
+            pod = gang.members[0]
+            key, amount = self._single_key(gang)
+            self._single.setdefault(key, []).append(((pod.cpu_milli, pod.memory_mib, amount), entry))
+        else:
+            self._gangs.setdefault(self._gang_key(gang), entry)
+
+    def covering(self, gang: Gang, excluded: bool) -> str | None:
+        """The wait reason when `gang` cannot fit either, else None."""
+        if len(gang.members) == 1:
+            pod = gang.members[0]
+            key, amount = self._single_key(gang)
+            ask = (pod.cpu_milli, pod.memory_mib, amount)
+            for refused_ask, entry in self._single.get(key, ()):
+                if all(r <= a for r, a in zip(refused_ask, ask)) and (excluded or not entry[0]):
+                    return self._reason(entry, excluded, refused_ask == ask)
+            return None
+        entry = self._gangs.get(self._gang_key(gang))
+        return None if entry is None or not (excluded or not entry[0]) else self._reason(entry, excluded, True)
+
+    @staticmethod
+    def _reason(entry, excluded: bool, equal: bool) -> str:
+        was_excluded, name, reason, delays = entry
+        if delays and equal and was_excluded == excluded:
+            return delays
+        return f"does not fit, as {name} (no larger ask) this cycle: {reason}"
+
+
 def estimate_start(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], profile: Profile,
                    now: float) -> Reservation | None:
     """When and where `gang`, which does not fit now, could start if nothing else were admitted:
@@ -177,6 +242,7 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
     result = CycleResult()
     started: list[RunningGang] = []  # admitted this cycle: they hold capacity until their own end
     reserved: np.ndarray | None = None
+    refused = RefusedAsks(by_team=state.book is not None)
 
     for gang in queue_order(pending):
         res = result.reservation
@@ -184,6 +250,11 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
             result.deferred.append(gang.name)
             continue
         exclude = reserved if res is not None and not res.lets_through(gang, now) else None
+        if res is not None:
+            covered = refused.covering(gang, exclude is not None)
+            if covered is not None:
+                result.waiting[gang.name] = covered
+                continue
         decision = admit(work.snap, gang, profile, work.book, work.usage, exclude)
         if decision.admitted:
             # held, not running: a gang admitted this cycle is no preemption candidate in it
@@ -194,11 +265,16 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
 
         reason = decision.reason
         if res is not None:
+            delays = ""
             if exclude is not None and admit(work.snap, gang, profile, work.book, work.usage).admitted:
-                reason = f"would delay {res.gang.name}, which holds {len(res.nodes)} node(s) " \
-                         f"and starts {_when(res.start, now)}"
+                reason = delays = f"would delay {res.gang.name}, which holds {len(res.nodes)} node(s) " \
+                                  f"and starts {_when(res.start, now)}"
+            if decision.blocked_by == BLOCKED_CAPACITY:
+                refused.add(gang, exclude is not None, decision.reason, delays)
             result.waiting[gang.name] = reason
             continue
+        if decision.blocked_by == BLOCKED_CAPACITY:
+            refused.add(gang, False, reason)
 
         # Kueue: a quota refusal may be solved by preemption too (the team's own lower-priority
         # gangs, or reclaim from borrowers), so every refused gang asks for a plan.
@@ -210,6 +286,7 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
             reserved = result.reservation.mask(work.snap)
             # the nomination's quota counts at once, in place of its victims'; its nodes are reserved
             work.nominate(gang.team, plan.placements, plan.victims)
+            refused.clear()  # the victims' quota is released: products may open up for their teams
             names = ", ".join(plan.victim_names)
             whom = "of lower priority or borrowing in the cohort" if plan.reclaim else "of lower priority"
             reason = f"{reason}; preempting {len(plan.victims)} gang(s) {whom}: {names}"

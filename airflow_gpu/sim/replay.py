@@ -30,8 +30,8 @@ from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, SPREAD_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPolicy
 from airflow_gpu.core.cycle import CycleState
-from airflow_gpu.core.queue import Backoff, schedule_cycle
-from airflow_gpu.core.quota import QuotaBook, TeamQuota
+from airflow_gpu.core.queue import Backoff, RefusedAsks, schedule_cycle
+from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements
 from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.sim.workload import Job, mark_spot, whole_gpus
 
@@ -138,7 +138,8 @@ class ReplayResult:
     preemptions: int
     interruptions: int
     guarantee: dict[str, tuple[float, float]]  # team -> (met, wanted) GPU-seconds within guarantee
-    util_curve: list[tuple[float, float]]  # (time, allocated GPU fraction)
+    # (time, allocated GPU fraction, fraction computing (the running work's own ask), some GPU work waits)
+    util_curve: list[tuple[float, float, float, bool]]
     seconds: float = 0.0
 
 
@@ -181,13 +182,14 @@ class _Cycle:
         self.policy = policy if platform.preemption else replace(
             policy, never_preempting_tiers=frozenset(), non_preemptible_tiers=frozenset())
         self.backoff = Backoff(base=NEVER, cap=NEVER)
-        self._keys: dict[str, tuple] = {}
 
-    def run(self, snap: Snapshot, pending: list[Gang], running: list[RunningGang], now: float):
-        """-> (admitted [(gang, placements, borrowed)], victims [unit names])."""
+    def run(self, snap: Snapshot, pending: list[Gang], running: list[RunningGang], usage: QuotaUsage | None,
+            now: float):
+        """-> (admitted [(gang, placements, borrowed)], victims [unit names]). `usage`: the quota
+        usage of `running`, kept up to date by the replay (what CycleState.build would count)."""
         if self.platform.queue == "fifo":
             return self._fifo(snap, pending), []
-        state = CycleState.build(snap, running, self.quota)
+        state = CycleState(snap, self.quota, usage, running, snap.shape.node_product)
         result = schedule_cycle(state, pending, self.profile, now, self.policy, self.backoff)
         self.backoff.record(result, pending, now)
         admitted = [(d.gang, d.placements, d.borrowed) for d in result.admitted]
@@ -196,19 +198,14 @@ class _Cycle:
 
     def _fifo(self, snap: Snapshot, pending: list[Gang]):
         work = snap.copy()
-        failed: set = set()  # asks that did not fit this cycle: capacity only shrinks within it
+        refused = RefusedAsks(by_team=False)  # capacity only shrinks within a cycle
         out = []
         for gang in sorted(pending, key=lambda g: (g.created_at, g.name)):
-            member = gang.members[0]
-            key = self._keys.get(member.name)
-            if key is None:
-                key = self._keys[member.name] = (member.gpus, member.gpu_milli, member.cpu_milli, member.memory_mib,
-                                                 member.gpu_products, member.capacity_types)
-            if key in failed:
+            if refused.covering(gang, False) is not None:
                 continue
-            placement, _ = place_pod(work, member, self.profile)
+            placement, _ = place_pod(work, gang.members[0], self.profile)
             if placement is None:
-                failed.add(key)
+                refused.add(gang, False, "")
                 if not work.gpu_free.any():
                     break  # nothing left for any GPU ask
                 continue
@@ -246,10 +243,15 @@ class Replay:
         self.team_alloc: dict[str, float] = defaultdict(float)
         self.team_pending: dict[str, float] = defaultdict(float)
         self.guarantee = {t: [0.0, 0.0] for t in setting.teams}
-        self.allocated = 0
-        self.util_curve: list[tuple[float, float]] = []
+        self.allocated = 0  # GPU milli held
+        self.computing = 0  # GPU milli the running work asked for (a share on a whole GPU counts the share)
+        self.util_curve: list[tuple[float, float, float, bool]] = []
         self.total_milli = sum(n.gpu_count for n in self.nodes) * GPU_MILLI
+        self.guaranteed = {t: sum(self.quota.team(t).nominal.values()) if self.quota is not None
+                           else self.total_milli * share for t, share in setting.teams.items()}
         self.last_t = 0.0
+        self.usage = QuotaUsage() if self.quota is not None else None
+        self.running: dict[str, tuple[RunningGang, float]] = {}  # unit -> (as the cycle sees it, valid until)
 
     # --- events -----------------------------------------------------------------------------------
     def push(self, t: float, kind: str, what: object) -> None:
@@ -275,10 +277,8 @@ class Replay:
     def _advance(self, now: float) -> None:
         dt = now - self.last_t
         if dt > 0:
-            q = self.quota
             for team, acc in self.guarantee.items():
-                tq = q.team(team) if q is not None else None
-                guar = sum(tq.nominal.values()) if tq is not None else self.total_milli * self.setting.teams[team]
+                guar = self.guaranteed[team]
                 acc[0] += dt * min(self.team_alloc[team], guar)
                 acc[1] += dt * min(self.team_alloc[team] + self.team_pending[team], guar)
         self.last_t = now
@@ -286,7 +286,7 @@ class Replay:
     def _enqueue(self, st: JobState) -> None:
         for name, gang in st.units.items():
             self.pending[name] = gang
-        self.team_pending[st.job.team] += st.job.gpu_milli
+        self.team_pending[st.job.team] += sum(g.gpu_milli_total for g in st.units.values())
 
     def _bind(self, gang: Gang, placements: tuple[Placement, ...], borrowed: bool, now: float) -> None:
         job_name = gang.name.split("/")[0]
@@ -299,6 +299,8 @@ class Replay:
         self.team_alloc[gang.team] += milli
         self.allocated += milli
         self.placed[gang.name] = (job_name, placements, now)
+        if self.usage is not None:
+            self.usage.add(gang.team, demand_of_placements(placements, self.node_product, self.quota))
         st.borrowed[gang.name] = borrowed
         if st.attempt is None:
             st.attempts += 1
@@ -307,6 +309,7 @@ class Replay:
         st.attempt.holds += [(gang.name, now, p) for p in placements]
         if all(u in self.placed for u in st.units):
             st.attempt.start = now
+            self.computing += st.job.gpu_milli
             st.first_start = now if st.first_start is None else st.first_start
             self.push(now + st.job.work - st.done, "finish", (job_name, st.attempts))
 
@@ -315,8 +318,11 @@ class Replay:
         for unit in st.units:
             if unit in self.placed:
                 _, placements, _ = self.placed.pop(unit)
+                self.running.pop(unit, None)
                 for p in placements:
                     self.snap.forget(p.pod)
+                if self.usage is not None:
+                    self.usage.remove(st.job.team, demand_of_placements(placements, self.node_product, self.quota))
                 milli = st.units[unit].gpu_milli_total
                 self.team_alloc[st.job.team] -= milli
                 self.allocated -= milli
@@ -324,6 +330,8 @@ class Replay:
                 self.pending.pop(unit, None)
                 self.team_pending[st.job.team] -= st.units[unit].gpu_milli_total
         a.end, a.outcome = now, outcome
+        if a.start is not None:
+            self.computing -= st.job.gpu_milli
         ran = 0.0 if a.start is None else now - a.start
         if outcome == FINISHED:
             a.kept = ran
@@ -356,19 +364,28 @@ class Replay:
         self.push(now + self.setting.spot.replace_after_seconds, "back", node)
 
     def _running(self, now: float) -> list[RunningGang]:
+        """Running units as core sees them; each is rebuilt only when its last checkpoint moved."""
         out = []
         for unit, (job, placements, since) in self.placed.items():
+            cached = self.running.get(unit)
+            if cached is not None and now < cached[1]:
+                out.append(cached[0])
+                continue
             st = self.states[job]
             gang = st.units[unit]
-            ckpt = None
+            ckpt, until = None, math.inf
             a = st.attempt
-            if gang.checkpointable and a is not None and a.start is not None and st.job.checkpoint_interval > 0:
+            if a is None or a.start is None:
+                until = -math.inf  # the gang is not complete yet: look again next cycle
+            elif gang.checkpointable and st.job.checkpoint_interval > 0:
                 iv = st.job.checkpoint_interval
-                done_now = st.done + now - a.start
-                ckpt = a.start + (math.floor(done_now / iv) * iv - st.done)
+                saved = math.floor((st.done + now - a.start) / iv) * iv  # work covered by the last checkpoint
+                ckpt = a.start + saved - st.done
                 ckpt = ckpt if ckpt >= a.start else None
-            out.append(RunningGang(gang, placements, since, last_checkpoint_at=ckpt,
-                                   borrowed=st.borrowed.get(unit, False)))
+                until = a.start + saved + iv - st.done
+            rg = RunningGang(gang, placements, since, last_checkpoint_at=ckpt, borrowed=st.borrowed.get(unit, False))
+            self.running[unit] = (rg, until)
+            out.append(rg)
         return out
 
     # --- the loop ---------------------------------------------------------------------------------
@@ -424,7 +441,8 @@ class Replay:
         for _ in range(4):  # victims stop at once; the preemptor binds in the next cycle
             if not self.pending:
                 break
-            admitted, victims = self.cycle.run(self.snap, list(self.pending.values()), self._running(now), now)
+            admitted, victims = self.cycle.run(self.snap, list(self.pending.values()), self._running(now),
+                                               self.usage, now)
             for gang, placements, borrowed in admitted:
                 self._bind(gang, placements, borrowed, now)
             for job in sorted({v.split("/")[0] for v in victims}):
@@ -434,7 +452,9 @@ class Replay:
                     self._release(st, now, PREEMPTED)
             if not victims:
                 break
-        self.util_curve.append((now, self.allocated / self.total_milli if self.total_milli else 0.0))
+        waiting = any(v > 0 for v in self.team_pending.values())
+        total = self.total_milli or 1
+        self.util_curve.append((now, self.allocated / total, self.computing / total, waiting))
 
 
 def replay(setting: Setting, platform: Platform, progress=None) -> ReplayResult:

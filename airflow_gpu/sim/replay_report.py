@@ -30,18 +30,34 @@ def job_waits(r: ReplayResult) -> dict[str, list[float]]:
     return out
 
 
+def contended(r: ReplayResult) -> tuple[float, float, float]:
+    """(seconds of the horizon during which GPU work waited, allocated and computing GPU fraction x
+    seconds over them): how busy the platform keeps its GPUs while it has a queue."""
+    t_in = alloc = busy = 0.0
+    curve = r.util_curve
+    for (t, held, computing, waiting), nxt in zip(curve, curve[1:] + [(r.horizon, 0.0, 0.0, False)]):
+        dt = _clip(t, nxt[0], r.horizon)
+        if waiting and dt > 0:
+            t_in += dt
+            alloc += held * dt
+            busy += computing * dt
+    return t_in, alloc, busy
+
+
 def summarize(r: ReplayResult) -> dict:
     h = r.horizon
     capacity = sum(n.gpu_count for n in r.nodes) * GPU_MILLI * h
     allocated = useful = lost = 0.0
     for a in r.attempts:
+        asked = a.job.worker.gpu_milli_total  # useful is the work's own ask: a share run on a whole GPU uses the share
         for _, since, p in a.holds:
             milli = sum(m for _, m in p.gpu_shares)
             allocated += milli * _clip(since, a.end, h)
             if a.start is not None:
-                useful += milli * _clip(a.start, a.start + a.kept, h)
+                useful += asked * _clip(a.start, a.start + a.kept, h)
                 if a.outcome != FINISHED:
-                    lost += milli * (a.end - a.start - a.kept) / GPU_MILLI
+                    lost += asked * (a.end - a.start - a.kept) / GPU_MILLI
+    contended_time, contended_alloc, contended_busy = contended(r)
     waits = job_waits(r)
     queue = {}
     for tier in TIERS:
@@ -59,6 +75,9 @@ def summarize(r: ReplayResult) -> dict:
         cost += n.gpu_count * hours * (spot if n.capacity_type == CAPACITY_SPOT else on_demand)
     return {
         "gpu_utilization_pct": round(100 * allocated / capacity, 2) if capacity else 0.0,
+        "contended_time_pct": round(100 * contended_time / h, 2) if h else 0.0,
+        "gpu_utilization_when_contended_pct": round(100 * contended_alloc / contended_time, 2) if contended_time else None,
+        "computing_when_contended_pct": round(100 * contended_busy / contended_time, 2) if contended_time else None,
         "useful_gpu_utilization_pct": round(100 * useful / capacity, 2) if capacity else 0.0,
         "queue_wait_seconds": queue,
         "lost_gpu_seconds": round(lost, 1),
@@ -108,8 +127,8 @@ def plot(results: list[ReplayResult], summaries: dict[str, dict], directory: Pat
     fig, ax = plt.subplots(figsize=(9, 4))
     for r in results:
         if r.platform.name in ("naive", "full"):
-            t = np.array([x for x, _ in r.util_curve]) / 86400
-            u = np.array([y for _, y in r.util_curve]) * 100
+            t = np.array([x for x, *_ in r.util_curve]) / 86400
+            u = np.array([y for _, y, *_ in r.util_curve]) * 100
             ax.step(t, u, where="post", label=r.platform.name, lw=0.8)
     ax.set(xlabel="day", ylabel="GPUs allocated %", title="GPU utilisation over time")
     ax.legend()
