@@ -129,6 +129,7 @@ def test_pods_carry_rank_checkpoint_env_and_scheduling_hints():
         assert ann[C.ANNOTATION_GPU_PRODUCTS] == "a100-80gb,h100-80gb"
         assert ann[C.ANNOTATION_TOPOLOGY] == "clique:soft"
         assert json.loads(ann[C.ANNOTATION_TASK_INSTANCE])["run_id"] == TI.run_id
+        assert (ann[C.ANNOTATION_INTERRUPTIONS], ann[C.ANNOTATION_PREEMPTIONS]) == ("0", "0")
         podspec = pod["spec"]
         assert podspec["priorityClassName"] == "airflow-gpu-best-effort-training"
         assert podspec["nodeSelector"] == {"node.kubernetes.io/instance-type": "p4d.24xlarge",
@@ -143,6 +144,14 @@ def test_pods_carry_rank_checkpoint_env_and_scheduling_hints():
     gang = gang_from_k8s(f"team-nlp/{m.name}", m.group, list(m.pods), ConversionContext())
     assert gang.team == "nlp" and gang.tier == C.TIER_BEST_EFFORT_TRAINING and gang.checkpointable
     assert [r.gpus for r in gang.members] == [4, 4]
+
+
+def test_relaunch_counters_apart_in_annotations_summed_in_env():
+    pod = build(spec(attempt=1003, interruptions=1, preemptions=2)).pods[0]
+    ann = pod["metadata"]["annotations"]
+    assert (ann[C.ANNOTATION_INTERRUPTIONS], ann[C.ANNOTATION_PREEMPTIONS]) == ("1", "2")
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env[C.ENV_INTERRUPTIONS] == "3"
 
 
 @pytest.mark.parametrize("cloud, selector, toleration", [

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -87,13 +88,14 @@ def platform(kube_cluster, seaweedfs, tmp_path_factory):
         scheduler.stop()
 
 
-def run_dag(db, kube_cluster, seaweedfs, dag_id: str, args: str, timeout: float = 400, during=None) -> tuple[dict, str]:
+def run_dag(db, kube_cluster, seaweedfs, dag_id: str, args: str, timeout: float = 400, during=None,
+            extra_env: dict[str, str] | None = None) -> tuple[dict, str]:
     folder = db.home / "dags"
     folder.mkdir(exist_ok=True)
     (folder / f"{dag_id}.py").write_text(DAG.format(dag_id=dag_id, args=args))
     conn = json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(kube_cluster.kubeconfig)}})
     env = db.env(AIRFLOW_CONN_KUBERNETES_DEFAULT=conn, AIRFLOW__AIRFLOW_GPU__CONFIG_FILE=str(SEED),
-                 AIRFLOW__LOGGING__LOGGING_LEVEL="INFO", **seaweedfs.env())
+                 AIRFLOW__LOGGING__LOGGING_LEVEL="INFO", **seaweedfs.env(), **(extra_env or {}))
     proc = subprocess.Popen([sys.executable, "-c", RUN, str(folder), dag_id], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -162,11 +164,16 @@ def test_spot_interruption_resumes_from_checkpoint_within_the_try(platform, sqli
         interrupted["node"] = pod.spec.node_name
         kube_cluster.interrupt(pod.spec.node_name, notice=1.0, replace_after=2.0)
 
+    statsd = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # the operator's Stats, as [metrics] sets them up
+    statsd.bind(("127.0.0.1", 0))
+    metrics_env = {"AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+                   "AIRFLOW__METRICS__STATSD_PORT": str(statsd.getsockname()[1]), "AIRFLOW__METRICS__STATSD_PREFIX": "",
+                   "AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED": "True"}
     result, log = run_dag(sqlite_airflow_db, kube_cluster, seaweedfs, "op_spot", (
         f'team="research", tier="best-effort-training", workers=1, gpus_per_worker=4, checkpoint="s3://{bucket}/spot", '
         f'spot="always", retries=1, image="python:3.11", cmds={TRAINER!r}, secrets=[{{"secret": "{S3_SECRET}"}}], '
         f'termination_grace_period=15, env_vars={{"{C.ENV_EXAMPLE_EPOCHS}": "30", "{C.ENV_EXAMPLE_STEP_SECONDS}": "0.02"}}'),
-        timeout=500, during=interrupt_when_training)
+        timeout=500, during=interrupt_when_training, extra_env=metrics_env)
     ti = result["tis"]["train"]
     assert (ti["state"], ti["try_number"]) == ("success", 1), log[-8000:]
     xcom = ti["xcom"] if isinstance(ti["xcom"], dict) else json.loads(ti["xcom"])
@@ -175,6 +182,24 @@ def test_spot_interruption_resumes_from_checkpoint_within_the_try(platform, sqli
     resumed = [json.loads(x[x.index("{"):]) for x in log.splitlines() if '"event": "resume"' in x]
     assert resumed and resumed[-1]["step"] > 0 and resumed[-1]["attempt"] == 1001, log[-8000:]
     assert wait_until(lambda: not leftovers(core, "op_spot"), timeout=60, what="objects deleted")
+    sent = _statsd_lines(statsd)
+    ours = [line for line in sent if line.lstrip(".").startswith("airflow_gpu_")]
+    assert any(line.lstrip(".").startswith("airflow_gpu_interruptions,") and "capacity_type=spot" in line
+               and "team=research" in line for line in ours), sent
+    assert any("airflow_gpu_lost_gpu_seconds," in line and "cause=interruption" in line for line in ours), sent
+    assert sum("airflow_gpu_queue_wait_seconds," in line for line in ours) == 2, sent  # one per attempt
+
+
+def _statsd_lines(sock: socket.socket) -> list[str]:
+    sock.setblocking(False)
+    lines = []
+    try:
+        while True:
+            lines += sock.recv(65536).decode().splitlines()
+    except BlockingIOError:
+        return lines
+    finally:
+        sock.close()
 
 
 def _first_event(trigger, timeout: float) -> dict:

@@ -52,7 +52,7 @@ def common_labels(spec: WorkloadSpec) -> dict[str, str]:
 def scheduling_annotations(spec: WorkloadSpec) -> dict[str, str]:
     """What the airflow-gpu scheduler reads from a gang's objects (scheduler/convert.py)."""
     out = {C.ANNOTATION_CHECKPOINTABLE: str(spec.checkpointable).lower(),
-           C.ANNOTATION_INTERRUPTIONS: str(spec.interruptions)}
+           C.ANNOTATION_INTERRUPTIONS: str(spec.interruptions), C.ANNOTATION_PREEMPTIONS: str(spec.preemptions)}
     if spec.gpu_products:
         out[C.ANNOTATION_GPU_PRODUCTS] = ",".join(spec.gpu_products)
     if spec.topology_annotation:
@@ -104,7 +104,7 @@ def rank_env(spec: WorkloadSpec, rank: int) -> list[dict]:
 def checkpoint_env(spec: WorkloadSpec, rank: int) -> list[dict]:
     """The contract of checkpoint/ENV.md (attempt and interruptions always; the rest when set)."""
     env = [{"name": C.ENV_ATTEMPT, "value": str(spec.attempt)},
-           {"name": C.ENV_INTERRUPTIONS, "value": str(spec.interruptions)}]
+           {"name": C.ENV_INTERRUPTIONS, "value": str(spec.interruptions + spec.preemptions)}]
     optional = ((C.ENV_CHECKPOINT_URI, spec.checkpoint_uri_of(rank)), (C.ENV_RESUME_URI, spec.resume_uri),
                 (C.ENV_DEADLINE, spec.deadline), (C.ENV_CHECKPOINT_KEEP_LAST, spec.checkpoint_keep_last),
                 (C.ENV_CHECKPOINT_KEEP_EVERY, spec.checkpoint_keep_every))

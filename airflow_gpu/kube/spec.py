@@ -130,7 +130,8 @@ class WorkloadSpec:
     task_instance: TaskInstanceRef | None = None
     name: str | None = None  # the gang's name; default: from task_instance and attempt (kube.names)
     attempt: int = 0  # AIRFLOW_GPU_ATTEMPT: strictly greater for every relaunch (checkpoint/ENV.md)
-    interruptions: int = 0
+    interruptions: int = 0  # relaunches in this try after a spot interruption or a lost node
+    preemptions: int = 0  # relaunches in this try after the scheduler preempted the gang
     priority_class: str | None = None  # default: the tier's PriorityClass (core.tiers)
     capacity_type: str | None = None  # spot | on-demand (core/capacity.py's verdict) | None: either
     capacity_labels: str = "karpenter"  # karpenter | eks | gke: the labels that select the capacity type
@@ -198,6 +199,7 @@ class WorkloadSpec:
                                     f"characters (pods are <name>-<rank>)")
         _positive_int(self.attempt, "attempt", 0)
         _positive_int(self.interruptions, "interruptions", 0)
+        _positive_int(self.preemptions, "preemptions", 0)
         if not self.gang and self.workers != 1:
             raise WorkloadSpecError(f"gang=False with workers={self.workers}: a lone pod has one worker")
         if self.gang_backend not in C.GANG_BACKENDS:

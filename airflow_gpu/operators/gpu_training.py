@@ -21,6 +21,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_gpu import constants as C
 from airflow_gpu.checkpoint.backends import uri_problem
 from airflow_gpu.config import ConfigError, load_config_cached
 from airflow_gpu.config.workload import GpuTaskPlan, WorkloadError, plan_gpu_task
@@ -290,7 +291,9 @@ class GpuTrainingOperator(BaseOperator):
         ref = self._task_instance(context)
         run = dict(run or (context.get("task_state_store").get(STATE_KEY) if context.get("task_state_store") else {}))
         outcome = GangOutcome.from_payload(event or {})
+        lost_before = run.get("lost_gpu_seconds", 0.0)
         self._account(run, outcome)
+        self._emit_metrics(run, outcome, run.get("lost_gpu_seconds", 0.0) - lost_before)
         self._log_rank0(kube, outcome)
         if outcome.status == "succeeded":
             self.log.info("gang %s succeeded: %s", outcome.gang, outcome.reason)
@@ -371,7 +374,8 @@ class GpuTrainingOperator(BaseOperator):
         return WorkloadSpec(
             team=self.team, namespace=self.namespace, tier=self.tier, image=self.image, workers=self.workers,
             gpus_per_worker=self.gpus_per_worker, mig_profile=self.mig_profile, gpu_products=tuple(self.gpu_products),
-            task_instance=ref, attempt=run["attempt"], interruptions=run["interruptions"] + run["preemptions"],
+            task_instance=ref, attempt=run["attempt"], interruptions=run["interruptions"],
+            preemptions=run["preemptions"],
             priority_class=self.priority_class, capacity_type=capacity_type, topology=self.topology,
             topology_required=self.topology_required, checkpoint_uri=self.checkpoint_uri_for(ref), deadline=deadline,
             cmds=tuple(self.cmds or ()), arguments=tuple(self.arguments or ()), env_vars=self.env_vars,
@@ -408,7 +412,7 @@ class GpuTrainingOperator(BaseOperator):
                       run["attempt"], choice.capacity_type, choice.reason,
                       f", resuming from checkpoint step {run['resumed_from_step']}"
                       if run.get("resumed_from_step") is not None else "")
-        labels = {**ref.labels(), "airflow-gpu.io/attempt": str(run["attempt"])}
+        labels = {**ref.labels(), C.LABEL_ATTEMPT: str(run["attempt"])}
         run["uids"] = kube.create(manifests, labels, self.poll_interval)
         run["submitted"] = time.time()
         self._save(context, run)
@@ -445,6 +449,23 @@ class GpuTrainingOperator(BaseOperator):
             run["lost_gpu_seconds"] += max(0.0, outcome.finished_at - since) * gpus
         if outcome.last_checkpoint_step is not None:
             run["last_checkpoint_step"] = outcome.last_checkpoint_step
+
+    def _emit_metrics(self, run: dict, outcome, lost_gpu_seconds: float) -> None:
+        """Stats (airflow_gpu/metrics.py) for the attempt that just ended: its queue wait, and on a
+        disruption the interruption and the GPU-seconds lost since its last checkpoint."""
+        from airflow_gpu import metrics
+
+        product = run.get("gpu_product") or "any"
+        try:
+            if outcome.started_at is not None and run.get("submitted"):
+                metrics.observe_queue_wait(self.team, self.tier, product, max(0.0, outcome.started_at - run["submitted"]))
+            if outcome.status == "disrupted":
+                cause = "preemption" if outcome.cause == "preemption" else "interruption"
+                if cause == "interruption":
+                    metrics.count_interruption(self.team, self.tier, product, run.get("capacity") or "unknown")
+                metrics.count_lost_gpu_seconds(self.team, self.tier, cause, max(0.0, lost_gpu_seconds))
+        except Exception as exc:  # noqa: BLE001 - a metric never fails the task
+            self.log.warning("could not emit metrics: %s", exc)
 
     def _newest_step(self, run: dict) -> int | None:
         """The step of rank 0's newest committed checkpoint, from its status record (read with the
@@ -542,7 +563,7 @@ def _templated(value) -> bool:
 
 
 def _attempt_selector(ref, attempt: int) -> str:
-    return f"{ref.selector()},airflow-gpu.io/attempt={attempt}"
+    return f"{ref.selector()},{C.LABEL_ATTEMPT}={attempt}"
 
 
 def _gang_gpus(spec) -> float:
