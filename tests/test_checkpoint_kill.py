@@ -206,7 +206,7 @@ def _campaign(uri: str, env: dict[str, str], seed: int) -> None:
     assert all(report["kills"].get(p, 0) >= 5 for p in PHASES), report
     # a final, uninterrupted save collects the garbage of every killed save
     final = subprocess.run(
-        [sys.executable, __file__, "writer-once", uri, "999999"], capture_output=True, text=True, env=env, timeout=60
+        [sys.executable, __file__, "writer-once", uri, "99999"], capture_output=True, text=True, env=env, timeout=60
     )
     assert final.returncode == 0, final.stderr[-3000:]
     dirs, referenced = leftovers(uri)

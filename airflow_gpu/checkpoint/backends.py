@@ -67,7 +67,7 @@ def uri_problem(uri: object) -> str | None:
     if scheme.lower() not in ("s3", "file"):
         return f"checkpoint URI {uri!r}: scheme {scheme.lower()!r} is not supported; use s3:// or file://"
     if scheme.lower() == "s3" and not rest.split("/", 1)[0]:
-        return f"checkpoint URI {uri!r} names no bucket: s3://bucket/prefix"
+        return f"checkpoint URI {uri!r} has no bucket: use s3://bucket/prefix"
     if scheme.lower() == "file" and not rest.startswith(("/", "localhost/")):
         return f"file URI {uri!r} must be absolute: file:///path/to/checkpoints"
     return None
