@@ -164,14 +164,19 @@ def attempts(state: CycleState, gang: Gang, now: float,
     threshold = tq.borrow_within_cohort if tq is not None else None
     keys: set[QuotaKey] = {k for d in product_demands(state, gang) for k in d}
     own, others = [], []
+    lender: dict[str, bool] = {}  # team -> in the preemptor's cohort and borrowing on `keys` now
     for rg in state.running:
         if rg.gang.name == gang.name or not rg.gang.preemptible or rg.gang.tier in policy.non_preemptible_tiers:
             continue
-        if book is None or rg.gang.team == gang.team:
+        team = rg.gang.team
+        if book is None or team == gang.team:
             if by_priority and effective_priority(rg, book) < gang.priority:
                 own.append(rg)
             continue
-        if not same_cohort(book, rg.gang.team, gang.team) or not state.borrowing(rg.gang.team, keys):
+        borrows = lender.get(team)
+        if borrows is None:
+            borrows = lender[team] = same_cohort(book, team, gang.team) and state.borrowing(team, keys)
+        if not borrows:
             continue
         if reclaim:
             others.append(rg)
@@ -220,40 +225,62 @@ def valid_order(state: CycleState, gang: Gang, victims: Iterable[RunningGang],
 def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float,
                     per_level: int = 3) -> list[list[RunningGang]]:
     """Per topology level (tightest first), the cheapest victim sets that make room in one domain:
-    each domain's candidates taken in victim order until its estimated room holds the gang."""
+    each domain's candidates taken in victim order until its estimated room holds the gang.
+
+    Only domains that could hold the gang with every candidate in them gone are walked (free plus
+    preemptible capacity, one vectorised pass), and a walk stops once its set already costs more
+    than the per_level-th cheapest found: the result is the same as walking every domain."""
     snap = room.snap
     base_fit = members_per_node(snap, room.gang, room.by_set)
     index = snap.shape.index
+    eligible = room.eligible
     spots = []  # per candidate: its placements on eligible nodes as (node, gpu shares, cpu, mem)
     for c in cands:
-        spots.append([(index[p.node], p.gpu_shares, p.cpu_milli, p.memory_mib)
-                      for p in c.placements if room.eligible[index[p.node]]])
+        spots.append([(n, p.gpu_shares, p.cpu_milli, p.memory_mib)
+                      for p in c.placements if eligible[n := index[p.node]]])
+    ceiling = _room_with_all_gone(room, spots)
     # A set's cost: non-checkpointable victims first (never one while a checkpointable set would
-    # do), then the sum of victim priorities' ranks, then GPU-seconds lost.
+    # do), then the last candidate it needs in victim order, then GPU-seconds lost.
     cost = [(not c.gang.checkpointable, c.gpu_seconds_at_risk(now)) for c in cands]
+    gpu_free, cpu_free, mem_free = snap.gpu_free, snap.cpu_free, snap.mem_free
     out: list[list[RunningGang]] = []
     for level in room.levels:
         ids = room.ids(level)
+        known = ids >= 0
+        if level is TopologyLevel.NODE:
+            open_ = ceiling >= room.want
+        else:
+            size = int(ids.max()) + 1 if known.any() else 0
+            sums = np.bincount(ids[known], weights=ceiling[known], minlength=size)
+            open_ = np.zeros(len(ids), dtype=bool)
+            open_[known] = sums[ids[known]] >= room.want
+        ids_list = ids.tolist()
         by_domain: dict[int, list[int]] = {}
         for ci, sp in enumerate(spots):
-            for d in {int(ids[n]) for n, _, _, _ in sp if ids[n] >= 0}:
+            for d in {ids_list[n] for n, _, _, _ in sp if open_[n]}:
                 by_domain.setdefault(d, []).append(ci)
-        found = []
-        for d, cis in by_domain.items():
+        found: list[tuple[tuple, list[int]]] = []
+        bar: tuple | None = None  # (non-checkpointable count, last index) of the per_level-th best
+        for d in sorted(by_domain, key=lambda d: by_domain[d][0]):
+            cis = by_domain[d]
             nodes = np.flatnonzero(ids == d)
             space = int(base_fit[nodes].max() if level is TopologyLevel.NODE else base_fit[nodes].sum())
             rows: dict[int, list] = {}
             fits: dict[int, int] = {}
-            taken = []
+            taken: list[int] = []
+            stuck = 0
             for ci in cis:
+                stuck += cost[ci][0]
+                if bar is not None and (stuck, ci) > bar:
+                    break  # costs more than per_level sets found already, whatever follows
                 taken.append(ci)
                 touched = set()
                 for n, shares, cpu, mem in spots[ci]:
-                    if ids[n] != d:
+                    if ids_list[n] != d:
                         continue
-                    if n not in rows:
-                        rows[n] = [snap.gpu_free[n].copy(), int(snap.cpu_free[n]), int(snap.mem_free[n])]
-                    r = rows[n]
+                    r = rows.get(n)
+                    if r is None:
+                        r = rows[n] = [gpu_free[n].tolist(), int(cpu_free[n]), int(mem_free[n])]
                     for g, milli in shares:
                         r[0][g] += milli
                     r[1] += cpu
@@ -267,13 +294,39 @@ def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float,
                 if level is TopologyLevel.NODE:
                     space = max(fits.values(), default=0)
                 if space >= room.want:
-                    key = (sum(cost[i][0] for i in taken), max(taken), sum(cost[i][1] for i in taken),
-                           len(taken), d)
+                    key = (stuck, ci, sum(cost[i][1] for i in taken), len(taken), d)
                     found.append((key, taken))
+                    if len(found) >= per_level:
+                        found.sort(key=lambda kv: kv[0])
+                        del found[per_level:]
+                        bar = found[-1][0][:2]
                     break
         found.sort(key=lambda kv: kv[0])
         out.extend([cands[i] for i in taken] for _, taken in found[:per_level])
     return out
+
+
+def _room_with_all_gone(room: RoomEstimate, spots: list[list[tuple]]) -> np.ndarray:
+    """[N] the room estimate per node if every candidate's pods there were gone: no victim set
+    inside a domain can open more than this."""
+    snap = room.snap
+    gpu, cpu, mem = snap.gpu_free.copy(), snap.cpu_free.copy(), snap.mem_free.copy()
+    nodes, cpus, mems, share_nodes, share_gpus, share_milli = [], [], [], [], [], []
+    for sp in spots:
+        for n, shares, c, m in sp:
+            nodes.append(n)
+            cpus.append(c)
+            mems.append(m)
+            for g, milli in shares:
+                share_nodes.append(n)
+                share_gpus.append(g)
+                share_milli.append(milli)
+    if nodes:
+        np.add.at(cpu, nodes, cpus)
+        np.add.at(mem, nodes, mems)
+    if share_nodes:
+        np.add.at(gpu, (share_nodes, share_gpus), share_milli)
+    return room.fit_all(cpu, mem, gpu)
 
 
 class _Feasibility:
@@ -359,6 +412,12 @@ def _search(state: CycleState, gang: Gang, profile: Profile, now: float, attempt
         chosen = list(cands[:lo])
         if feasible(chosen) is None:  # placement heuristics are not perfectly monotone
             chosen = list(cands)
+    # Victims on none of the nodes the gang was placed on are most likely not needed: give them
+    # back all at once (one placement), before the one-by-one pass (a placement each).
+    used = {p.node for p in feasible(chosen).placements}
+    needed = [v for v in chosen if any(p.node in used for p in v.placements)]
+    if needed and len(needed) < len(chosen) and ok(needed) is not None:
+        chosen = needed
     # Give back victims not needed, last taken first, until no single one can be spared.
     changed = True
     while changed and len(chosen) > 1:

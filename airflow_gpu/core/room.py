@@ -12,7 +12,7 @@ import numpy as np
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.model import GPU_MILLI, Gang, RunningGang, TopologyLevel
 from airflow_gpu.core.snapshot import Snapshot
-from airflow_gpu.core.topology import LADDER, eligible_nodes, fit_count, members_per_node
+from airflow_gpu.core.topology import LADDER, eligible_nodes, fit_count, fit_count_one, members_per_node
 
 
 class RoomEstimate:
@@ -55,12 +55,22 @@ class RoomEstimate:
     def tracker(self, snap: Snapshot) -> RoomTracker:
         return RoomTracker(self, snap)
 
-    def fit_one(self, row: np.ndarray, cpu: int, mem: int, node: int) -> int:
-        """members_per_node for one node from its free GPU row, CPU and memory (MIG not counted:
-        still an upper bound)."""
-        cpu_a, mem_a, rows = np.array([cpu]), np.array([mem]), row[None, :]
-        return int(sum(fit_count(ps.request, ps.count, cpu_a, mem_a, rows)[0]
-                       for s, ps in enumerate(self.gang.pod_sets) if self.by_set[s, node]))
+    def fit_one(self, row, cpu: int, mem: int, node: int) -> int:
+        """members_per_node for one node from its free GPU row (list or array), CPU and memory
+        (MIG not counted: still an upper bound)."""
+        if not isinstance(row, list):
+            row = row.tolist()
+        by_set = self.by_set
+        return sum(fit_count_one(ps.request, ps.count, cpu, mem, row)
+                   for s, ps in enumerate(self.gang.pod_sets) if by_set[s, node])
+
+    def fit_all(self, cpu: np.ndarray, mem: np.ndarray, gpu_rows: np.ndarray) -> np.ndarray:
+        """[N] members_per_node on the given free capacity of every node (MIG not counted)."""
+        out = np.zeros(len(cpu), dtype=np.int64)
+        for s, ps in enumerate(self.gang.pod_sets):
+            out += np.where(self.by_set[s], fit_count(ps.request, ps.count, cpu, mem, gpu_rows), 0)
+        return out
+
 
 class RoomTracker:
     """The room estimate kept up to date while running gangs are released one by one on `snap`
