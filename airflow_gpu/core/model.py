@@ -151,7 +151,7 @@ class Gang:
     # others may come later, in the domain the placed ones pin
     min_member: int = 0
 
-    @property
+    @cached_property
     def gpu_milli_total(self) -> int:
         return sum(m.gpu_milli_total for m in self.members)
 

@@ -30,7 +30,7 @@ fits. A cheap room estimate rules out hopeless sets before a full placement is t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -184,8 +184,9 @@ def attempts(state: CycleState, gang: Gang, now: float,
                 and rg.gang.priority <= threshold:
             others.append(rg)
     order = victim_order(gang, now)
-    own.sort(key=order)
-    everyone = tuple(sorted(own + others, key=order))
+    rank = {id(rg): order(rg) for rg in own + others}  # each key computed once (tens of thousands)
+    own.sort(key=lambda rg: rank[id(rg)])
+    everyone = tuple(sorted(own + others, key=lambda rg: rank[id(rg)]))
     if not others:
         return [Attempt(tuple(own), True)] if own else []
     if threshold is not None:
@@ -215,17 +216,21 @@ def valid_order(state: CycleState, gang: Gang, victims: Iterable[RunningGang],
     usage = state.usage.copy()
     out = []
     for v in victims:
-        if v.gang.team != gang.team and not borrowing(state.book, usage, v.gang.team, keys):
-            continue
-        usage.remove(v.gang.team, state.demand(v.placements))
+        if v.gang.team != gang.team:
+            if not borrowing(state.book, usage, v.gang.team, keys):
+                continue
+            # only other teams' usage is read again (the preemptor's own gangs are always valid)
+            usage.remove(v.gang.team, state.demand(v.placements))
         out.append(v)
     return out
 
 
 def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float,
-                    per_level: int = 3) -> list[list[RunningGang]]:
+                    per_level: int = 3) -> Iterator[list[RunningGang]]:
     """Per topology level (tightest first), the cheapest victim sets that make room in one domain:
     each domain's candidates taken in victim order until its estimated room holds the gang.
+    Lazily, level by level: a caller that stops at the first set that works never pays for the
+    looser levels.
 
     Only domains that could hold the gang with every candidate in them gone are walked (free plus
     preemptible capacity, one vectorised pass), and a walk stops once its set already costs more
@@ -235,15 +240,35 @@ def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float,
     index = snap.shape.index
     eligible = room.eligible
     spots = []  # per candidate: its placements on eligible nodes as (node, gpu shares, cpu, mem)
-    for c in cands:
-        spots.append([(n, p.gpu_shares, p.cpu_milli, p.memory_mib)
-                      for p in c.placements if eligible[n := index[p.node]]])
-    ceiling = _room_with_all_gone(room, spots)
+    spot_cand, spot_node, spot_cpu, spot_mem = [], [], [], []  # the same, flat
+    share_node, share_gpu, share_milli = [], [], []
+    for ci, c in enumerate(cands):
+        sp = []
+        for p in c.placements:
+            n = index[p.node]
+            if not eligible[n]:
+                continue
+            sp.append((n, p.gpu_shares, p.cpu_milli, p.memory_mib))
+            spot_cand.append(ci)
+            spot_node.append(n)
+            spot_cpu.append(p.cpu_milli)
+            spot_mem.append(p.memory_mib)
+            for g, milli in p.gpu_shares:
+                share_node.append(n)
+                share_gpu.append(g)
+                share_milli.append(milli)
+        spots.append(sp)
+    spot_cand_a, spot_node_a = np.array(spot_cand, dtype=np.int64), np.array(spot_node, dtype=np.int64)
+    # the room per node with every candidate gone: no victim set inside a domain opens more
+    gpu, cpu, mem = snap.gpu_free.copy(), snap.cpu_free.copy(), snap.mem_free.copy()
+    np.add.at(cpu, spot_node_a, spot_cpu)
+    np.add.at(mem, spot_node_a, spot_mem)
+    np.add.at(gpu, (np.array(share_node, dtype=np.int64), np.array(share_gpu, dtype=np.int64)), share_milli)
+    ceiling = room.fit_all(cpu, mem, gpu)
     # A set's cost: non-checkpointable victims first (never one while a checkpointable set would
     # do), then the last candidate it needs in victim order, then GPU-seconds lost.
     cost = [(not c.gang.checkpointable, c.gpu_seconds_at_risk(now)) for c in cands]
     gpu_free, cpu_free, mem_free = snap.gpu_free, snap.cpu_free, snap.mem_free
-    out: list[list[RunningGang]] = []
     for level in room.levels:
         ids = room.ids(level)
         known = ids >= 0
@@ -255,10 +280,7 @@ def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float,
             open_ = np.zeros(len(ids), dtype=bool)
             open_[known] = sums[ids[known]] >= room.want
         ids_list = ids.tolist()
-        by_domain: dict[int, list[int]] = {}
-        for ci, sp in enumerate(spots):
-            for d in {ids_list[n] for n, _, _, _ in sp if open_[n]}:
-                by_domain.setdefault(d, []).append(ci)
+        by_domain = _candidates_by_domain(spot_cand_a, spot_node_a, ids, open_)
         found: list[tuple[tuple, list[int]]] = []
         bar: tuple | None = None  # (non-checkpointable count, last index) of the per_level-th best
         for d in sorted(by_domain, key=lambda d: by_domain[d][0]):
@@ -302,31 +324,25 @@ def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float,
                         bar = found[-1][0][:2]
                     break
         found.sort(key=lambda kv: kv[0])
-        out.extend([cands[i] for i in taken] for _, taken in found[:per_level])
-    return out
+        for _, taken in found[:per_level]:
+            yield [cands[i] for i in taken]
 
 
-def _room_with_all_gone(room: RoomEstimate, spots: list[list[tuple]]) -> np.ndarray:
-    """[N] the room estimate per node if every candidate's pods there were gone: no victim set
-    inside a domain can open more than this."""
-    snap = room.snap
-    gpu, cpu, mem = snap.gpu_free.copy(), snap.cpu_free.copy(), snap.mem_free.copy()
-    nodes, cpus, mems, share_nodes, share_gpus, share_milli = [], [], [], [], [], []
-    for sp in spots:
-        for n, shares, c, m in sp:
-            nodes.append(n)
-            cpus.append(c)
-            mems.append(m)
-            for g, milli in shares:
-                share_nodes.append(n)
-                share_gpus.append(g)
-                share_milli.append(milli)
-    if nodes:
-        np.add.at(cpu, nodes, cpus)
-        np.add.at(mem, nodes, mems)
-    if share_nodes:
-        np.add.at(gpu, (share_nodes, share_gpus), share_milli)
-    return room.fit_all(cpu, mem, gpu)
+def _candidates_by_domain(spot_cand: np.ndarray, spot_node: np.ndarray, ids: np.ndarray,
+                          open_: np.ndarray) -> dict[int, list[int]]:
+    """Domain id -> the candidates (indices, ascending) with a placement on one of its open nodes."""
+    keep = open_[spot_node]
+    cand, dom = spot_cand[keep], ids[spot_node[keep]]
+    if not len(cand):
+        return {}
+    order = np.lexsort((cand, dom))
+    cand, dom = cand[order], dom[order]
+    first = np.r_[True, (dom[1:] != dom[:-1]) | (cand[1:] != cand[:-1])]  # one row per (domain, candidate)
+    cand, dom = cand[first], dom[first]
+    starts = np.flatnonzero(np.r_[True, dom[1:] != dom[:-1]]).tolist()
+    ends = starts[1:] + [len(dom)]
+    cand_list, dom_list = cand.tolist(), dom.tolist()
+    return {dom_list[s]: cand_list[s:e] for s, e in zip(starts, ends)}
 
 
 class _Feasibility:
