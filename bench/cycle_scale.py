@@ -2,10 +2,10 @@
 
 Targets (issue 16): p50 <= 500 ms, p99 <= 2 s per cycle. One cycle here is what the scheduler's
 loop does in core/ every cycle:
-1. snapshot build: the empty snapshot of the (unchanged) node list copied, then every running pod
-   assumed on its node (scheduler/state.build_world does exactly this from the informer cache);
-2. CycleState.build with a quota book (usage of every running gang);
-3. schedule_cycle over the pending gangs: admission in queue order, at most one preemption plan,
+1. the cycle's state: the live state (core.live) kept from cycle to cycle, this cycle's deltas
+   applied, then copied; for comparison, in the same run, the rebuild it replaces (every running
+   pod assumed on an empty snapshot, every running gang's quota summed by CycleState.build);
+2. schedule_cycle over the pending gangs: admission in queue order, at most one preemption plan,
    one reservation.
 Synthetic cluster (seeded): 5,000 nodes (H100 / A100 halves), NVLink cliques of 16, racks of 32,
 zones of 1,250; running pods of 1, 2, 4 and 8 whole GPUs, GPU shares and CPU-only pods in gangs of
@@ -15,7 +15,7 @@ Per step: median and p99 over CYCLES cycles (each on the same state, as a quiet 
 cycle), then the profile's top five costs (cumulative, by function) over one cycle.
 
 `python -m bench cycle_scale` (env BENCH_CYCLE_NODES, BENCH_CYCLE_PODS, BENCH_CYCLE_GANGS,
-BENCH_CYCLE_CYCLES to scale it down or up).
+BENCH_CYCLE_CYCLES, BENCH_CYCLE_REBUILDS, BENCH_CYCLE_CHURN to scale it down or up).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from airflow_gpu.core.cycle import CycleState
+from airflow_gpu.core.live import LiveState
 from airflow_gpu.core.model import Gang, Node, Placement, PodRequest, RunningGang, TopologyLevel, TopologyRequirement
 from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, make_profile
@@ -41,6 +42,8 @@ NODES = int(os.environ.get("BENCH_CYCLE_NODES", 5000))
 RUNNING_PODS = int(os.environ.get("BENCH_CYCLE_PODS", 50_000))
 PENDING_GANGS = int(os.environ.get("BENCH_CYCLE_GANGS", 1000))
 CYCLES = int(os.environ.get("BENCH_CYCLE_CYCLES", 7))
+REBUILD_CYCLES = int(os.environ.get("BENCH_CYCLE_REBUILDS", 3))  # the rebuild, for comparison
+CHURN = int(os.environ.get("BENCH_CYCLE_CHURN", 100))  # gangs ended and started per cycle (live state)
 TEAMS = ("vision", "language", "speech", "research")
 GPUS_PER_NODE = 8
 
@@ -131,11 +134,21 @@ def quota_book(total_gpus: int) -> QuotaBook:
 
 
 class Cycle:
-    """One scheduler cycle's core work, step by step, on fixed inputs."""
+    """One scheduler cycle's core work, step by step, on fixed inputs.
 
-    def __init__(self, nodes, running, pending, profile, book):
+    Two ways to get the cycle's state, measured side by side:
+    - rebuild (what the scheduler did before issue 16): the empty snapshot copied, every running pod
+      assumed, CycleState.build sums every running gang's quota;
+    - live (core.live.LiveState, kept from cycle to cycle): this cycle's deltas applied (CHURN gangs
+      ended and CHURN started, as the informer reports pods gone and bound), then one copy."""
+
+    def __init__(self, nodes, running, pending, profile, book, churn: int = CHURN):
         self.empty = Snapshot.from_nodes(nodes)
         self.running, self.pending, self.profile, self.book = running, pending, profile, book
+        self.live = LiveState.from_nodes(nodes, book)
+        for rg in running:
+            self.live.start(rg)
+        self.churn = running[:churn]
 
     def snapshot(self) -> Snapshot:
         snap = self.empty.copy()
@@ -147,11 +160,24 @@ class Cycle:
     def state(self, snap: Snapshot) -> CycleState:
         return CycleState.build(snap, self.running, self.book)
 
-    def run(self):
+    def deltas(self) -> None:
+        """The informer's deltas of one cycle: gangs ended, gangs bound (the same ones, so every cycle
+        sees the same cluster)."""
+        for rg in self.churn:
+            self.live.end(rg.gang.name)
+        for rg in self.churn:
+            self.live.start(rg)
+
+    def run(self, live: bool = True):
         t0 = time.perf_counter()
-        snap = self.snapshot()
-        t1 = time.perf_counter()
-        state = self.state(snap)
+        if live:
+            self.deltas()
+            t1 = time.perf_counter()
+            state = self.live.cycle_state()
+        else:
+            snap = self.snapshot()
+            t1 = time.perf_counter()
+            state = self.state(snap)
         t2 = time.perf_counter()
         result = schedule_cycle(state, self.pending, self.profile, now=7200.0)
         t3 = time.perf_counter()
@@ -187,16 +213,20 @@ def main() -> None:
     print(f"cluster: {len(nodes)} nodes x {GPUS_PER_NODE} GPUs, {len(pods)} running pods in {len(running)} gangs, "
           f"{snap.gpu_allocation_ratio():.1%} of GPUs allocated; {len(pending)} pending gangs; policy "
           f"{DEFAULT_POLICY} (built in {time.perf_counter() - t:.1f} s)")
+    rebuild = [cycle.run(live=False)[0] for _ in range(REBUILD_CYCLES)]
     times, result = [], None
     for _ in range(CYCLES):
         step, result = cycle.run()
         times.append(step)
     print(f"last cycle: {len(result.admitted)} admitted, {len(result.preemptions)} preemption plan(s), "
           f"{len(result.waiting)} waiting, reservation: {result.reservation.gang.name if result.reservation else 'none'}")
-    print(f"{'step':24s} {'p50 ms':>9s} {'p99 ms':>9s}   ({CYCLES} cycles)")
-    for k, label in enumerate(("snapshot build", "cycle state (quota)", "schedule_cycle", "whole cycle")):
-        col = [s[k] for s in times]
-        print(f"{label:24s} {_pct(col, 50):9.1f} {_pct(col, 99):9.1f}")
+    print(f"{'step':34s} {'p50 ms':>9s} {'p99 ms':>9s}")
+    rows = [("rebuild: snapshot (every pod)", rebuild, 0), ("rebuild: CycleState.build (quota)", rebuild, 1),
+            (f"live: deltas ({CHURN} gangs out, {CHURN} in)", times, 0), ("live: cycle_state copy", times, 1),
+            ("schedule_cycle", times, 2), ("whole cycle (live)", times, 3)]
+    for label, col, k in rows:
+        values = [s[k] for s in col]
+        print(f"{label:34s} {_pct(values, 50):9.1f} {_pct(values, 99):9.1f}   ({len(values)} cycles)")
     whole = [s[3] for s in times]
     ok = _pct(whole, 50) <= 500 and _pct(whole, 99) <= 2000
     print(f"target p50 <= 500 ms, p99 <= 2000 ms: {'OK' if ok else 'MISSED'}")

@@ -1,7 +1,7 @@
 """`airflow-gpu simulate`: trace simulation on the same core/ placement code as the scheduler.
 
     airflow-gpu simulate inflation --nodes CSV --pods CSV --policy NAME --seed N [--ratio 1.3]
-                                   [--json] [--assignments FILE] [--bound]
+                                   [--scale K] [--json] [--assignments FILE] [--bound]
     airflow-gpu simulate replay (--pods CSV --nodes CSV | --seed-scenario) [--capacity F] [--seed N]
                                 [--platforms a,b] [--json] [--events DIR] [--plots DIR] [--report FILE]
 """
@@ -30,6 +30,9 @@ def register(subparsers) -> None:
     inflation.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICIES, help=f"placement policy (default {DEFAULT_POLICY})")
     inflation.add_argument("--seed", type=int, default=42, help="shuffle/sampling/tie-order seed (the artifact uses 42..51)")
     inflation.add_argument("--ratio", type=float, default=1.3, help="arrived GPU demand as a multiple of capacity (default 1.3)")
+    inflation.add_argument("--scale", type=int, default=1,
+                           help="repeat the node list and the trace pods this many times (a cluster that many "
+                                "times larger with the same mix; default 1)")
     inflation.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     inflation.add_argument("--assignments", type=Path, help="write the final placement as CSV to this file")
     inflation.add_argument("--bound", action="store_true",
@@ -129,7 +132,7 @@ def _replay(args) -> int:
 
 
 def _inflation(args) -> int:
-    from airflow_gpu.sim.inflation import run_inflation
+    from airflow_gpu.sim.inflation import run_inflation, scaled
     from airflow_gpu.sim.traces import TraceError, load_nodes, load_pods, trace_name
 
     if not 0 < args.ratio <= 10:
@@ -138,7 +141,8 @@ def _inflation(args) -> int:
     try:
         nodes = load_nodes(args.nodes)
         pods = [p.request for p in load_pods(args.pods)]
-    except TraceError as exc:
+        nodes, pods = scaled(nodes, pods, args.scale)
+    except (TraceError, ValueError) as exc:
         print(f"airflow-gpu simulate: {exc}", file=sys.stderr)
         return 2
 
@@ -162,6 +166,7 @@ def _inflation(args) -> int:
         "nodes": trace_name(args.nodes),
         "seed": args.seed,
         "ratio": args.ratio,
+        "scale": args.scale,
         "gpu_allocation_pct": round(result.gpu_allocation_pct, 4),
         "allocation_at_pct": {str(x): round(result.allocation_at(x), 4) for x in ANCHOR_POINTS},
         "curve": result.curve(),

@@ -430,22 +430,58 @@ def _search(state: CycleState, gang: Gang, profile: Profile, now: float, attempt
             chosen = list(cands)
     # Victims on none of the nodes the gang was placed on are most likely not needed: give them
     # back all at once (one placement), before the one-by-one pass (a placement each).
-    used = {p.node for p in feasible(chosen).placements}
-    needed = [v for v in chosen if any(p.node in used for p in v.placements)]
-    if needed and len(needed) < len(chosen) and ok(needed) is not None:
-        chosen = needed
-    # Give back victims not needed, last taken first, until no single one can be spared.
-    changed = True
-    while changed and len(chosen) > 1:
-        changed = False
-        for v in reversed(list(chosen)):
-            rest = [c for c in chosen if c is not v]
-            if rest and ok(rest) is not None:
-                chosen = rest
-                changed = True
+    chosen = _without_spares(chosen, feasible(chosen), ok)
+    chosen = _give_back(chosen, ok)
     decision = feasible(chosen)
     assert decision is not None
     return chosen, decision
+
+
+def _without_spares(chosen: list[RunningGang], decision: GangDecision, ok) -> list[RunningGang]:
+    """`chosen` less the victims most likely not needed, in a few placements: those on the nodes the
+    gang was placed on are kept, of the others only the shortest prefix (victim order, bisection)
+    that still lets the gang in (quota may need more victims than capacity does). The caller's
+    one-by-one pass then makes the set minimal."""
+    used = {p.node for p in decision.placements}
+    on_used = {id(v) for v in chosen if any(p.node in used for p in v.placements)}
+    others = [v for v in chosen if id(v) not in on_used]
+    if not others:
+        return chosen
+
+    def with_prefix(k: int) -> list[RunningGang]:
+        keep = on_used | {id(v) for v in others[:k]}
+        return [v for v in chosen if id(v) in keep]
+
+    lo, hi = 0, len(others)  # with_prefix(hi) is chosen itself
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if with_prefix(mid) and ok(with_prefix(mid)) is not None:
+            hi = mid
+        else:
+            lo = mid + 1
+    best = with_prefix(lo)
+    return best if best and (lo == len(others) or ok(best) is not None) else chosen
+
+
+def _give_back(chosen: list[RunningGang], ok) -> list[RunningGang]:
+    """Give back victims not needed, last taken first, until no single one can be spared (Kueue's
+    fillBackWorkloads). Runs of victims are tried first, halving the run each pass (a long set
+    that needs few victims costs about log placements per victim kept, not one per victim)."""
+    run = max(1, len(chosen) // 4)
+    while True:
+        changed = False
+        end = len(chosen)
+        while end > 0 and len(chosen) > 1:
+            start = max(0, end - run)
+            rest = chosen[:start] + chosen[end:]
+            if rest and ok(rest) is not None:
+                chosen = rest
+                changed = True
+            end = start
+        if run > 1:
+            run //= 2
+        elif not changed:
+            return chosen
 
 
 def _narrowed(tries: list[Attempt], room: RoomEstimate) -> list[Attempt]:

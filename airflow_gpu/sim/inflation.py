@@ -16,7 +16,7 @@ The curve records allocated GPU milli against arrived (attempted) GPU milli, bot
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -95,6 +95,19 @@ def inflate(pods: list[PodRequest], nodes: list[Node], ratio: float, rng: np.ran
         seq.append(_renamed(src, f"{src.name}-tuned-{i}"))
         i += 1
     return seq
+
+
+def scaled(nodes: list[Node], pods: list[PodRequest], factor: int) -> tuple[list[Node], list[PodRequest]]:
+    """The node list and the trace pods each repeated `factor` times (copies renamed `<name>-x<k>`;
+    copy 0 keeps its names): a cluster `factor` times larger with the same node and pod mix, for the
+    simulator at scale (issue 16). factor 1 returns the lists unchanged."""
+    if factor < 1:
+        raise ValueError(f"scale: the factor must be a whole number >= 1, got {factor}")
+    if factor == 1:
+        return list(nodes), list(pods)
+    out_nodes = [n if k == 0 else replace(n, name=f"{n.name}-x{k}") for k in range(factor) for n in nodes]
+    out_pods = [p if k == 0 else _renamed(p, f"{p.name}-x{k}") for k in range(factor) for p in pods]
+    return out_nodes, out_pods
 
 
 def _renamed(pod: PodRequest, name: str) -> PodRequest:
