@@ -180,3 +180,35 @@ def test_schedule_timeout_is_read_from_the_podgroup_spec_and_bad_values_name_the
     for bad in (0, -5, "60", 1.5, True):
         with pytest.raises(ConversionError, match=r"ns/g: spec.scheduleTimeoutSeconds=.* integer >= 1"):
             schedule_timeout({**pg, "spec": {"minMember": 1, "scheduleTimeoutSeconds": bad}})
+
+
+def test_a_memo_keeps_the_running_snapshot_by_deltas_and_equals_a_fresh_build():
+    """Pods that end, start or move between cycles change the kept snapshot; held plans and the
+    cycle's what-ifs never reach it; each cycle's capacity equals a World built from scratch."""
+    from airflow_gpu.scheduler.state import Memo
+
+    memo = Memo()
+    running = [pod(f"r{i}", 1 + i % 2, node_name="ab"[i % 2], phase="Running") for i in range(6)]
+    members = [pod(f"g{i}", 8, group="big", priority=10) for i in range(2)]
+    pg = podgroup("big", 2)
+    plan = Plan(PLAN_NOMINATED, {"team-nlp/g0": Placement("team-nlp/g0", "b", tuple((k, 1000) for k in range(8)),
+                                                          cpu_milli=500, memory_mib=1024),
+                                 "team-nlp/g1": Placement("team-nlp/g1", "c", tuple((k, 1000) for k in range(8)),
+                                                          cpu_milli=500, memory_mib=1024)}, 0.0)
+    plan = replace(plan, owner_key="team-nlp/big", owner_uid="uid-pg-team-nlp-big",
+                   pod_uids={f"team-nlp/g{i}": f"uid-team-nlp-g{i}" for i in range(2)})
+    moved = dict(running[5], spec={**running[5]["spec"], "nodeName": "c"},
+                 metadata={**running[5]["metadata"], "uid": "uid-again"})
+    cycles = [running, running[1:], running[1:5] + [moved, pod("new", 4, node_name="c", phase="Running")],
+              running[1:5] + [moved]]
+    for pods in cycles:
+        view = _view(pods + members, [pg], nodes=("a", "b", "c"), plans=[plan])
+        kept = build_world(view, "airflow-gpu", ConversionContext(), memo=memo)
+        fresh = build_world(view, "airflow-gpu", ConversionContext())
+        assert (kept.snapshot.whole_free_gpus() == fresh.snapshot.whole_free_gpus()).all()
+        assert (kept.snapshot.cpu_free == fresh.snapshot.cpu_free).all()
+        assert set(kept.snapshot.placements) == set(fresh.snapshot.placements)
+        assert len(kept.running) == len(pods)
+        # the kept snapshot holds the running pods only (the plan's holds are on the cycle's copy)
+        assert set(memo.live.placements) == {f"team-nlp/{p['metadata']['name']}" for p in pods}
+    assert int(memo.live.whole_free_gpus()[2]) == 8 - 2  # c: the moved 2-GPU pod only, "new" ended

@@ -207,10 +207,12 @@ class Snapshot:
       mig_free [N, P] free slices per profile (profiles in shape.mig_profiles).
     """
 
-    __slots__ = ("shape", "gpu_free", "cpu_free", "mem_free", "mig_free", "placements", "version", "kind_counts")
+    __slots__ = ("shape", "gpu_free", "cpu_free", "mem_free", "mig_free", "placements", "version", "kind_counts",
+                 "_whole", "_widest")
 
     def __init__(
-        self, shape: ClusterShape, gpu_free, cpu_free, mem_free, mig_free, placements, version=None, kind_counts=None
+        self, shape: ClusterShape, gpu_free, cpu_free, mem_free, mig_free, placements, version=None, kind_counts=None,
+        whole=None, widest=None,
     ):
         self.shape = shape
         # kind_counts[i, k]: GPU pods of kind GPU_KINDS[k] placed on node i (GPU-clustering policies)
@@ -228,6 +230,12 @@ class Snapshot:
         self.mem_free: np.ndarray = mem_free
         self.mig_free: np.ndarray = mig_free
         self.placements: Placements = placements if isinstance(placements, Placements) else Placements(dict(placements))
+        # per node, kept up to date by assume/forget (every filter and room estimate reads them, and
+        # reducing [N, G] each time cost more than the rest of a placement at 5,000 nodes)
+        self._whole: np.ndarray = (gpu_free == GPU_MILLI).sum(axis=1) if whole is None else whole
+        self._widest: np.ndarray = (
+            (gpu_free.max(axis=1) if gpu_free.shape[1] else np.zeros(len(gpu_free), dtype=np.int64))
+            if widest is None else widest)
 
     # --- construction -------------------------------------------------------------------------
     @classmethod
@@ -257,6 +265,8 @@ class Snapshot:
             self.placements.copy(),
             self.version.copy(),
             self.kind_counts.copy(),
+            self._whole.copy(),
+            self._widest.copy(),
         )
 
     # --- views ----------------------------------------------------------------------------------
@@ -274,12 +284,18 @@ class Snapshot:
             raise KeyError(f"node {name!r} is not in the snapshot") from None
 
     def whole_free_gpus(self) -> np.ndarray:
-        """[N] number of GPUs entirely free on each node (what a whole-GPU pod can take)."""
-        return (self.gpu_free == GPU_MILLI).sum(axis=1)
+        """[N] number of GPUs entirely free on each node (what a whole-GPU pod can take). Read only:
+        the snapshot keeps it up to date."""
+        return self._whole
 
     def max_gpu_free(self) -> np.ndarray:
-        """[N] the largest free share on any one GPU of each node (what a shared pod can take)."""
-        return self.gpu_free.max(axis=1)
+        """[N] the largest free share on any one GPU of each node (what a shared pod can take). Read only."""
+        return self._widest
+
+    def _gpu_row_changed(self, i: int) -> None:
+        row = self.gpu_free[i].tolist()
+        self._whole[i] = row.count(GPU_MILLI)
+        self._widest[i] = max(row, default=0)
 
     def allocated_gpu_milli(self) -> int:
         return self.shape.total_gpu_milli - int(self.gpu_free.sum())
@@ -363,6 +379,8 @@ class Snapshot:
             raise OverCommitError(f"pod {placement.pod} on node {placement.node}: " + "; ".join(problems))
         for g, m in need.items():
             row[g] -= m
+        if need:
+            self._gpu_row_changed(i)
         self.cpu_free[i] -= placement.cpu_milli
         self.mem_free[i] -= placement.memory_mib
         if mig is not None:
@@ -384,6 +402,8 @@ class Snapshot:
         row = self.gpu_free[i]
         for g, m in need.items():
             row[g] += m
+        if need:
+            self._gpu_row_changed(i)
         self.cpu_free[i] += held.cpu_milli
         self.mem_free[i] += held.memory_mib
         if mig is not None:

@@ -31,16 +31,18 @@ class Domain:
     nodes_needed: int
 
 
-def fit_count(req: PodRequest, count: int, cpu, mem, gpu_rows, mig_rows=None, mig_profiles=()) -> np.ndarray:
+def fit_count(req: PodRequest, count: int, cpu, mem, gpu_rows, mig_rows=None, mig_profiles=(),
+              whole=None) -> np.ndarray:
     """How many pods shaped like `req` (at most `count`) fit, alone, on each row's free capacity:
-    cpu [k], mem [k], gpu_rows [k, G] milli free per GPU, mig_rows [k, P] (None: MIG not counted)."""
+    cpu [k], mem [k], gpu_rows [k, G] milli free per GPU, mig_rows [k, P] (None: MIG not counted);
+    whole [k]: entirely free GPUs per row, when known (Snapshot.whole_free_gpus)."""
     fit = np.full(len(cpu), count, dtype=np.int64)
     if req.cpu_milli:
         fit = np.minimum(fit, cpu // req.cpu_milli)
     if req.memory_mib:
         fit = np.minimum(fit, mem // req.memory_mib)
     if req.gpus:
-        fit = np.minimum(fit, (gpu_rows == GPU_MILLI).sum(axis=1) // req.gpus)
+        fit = np.minimum(fit, ((gpu_rows == GPU_MILLI).sum(axis=1) if whole is None else whole) // req.gpus)
     elif req.gpu_milli:
         # shares never span GPUs: count how many shares each GPU holds
         fit = np.minimum(fit, (gpu_rows // req.gpu_milli).sum(axis=1))
@@ -73,7 +75,7 @@ def set_fits(snap: Snapshot, gang: Gang, eligible: np.ndarray | None = None) -> 
     out = np.empty((len(sets), len(snap)), dtype=np.int64)
     for s, ps in enumerate(sets):
         out[s] = fit_count(ps.request, ps.count, snap.cpu_free, snap.mem_free, snap.gpu_free, snap.mig_free,
-                           snap.shape.mig_profiles)
+                           snap.shape.mig_profiles, snap.whole_free_gpus())
     if eligible is not None:
         out = np.where(eligible if eligible.ndim == 2 else eligible[None, :], out, 0)
     return out

@@ -267,13 +267,18 @@ def _assume_running(snap: Snapshot, key: str, req: PodRequest, node: str) -> Pla
 
 class Memo:
     """Conversions of unchanged objects, kept between cycles (keyed by uid and resourceVersion, so a
-    changed object is converted again), and the empty Snapshot of an unchanged node list (its static
-    masks stay cached). Only a speed-up: a fresh Memo gives the same World."""
+    changed object is converted again), and the snapshot of the running pods kept by deltas (kube-
+    scheduler's cache): each cycle only the pods that started, ended or moved since the last one are
+    assumed or released, and the cycle works on a copy. Only a speed-up: a fresh Memo gives the same
+    World, except which GPU indices of a node running pods are counted on (on Kubernetes the device
+    plugin picks them; free capacity per node is the same)."""
 
     def __init__(self) -> None:
         self.pods: dict[tuple, PodRequest] = {}
         self.nodes: dict[tuple, Node] = {}
         self.empty: tuple[tuple, Snapshot] | None = None
+        self.live: Snapshot | None = None  # the running pods held, on the node list of `empty`
+        self.held: dict[str, tuple[tuple, Placement]] = {}  # pod key -> ((uid, node, request), placement)
 
     @staticmethod
     def _version(obj: dict) -> tuple:
@@ -302,7 +307,25 @@ class Memo:
         key = tuple(nodes)
         if self.empty is None or self.empty[0] != key:
             self.empty = (key, Snapshot.from_nodes(nodes))
+            self.live, self.held = None, {}
         return self.empty[1].copy()
+
+    def running_snapshot(self, nodes: list[Node], bound: dict[str, tuple[tuple, PodRequest, str]]) -> Snapshot:
+        """The live snapshot brought up to `bound` (pod key -> (identity, request, node)): pods gone
+        or changed released first, then new ones assumed in key order. Returns the live snapshot
+        itself (the caller copies it before a cycle changes anything)."""
+        self.snapshot(nodes)
+        if self.live is None:
+            self.live = self.empty[1].copy()
+        live = self.live
+        for key in [k for k, (ident, _) in self.held.items() if k not in bound or bound[k][0] != ident]:
+            live.forget(self.held.pop(key)[1].pod)
+        for key in sorted(k for k in bound if k not in self.held):
+            ident, req, node = bound[key]
+            placement = _assume_running(live, key, req, node)
+            if placement is not None:
+                self.held[key] = (ident, placement)
+        return live
 
     def prune(self, view: View) -> None:
         live_pods = {self._version(p) for p in view.pods.values()}
@@ -348,7 +371,6 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
             nodes[name] = memo.node(obj)
         except _MALFORMED as exc:  # a node the scheduler cannot read takes no pods; the others do
             log.warning("node %s skipped: %s", name, exc)
-    snap = memo.snapshot(list(nodes.values()))
     units = group_units(view)
     records, stale_plans = read_plan_records(view, units)
     running: list[RunningGang] = []
@@ -357,12 +379,14 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
     ignored_hints: list[tuple[Unit, str]] = []
     requests: dict[str, PodRequest] = {}
 
-    # 1. what runs holds its resources
+    # 1. what runs holds its resources: the live snapshot takes this cycle's deltas, the cycle a copy
+    bound_units: list[tuple[Unit, list[dict], list[str]]] = []
+    bound: dict[str, tuple[tuple, PodRequest, str]] = {}
     for unit in units.values():
         held = unit.bound(view.assumed)
         if not held:
             continue
-        placements = []
+        keys = []
         for pod in held:
             key = key_of(pod)
             try:
@@ -374,9 +398,13 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
                 invalid.append((unit, _malformed(unit, exc)))
                 continue
             node = (pod.get("spec") or {}).get("nodeName") or view.assumed.get(key)
-            placement = _assume_running(snap, key, req, node)
-            if placement is not None:
-                placements.append(placement)
+            bound[key] = ((_uid(pod), node, req), req, node)
+            keys.append(key)
+        bound_units.append((unit, held, keys))
+    memo.running_snapshot(list(nodes.values()), bound)
+    snap = memo.live.copy()
+    for unit, held, keys in bound_units:
+        placements = [memo.held[k][1] for k in keys if k in memo.held]
         if placements:
             ours = all((p.get("spec") or {}).get("schedulerName") == scheduler_name for p in held)
             hints: list[str] = []
