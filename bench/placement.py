@@ -7,7 +7,8 @@ then timing of single runs in fresh processes (seconds and peak RSS), and writes
 plot to build/bench/placement_allocation.png.
 
 Narrow it with env vars: BENCH_PLACEMENT_SEEDS=42,43  BENCH_PLACEMENT_TRACES=default,cpu050
-BENCH_PLACEMENT_POLICIES=bestfit,fgd,fgd-lookahead
+BENCH_PLACEMENT_POLICIES=bestfit,fgd,fgd-lookahead  BENCH_PLACEMENT_SCALE=10 (the timed run on a cluster
+that many times larger; 1 skips it)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ ANCHORS = SHARED / "anchors" / "fgd_gpu_allocation.csv"
 OUT = REPO / "build" / "bench"
 SEEDS = tuple(range(42, 52))
 WORKERS = 2  # the machine has two cores shared by the team
+SCALE = int(os.environ.get("BENCH_PLACEMENT_SCALE", 10))  # the cluster at scale (issue 16); 1: skip it
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,8 +74,9 @@ def _env_list(name: str, default):
     return tuple(x.strip() for x in raw.split(",") if x.strip()) if raw else tuple(default)
 
 
-def _timed_single_run(policy: str, pods: Path) -> dict:
-    """One CLI run in a fresh process: its own seconds and peak RSS (what a user would see)."""
+def _timed_single_run(policy: str, pods: Path, scale: int = 1) -> dict:
+    """One CLI run in a fresh process: its own seconds and peak RSS (what a user would see).
+    scale: the node list and trace pods repeated that many times (`simulate inflation --scale`)."""
     code = (
         "import json, resource, subprocess, sys\n"
         "from airflow_gpu.cli import main\n"
@@ -81,7 +84,7 @@ def _timed_single_run(policy: str, pods: Path) -> dict:
         "buf = io.StringIO()\n"
         "with contextlib.redirect_stdout(buf):\n"
         f"    main(['simulate', 'inflation', '--nodes', {str(NODE_LIST)!r}, '--pods', {str(pods)!r},"
-        f" '--policy', {policy!r}, '--seed', '42', '--json'])\n"
+        f" '--policy', {policy!r}, '--seed', '42', '--scale', {str(scale)!r}, '--json'])\n"
         "out = json.loads(buf.getvalue())\n"
         "out['max_rss_mb'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
         "print(json.dumps({k: out[k] for k in ('policy', 'gpu_allocation_pct', 'seconds', 'max_rss_mb')}))\n"
@@ -156,6 +159,12 @@ def main() -> None:
         for pol in ("bestfit", "fgd", DEFAULT_POLICY):
             t = _timed_single_run(pol, default_trace)
             print(f"  {pol:14s} {t['seconds']:6.2f} s  peak RSS {t['max_rss_mb']:6.0f} MB  "
+                  f"allocation {t['gpu_allocation_pct']:.2f} %")
+        if SCALE > 1:
+            print(f"\nThe same on a {SCALE}x cluster (node list and trace pods repeated {SCALE} times; "
+                  f"targets: <= 120 s, memory < 4 GB)")
+            t = _timed_single_run(DEFAULT_POLICY, default_trace, SCALE)
+            print(f"  {DEFAULT_POLICY:14s} {t['seconds']:6.2f} s  peak RSS {t['max_rss_mb']:6.0f} MB  "
                   f"allocation {t['gpu_allocation_pct']:.2f} %")
 
 

@@ -184,3 +184,25 @@ def test_cli_refuses_a_bad_trace_with_a_clear_message(openb, tmp_path):
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2 and "missing column(s) cpu_milli" in proc.stderr and not proc.stdout
+
+
+def test_scaled_cluster_repeats_nodes_and_pods_with_unique_names_and_the_same_mix():
+    from airflow_gpu.sim.inflation import scaled
+
+    nodes = [Node(f"n{i}", cpu_milli=32_000, memory_mib=128_000, gpu_count=2 + i % 3, gpu_product="V100M16")
+             for i in range(5)]
+    pods = [PodRequest(f"p{i}", cpu_milli=1000, memory_mib=1000, gpus=1 if i % 2 else 0,
+                       gpu_milli=0 if i % 2 else 500) for i in range(40)]
+    big_nodes, big_pods = scaled(nodes, pods, 3)
+    assert len(big_nodes) == 15 and len({n.name for n in big_nodes}) == 15
+    assert len(big_pods) == 120 and len({p.name for p in big_pods}) == 120
+    assert sum(n.gpu_count for n in big_nodes) == 3 * sum(n.gpu_count for n in nodes)
+    assert sorted((p.gpus, p.gpu_milli) for p in big_pods) == sorted((p.gpus, p.gpu_milli) for p in pods * 3)
+    assert scaled(nodes, pods, 1) == (nodes, pods)
+    with pytest.raises(ValueError, match="factor"):
+        scaled(nodes, pods, 0)
+    small = run_inflation(nodes, pods, "fgd-lookahead", 42)
+    big = run_inflation(big_nodes, big_pods, "fgd-lookahead", 42)
+    assert big.total_gpu_milli == 3 * small.total_gpu_milli
+    assert len(big.pods) > 2 * len(small.pods)  # arrivals grow with the cluster (130 % of its capacity)
+    assert 0 < big.gpu_allocation_pct <= 100
