@@ -38,7 +38,10 @@ than one already refused for capacity in this cycle (same team, same constraints
 excluded nodes) is left waiting without being placed again. The team is part of the ask because
 quota decides which products a gang may be placed on; usage only grows within a cycle except at a
 nomination (its victims' quota is released), so the refusals are forgotten there. This keeps a cycle over a long backlog of similar asks
-at about one placement per distinct ask instead of one per gang.
+at about one placement per distinct ask instead of one per gang. After the reservation, a gang with
+a member that fits on no node by resources (CPU, memory, GPU form: one vectorised test) is refused
+without a placement, and the "would it fit without the reservation" test for the wait reason runs
+only when a member fits on a reserved node.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ import numpy as np
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, admit, place_gang
-from airflow_gpu.core.model import Gang, Placement, RunningGang
+from airflow_gpu.core.model import Gang, Placement, PodRequest, RunningGang
 from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy, plan_preemption
 from airflow_gpu.core.room import RoomEstimate
 from airflow_gpu.core.snapshot import Snapshot
@@ -227,6 +230,20 @@ def estimate_start(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], p
     return None
 
 
+def _fits_somewhere(snap: Snapshot, gang: Gang, nodes: np.ndarray) -> bool:
+    """Whether some member's resources fit on one of `nodes` (a mask). When none does, opening those
+    nodes changes nothing for the gang, so the admission refused without them needs no second try."""
+    return any(bool((snap.fit_mask(ps.request) & nodes).any()) for ps in gang.pod_sets)
+
+
+def _set_fitting_nowhere(snap: Snapshot, gang: Gang) -> PodRequest | None:
+    """A member whose resources fit on no node of `snap` (so the gang cannot be placed), else None."""
+    for ps in gang.pod_sets:
+        if not snap.fit_mask(ps.request).any():
+            return ps.request
+    return None
+
+
 def _when(start: float, now: float) -> str:
     return "when gangs of unknown duration end" if math.isinf(start) else f"in ~{max(0.0, start - now):.0f} s"
 
@@ -255,6 +272,12 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
             if covered is not None:
                 result.waiting[gang.name] = covered
                 continue
+            short = _set_fitting_nowhere(work.snap, gang)
+            if short is not None:  # no placement to try: a member fits on no node, reserved or not
+                reason = f"member {short.name} does not fit: no node has the free CPU, memory and GPU it asks for"
+                refused.add(gang, exclude is not None, reason)
+                result.waiting[gang.name] = reason
+                continue
         decision = admit(work.snap, gang, profile, work.book, work.usage, exclude)
         if decision.admitted:
             # held, not running: a gang admitted this cycle is no preemption candidate in it
@@ -266,7 +289,8 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
         reason = decision.reason
         if res is not None:
             delays = ""
-            if exclude is not None and admit(work.snap, gang, profile, work.book, work.usage).admitted:
+            if exclude is not None and _fits_somewhere(work.snap, gang, exclude) \
+                    and admit(work.snap, gang, profile, work.book, work.usage).admitted:
                 reason = delays = f"would delay {res.gang.name}, which holds {len(res.nodes)} node(s) " \
                                   f"and starts {_when(res.start, now)}"
             if decision.blocked_by == BLOCKED_CAPACITY:

@@ -187,8 +187,6 @@ class _Cycle:
             now: float):
         """-> (admitted [(gang, placements, borrowed)], victims [unit names]). `usage`: the quota
         usage of `running`, kept up to date by the replay (what CycleState.build would count)."""
-        if self.platform.queue == "fifo":
-            return self._fifo(snap, pending), []
         state = CycleState(snap, self.quota, usage, running, snap.shape.node_product)
         result = schedule_cycle(state, pending, self.profile, now, self.policy, self.backoff)
         self.backoff.record(result, pending, now)
@@ -196,11 +194,61 @@ class _Cycle:
         victims = [v.gang.name for p in result.preemptions for v in p.victims] if self.platform.preemption else []
         return admitted, victims
 
-    def _fifo(self, snap: Snapshot, pending: list[Gang]):
+    def room_appeared(self) -> None:
+        self.backoff.reset()
+
+
+class _Fifo:
+    """kube-scheduler-like queue for the naive platform: pods in arrival order, whatever fits binds.
+
+    Same decisions as trying every pending pod in order each cycle, without the cost of a long
+    backlog: within a cycle capacity only shrinks, so when no room appeared since the last cycle
+    only the new arrivals can fit; when room appeared, a vectorised fit test (CPU, memory and the
+    GPU form against every node's free capacity: necessary for a fit) picks the pods worth a
+    placement, in arrival order."""
+
+    def __init__(self, units: list[Gang], profile):
+        self.profile = profile
+        order = sorted(range(len(units)), key=lambda i: (units[i].created_at, units[i].name))
+        self.units = [units[i] for i in order]
+        self.rank = {g.name: r for r, g in enumerate(self.units)}
+        pods = [g.members[0] for g in self.units]
+        self.cpu = np.array([p.cpu_milli for p in pods], dtype=np.int64)
+        self.mem = np.array([p.memory_mib for p in pods], dtype=np.int64)
+        self.gpus = np.array([p.gpus for p in pods], dtype=np.int64)
+        self.milli = np.array([p.gpu_milli for p in pods], dtype=np.int64)
+        self.pending = np.zeros(len(self.units), dtype=bool)
+        self.new: list[int] = []  # ranks enqueued since the last cycle
+        self.room = True
+
+    def enqueue(self, name: str) -> None:
+        r = self.rank[name]
+        self.pending[r] = True
+        self.new.append(r)
+
+    def dequeue(self, name: str) -> None:
+        self.pending[self.rank[name]] = False
+
+    def room_appeared(self) -> None:
+        self.room = True
+
+    def _candidates(self, snap: Snapshot) -> np.ndarray:
+        if not self.room:
+            return np.unique(np.array([r for r in self.new if self.pending[r]], dtype=np.int64))
+        idx = np.flatnonzero(self.pending)
+        if not len(idx):
+            return idx
+        whole, share = snap.whole_free_gpus(), snap.max_gpu_free()
+        fits = ((self.cpu[idx, None] <= snap.cpu_free[None, :]) & (self.mem[idx, None] <= snap.mem_free[None, :])
+                & (self.gpus[idx, None] <= whole[None, :]) & (self.milli[idx, None] <= share[None, :]))
+        return idx[fits.any(axis=1)]
+
+    def run(self, snap: Snapshot):
         work = snap.copy()
         refused = RefusedAsks(by_team=False)  # capacity only shrinks within a cycle
         out = []
-        for gang in sorted(pending, key=lambda g: (g.created_at, g.name)):
+        for r in self._candidates(snap):
+            gang = self.units[r]
             if refused.covering(gang, False) is not None:
                 continue
             placement, _ = place_pod(work, gang.members[0], self.profile)
@@ -211,10 +259,9 @@ class _Cycle:
                 continue
             work.assume(placement)
             out.append((gang, (placement,), False))
+        self.new.clear()
+        self.room = False
         return out
-
-    def room_appeared(self) -> None:
-        self.backoff.reset()
 
 
 class Replay:
@@ -252,6 +299,7 @@ class Replay:
         self.last_t = 0.0
         self.usage = QuotaUsage() if self.quota is not None else None
         self.running: dict[str, tuple[RunningGang, float]] = {}  # unit -> (as the cycle sees it, valid until)
+        self.fifo: _Fifo | None = None  # the naive platform's queue (built with the jobs' units)
 
     # --- events -----------------------------------------------------------------------------------
     def push(self, t: float, kind: str, what: object) -> None:
@@ -286,6 +334,8 @@ class Replay:
     def _enqueue(self, st: JobState) -> None:
         for name, gang in st.units.items():
             self.pending[name] = gang
+            if self.fifo is not None:
+                self.fifo.enqueue(name)
         self.team_pending[st.job.team] += sum(g.gpu_milli_total for g in st.units.values())
 
     def _bind(self, gang: Gang, placements: tuple[Placement, ...], borrowed: bool, now: float) -> None:
@@ -294,6 +344,8 @@ class Replay:
         for p in placements:
             self.snap.assume(p)
         del self.pending[gang.name]
+        if self.fifo is not None:
+            self.fifo.dequeue(gang.name)
         milli = gang.gpu_milli_total
         self.team_pending[gang.team] -= milli
         self.team_alloc[gang.team] += milli
@@ -328,6 +380,8 @@ class Replay:
                 self.allocated -= milli
             else:
                 self.pending.pop(unit, None)
+                if self.fifo is not None:
+                    self.fifo.dequeue(unit)
                 self.team_pending[st.job.team] -= st.units[unit].gpu_milli_total
         a.end, a.outcome = now, outcome
         if a.start is not None:
@@ -349,7 +403,12 @@ class Replay:
             st.finished_at = now
         else:
             self._enqueue(st)
+        self._room_appeared()
+
+    def _room_appeared(self) -> None:
         self.cycle.room_appeared()
+        if self.fifo is not None:
+            self.fifo.room_appeared()
 
     def _interrupt(self, node: str, now: float) -> None:
         hit = {job for job, placements, _ in self.placed.values() if any(p.node == node for p in placements)}
@@ -398,6 +457,8 @@ class Replay:
         for j in jobs:
             self.states[j.name] = JobState(j, _unit_gangs(j, self.platform, self.setting.tiers))
             self.push(j.submit, "arrive", j.name)
+        if self.platform.queue == "fifo":
+            self.fifo = _Fifo([g for st in self.states.values() for g in st.units.values()], self.cycle.profile)
         if self.platform.spot:
             self._schedule_interruptions(horizon)
         total = len(self.events)
@@ -435,14 +496,17 @@ class Replay:
             self._interrupt(what, now)
         elif kind == "back":
             self.snap.forget(self.down.pop(what).pod)
-            self.cycle.room_appeared()
+            self._room_appeared()
 
     def _cycles(self, now: float) -> None:
         for _ in range(4):  # victims stop at once; the preemptor binds in the next cycle
             if not self.pending:
                 break
-            admitted, victims = self.cycle.run(self.snap, list(self.pending.values()), self._running(now),
-                                               self.usage, now)
+            if self.fifo is not None:
+                admitted, victims = self.fifo.run(self.snap), []
+            else:
+                admitted, victims = self.cycle.run(self.snap, list(self.pending.values()), self._running(now),
+                                                   self.usage, now)
             for gang, placements, borrowed in admitted:
                 self._bind(gang, placements, borrowed, now)
             for job in sorted({v.split("/")[0] for v in victims}):
