@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 demo: venv
-	$(VPY) -m airflow_gpu.demo
+	$(VPY) -m airflow_gpu demo $(DEMO_ARGS)
 
 test: venv
 	@test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium)  # UI browser test
