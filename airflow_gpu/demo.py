@@ -564,7 +564,7 @@ def _cli(*args: str, env: dict | None = None) -> str:
     return result.stdout
 
 
-def _stop_on_sigterm(signum, frame) -> None:
+def _stop_on_signal(signum, frame) -> None:
     raise KeyboardInterrupt  # handled like Ctrl-C: the ExitStack stops every process by PID
 
 
@@ -574,7 +574,8 @@ def run(args: argparse.Namespace) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     console.print(f"work dir {workdir} (logs of every process are there)")
     # SIGTERM ends the demo like Ctrl-C: the ExitStack stops every process by PID
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # kill, or the terminal closed
+        signal.signal(sig, _stop_on_signal)
     demo = Demo(workdir, console, args.headless)
     code = 0
     try:
