@@ -599,8 +599,11 @@ def run(args: argparse.Namespace) -> int:
             if args.keep_running:
                 console.print(f"Everything keeps running (kubeconfig {demo.cluster.kubeconfig}). Press Ctrl-C, or "
                               f"`kill -TERM {os.getpid()}`, to stop it all.")
-                while all(p.alive() for p in demo.airflow.processes.values()):
-                    time.sleep(1)
+                try:
+                    while all(p.alive() for p in demo.airflow.processes.values()):
+                        time.sleep(1)
+                except KeyboardInterrupt:
+                    pass  # the asked-for stop: the exit code stays the demo's
             demo.step("Stopping everything by PID")
     except KeyboardInterrupt:
         console.print("interrupted: everything was stopped by PID")
