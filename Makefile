@@ -4,6 +4,8 @@ VENV      := .venv
 VPY       := $(VENV)/bin/python
 STAMP     := $(VENV)/.installed
 PYTEST_ARGS ?=
+# make demo DEMO_ARGS="--keep-running" (or --report FILE, --headless)
+DEMO_ARGS ?=
 # test files run in parallel on pytest-xdist workers, each file on one worker (its module-scoped
 # servers start once), longest first (tests/conftest.py); TEST_WORKERS=0 runs them in this process
 TEST_WORKERS ?= 2
@@ -19,7 +21,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 demo: venv
-	$(VPY) -m airflow_gpu.demo
+	$(VPY) -m airflow_gpu demo $(DEMO_ARGS)
 
 test: venv
 	@test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium)  # UI browser test

@@ -1,12 +1,13 @@
-"""`make demo`: the seed scenario (docs/DESIGN.md) end to end on the local GPU cluster.
+"""`airflow-gpu demo` (`make demo`): the seed scenario (docs/DESIGN.md) through Airflow, end to end.
 
-Everything is real and local: a SeaweedFS S3 server, the Kubernetes API emulator with the seed's
-A100 nodes (on-demand, spot, MIG), the GPU scheduler, an Airflow metadata DB (SQLite) whose pools the
-pool manager fills from the team quotas. Pods are submitted the way GpuTrainingOperator will submit
-them (that operator is a later issue: until it lands this script plays its part, including the retry
-after a spot interruption). Training pods run the example numpy trainer, which checkpoints to S3.
+Everything is real and local, started and stopped by PID: SeaweedFS (S3, auth on), the local cluster
+from examples/cluster-seed.yaml (A100 on-demand + MIG, spot pools, two zones), the GPU scheduler,
+Airflow on SQLite (api-server, scheduler, dag-processor, triggerer; LocalExecutor) with the pools
+synced from examples/seed-quotas.yaml. The example DAGs of dags/ are triggered through Airflow's REST
+API for three teams; their GpuTrainingOperator tasks submit the gangs. The demo only watches, and
+plays the cloud once: it interrupts the spot node under the production fine-tune mid-training.
 
-    python -m airflow_gpu.demo [--workdir DIR] [--keep]
+    airflow-gpu demo [--headless] [--report FILE] [--keep-running] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -15,299 +16,613 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
+import signal
+import statistics
 import sys
 import tempfile
+import threading
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from airflow_gpu import constants as C
-from airflow_gpu.kube import GangManifests, WorkloadSpec, build
+from airflow_gpu.airflow_api import AirflowApi
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SEED_CLUSTER = REPO_ROOT / "examples" / "cluster-seed.yaml"
 SEED_QUOTAS = REPO_ROOT / "examples" / "seed-quotas.yaml"
-BUCKET = "checkpoints"
+DAGS = REPO_ROOT / "dags"
+BUCKET = "airflow-gpu-demo"
 S3_SECRET = "s3-credentials"
-
-console = Console()
-
-
-def step(title: str) -> None:
-    console.rule(f"[bold]{title}")
+ABLATION, FINETUNE, SWEEP = "nlp_ablation", "finetune_pipeline", "sweep_best_effort"
+DEMO_DAGS = (ABLATION, FINETUNE, SWEEP)
+TERMINAL_RUN_STATES = ("success", "failed")
 
 
-def run(argv: list[str], env: dict | None = None, input: str | None = None) -> str:
-    result = subprocess.run(argv, capture_output=True, text=True, env=env, input=input, timeout=300)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv[:4])} ... failed ({result.returncode}):\n{result.stderr}{result.stdout}")
-    return result.stdout
+def _now() -> float:
+    return time.time()
 
 
-def cli(*args: str, env: dict | None = None) -> str:
-    return run([sys.executable, "-m", "airflow_gpu", *args], env=env)
+# --- what happens on the cluster, seen from outside ---------------------------------------------
 
 
-# --- pods as the operator will build them (airflow_gpu.kube) ---------------------------------
+@dataclass
+class PodRecord:
+    """One pod of an operator's gang, as the watcher saw it (times are epoch seconds, observed)."""
+
+    namespace: str
+    name: str
+    dag_id: str
+    task_id: str
+    tier: str
+    team: str
+    attempt: str
+    gang: str
+    gpus: float
+    mig: bool
+    created: float
+    bound: float | None = None
+    node: str = ""
+    capacity: str = ""
+    disruption: str | None = None  # the DisruptionTarget condition's reason
+    gone: float | None = None
 
 
-def team_of(namespace: str) -> str:
-    return namespace.removeprefix("team-")
+@dataclass
+class ClusterWatch:
+    """Polls the team namespaces (pods, PodGroups) twice a second from a thread; main-thread readers
+    take `events()` (new lines for the terminal) and the records for the report."""
+
+    api: object
+    namespaces: tuple[str, ...]
+    gpus_total: float
+    pods: dict[str, PodRecord] = field(default_factory=dict)  # uid -> record
+    wait_reasons: dict[str, list[str]] = field(default_factory=dict)  # PodGroup ns/name -> reasons seen
+    samples: list[tuple[float, float]] = field(default_factory=list)  # (time, GPUs allocated)
+    preemption_events: dict[str, str] = field(default_factory=dict)  # Event uid -> message (the scheduler's)
+    _events: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+    def start(self) -> "ClusterWatch":
+        self._thread = threading.Thread(target=self._run, name="cluster-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def events(self) -> list[str]:
+        with self._lock:
+            out, self._events = self._events, []
+        return out
+
+    def _say(self, text: str) -> None:
+        self._events.append(text)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll()
+            except Exception as exc:  # noqa: BLE001 - shown by the main thread; the API may blink
+                self.error = exc
+            self._stop.wait(0.5)
+
+    def poll(self) -> None:
+        from kubernetes import client
+
+        from airflow_gpu.scheduler.convert import capacity_type_of, parse_time
+        from airflow_gpu.ui.ledger import pod_gpus
+
+        core, custom = client.CoreV1Api(self.api), client.CustomObjectsApi(self.api)
+        nodes = {n["metadata"]["name"]: n for n in json.loads(core.list_node(_preload_content=False).data)["items"]}
+        now = _now()
+        seen: set[str] = set()
+        newly_bound: list[PodRecord] = []
+        with self._lock:
+            for ns in self.namespaces:
+                for pod in json.loads(core.list_namespaced_pod(ns, _preload_content=False).data)["items"]:
+                    meta, labels = pod["metadata"], pod["metadata"].get("labels") or {}
+                    if C.LABEL_DAG_ID not in labels:
+                        continue
+                    uid = meta["uid"]
+                    seen.add(uid)
+                    rec = self.pods.get(uid)
+                    if rec is None:
+                        requests = [c.get("resources") or {} for c in pod["spec"].get("containers", [])]
+                        mig = any(k.startswith(C.RESOURCE_MIG_PREFIX) for r in requests
+                                  for k in {**(r.get("requests") or {}), **(r.get("limits") or {})})
+                        rec = self.pods[uid] = PodRecord(
+                            ns, meta["name"], labels[C.LABEL_DAG_ID], labels.get(C.LABEL_TASK_ID, ""),
+                            labels.get(C.LABEL_TIER, ""), labels.get(C.LABEL_TEAM, ""),
+                            labels.get(C.LABEL_ATTEMPT, ""), f"{ns}/{labels.get(C.LABEL_GANG, meta['name'])}",
+                            pod_gpus(pod), mig, min(now, parse_time(meta.get("creationTimestamp")) or now))
+                    node = pod["spec"].get("nodeName")
+                    if node and rec.bound is None:
+                        rec.bound, rec.node = now, node
+                        rec.capacity = capacity_type_of((nodes.get(node, {}).get("metadata") or {}).get("labels") or {})
+                        newly_bound.append(rec)
+                    reason = disruption_reason(pod)
+                    if reason and rec.disruption is None:
+                        rec.disruption = reason
+                        self._say(f"[red]disrupted[/red] {rec.name} ({rec.team}, {rec.tier}) on {rec.node}: {reason}; "
+                                  "SIGTERM, checkpoint, the operator resubmits the gang in the same try")
+                for ev in json.loads(core.list_namespaced_event(ns, field_selector="reason=Preempted",
+                                                                _preload_content=False).data)["items"]:
+                    if ev["metadata"]["uid"] not in self.preemption_events:
+                        self.preemption_events[ev["metadata"]["uid"]] = ev.get("message", "")
+                        self._say(f"[red]preempted[/red] {ns}/{ev['involvedObject'].get('name')}: "
+                                  f"{escape(ev.get('message', ''))}")
+                for pg in custom.list_namespaced_custom_object(C.PODGROUP_GROUP, C.PODGROUP_VERSION, ns,
+                                                              C.PODGROUP_PLURAL)["items"]:
+                    reason = (pg["metadata"].get("annotations") or {}).get(C.ANNOTATION_WAIT_REASON)
+                    key = f"{ns}/{pg['metadata']['name']}"
+                    if reason and reason not in self.wait_reasons.setdefault(key, []):
+                        self.wait_reasons[key].append(reason)
+                        self._say(f"[yellow]waiting[/yellow] gang {key}: {escape(reason)}")
+            for uid, rec in self.pods.items():
+                if uid not in seen and rec.gone is None:
+                    rec.gone = now
+            for rec in newly_bound:
+                self._announce_bound(rec)
+            self.samples.append((now, sum(r.gpus for r in self.pods.values() if r.bound and r.gone is None)))
+
+    def _announce_bound(self, rec: PodRecord) -> None:
+        waited = rec.bound - rec.created
+        if rec.mig:
+            self._say(f"[green]inference on a MIG slice[/green]: {rec.name} ({rec.team}) on {rec.node} "
+                      f"after {waited:.1f}s")
+            return
+        mates = [r for r in self.pods.values() if r.gang == rec.gang]
+        if all(r.bound for r in mates) and rec is max(mates, key=lambda r: r.bound):
+            where = ", ".join(sorted({f"{r.node} ({r.capacity})" for r in mates}))
+            self._say(f"[green]gang bound[/green] {rec.dag_id}.{rec.task_id} attempt {rec.attempt} ({rec.team}, "
+                      f"{rec.tier}, {sum(r.gpus for r in mates):g} GPUs) on {where}, {waited:.1f}s after submit")
+
+    # -- figures for the report ------------------------------------------------------------------
+
+    def queue_waits(self) -> dict[str, dict[str, float]]:
+        """Per tier: pod created (creationTimestamp, 1 s resolution) -> seen bound (0.5 s polls), per pod."""
+        by_tier: dict[str, list[float]] = {}
+        for r in self.pods.values():
+            if r.bound is not None:
+                by_tier.setdefault(r.tier, []).append(r.bound - r.created)
+        return {tier: {"mean": round(statistics.fmean(v), 2), "p95": round(_p95(v), 2), "pods": len(v)}
+                for tier, v in sorted(by_tier.items())}
+
+    def utilisation_pct(self, since: float, until: float) -> float:
+        """Allocated GPU-time / cluster GPU-time between `since` and `until` (step integral of the samples)."""
+        pts = [(t, g) for t, g in self.samples if since <= t <= until]
+        if len(pts) < 2 or until <= since:
+            return 0.0
+        area = sum(g0 * (t1 - t0) for (t0, g0), (t1, _) in zip(pts, pts[1:]))
+        return round(100.0 * area / (self.gpus_total * (pts[-1][0] - pts[0][0])), 2)
 
 
-def training_gang(name: str, namespace: str, tier: str, workers: int, gpus: int, *, spot: bool,
-                  checkpoint_uri: str | None, attempt: int, epochs: int = 8) -> GangManifests:
-    """A gang (PodGroup, headless Service, pods). Checkpointed ranks run the example trainer, each
-    rank in its own store; S3 credentials come from a Kubernetes Secret, never from literals."""
-    spec = WorkloadSpec(
-        team=team_of(namespace), namespace=namespace, tier=tier, image="python:3.11", name=name,
-        workers=workers, gpus_per_worker=gpus, attempt=attempt, interruptions=attempt - 1,
-        capacity_type=C.CAPACITY_SPOT if spot else C.CAPACITY_ON_DEMAND,
-        checkpoint_uri=checkpoint_uri, checkpoint_per_rank=checkpoint_uri is not None,
-        s3_secret=S3_SECRET if checkpoint_uri else None,
-        cmds=(sys.executable, "-m", "airflow_gpu.checkpoint.examples.train_numpy") if checkpoint_uri else (),
-        env_vars={C.ENV_EXAMPLE_EPOCHS: str(epochs), C.ENV_EXAMPLE_STEP_SECONDS: "0.03"},
-        annotations={} if checkpoint_uri else {C.ANNOTATION_SIM_DURATION: "600"},
-        container_resources={"requests": {"cpu": "1", "memory": "2Gi"}}, termination_grace_period=20,
-        container_name="trainer")
-    return build(spec)
+def disruption_reason(pod: dict) -> str | None:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == C.CONDITION_DISRUPTION_TARGET and cond.get("status") == "True":
+            return cond.get("reason") or "disrupted"
+    return None
 
 
-def inference_pod(name: str, namespace: str, profile: str, seconds: float) -> dict:
-    """A lone pod on a MIG slice: no PodGroup, no Service, no gang labels."""
-    spec = WorkloadSpec(
-        team=team_of(namespace), namespace=namespace, tier=C.TIER_INFERENCE, image="vllm:latest", name=name,
-        mig_profile=profile, gang=False, annotations={C.ANNOTATION_SIM_DURATION: str(seconds)},
-        container_resources={"requests": {"cpu": "2", "memory": "8Gi"}}, container_name="serve")
-    return build(spec).pods[0]
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered) + 0.5) - 1))]
 
 
-# --- the story ---------------------------------------------------------------------------------
+# --- the demo -------------------------------------------------------------------------------------
+
+
+class DemoFailed(RuntimeError):
+    pass
 
 
 class Demo:
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, console: Console, headless: bool) -> None:
         self.workdir = workdir
-        self.started = time.monotonic()
+        self.console = console
+        self.headless = headless
+        self.started = _now()
         self.stack = ExitStack()
-        self.notes: list[tuple[str, str]] = []
-        self.results: dict = {}  # machine-readable outcomes (--summary-json), checked by tests/test_demo.py
+        self.runs: dict[str, str] = {}  # dag_id -> run_id
+        self.interrupted_node: str | None = None
 
-    def __enter__(self) -> "Demo":
-        return self
+    # infrastructure ----------------------------------------------------------------------------
 
-    def __exit__(self, *exc) -> None:
-        step("Stopping everything by PID")
-        self.stack.close()
+    def say(self, text: str) -> None:
+        self.console.print(f"[dim]{_now() - self.started:6.1f}s[/dim] {text}", highlight=False)
 
-    # infrastructure
-    def start_s3(self) -> None:
-        from airflow_gpu.devtools.seaweedfs import SeaweedFS
+    def step(self, title: str) -> None:
+        self.console.rule(f"[bold]{title}")
 
-        step("S3 server (SeaweedFS on 127.0.0.1)")
-        self.s3 = self.stack.enter_context(SeaweedFS(root=self.workdir / "s3"))
-        self.s3.create_bucket(BUCKET)
-        console.print(f"endpoint {self.s3.endpoint_url}, bucket {BUCKET!r}, auth on")
-
-    def start_cluster(self) -> None:
-        from airflow_gpu.devtools.kube import start_kube_cluster
-
-        step(f"Local GPU cluster from {SEED_CLUSTER.name}")
-        self.cluster = self.stack.enter_context(start_kube_cluster(self.workdir / "cluster", SEED_CLUSTER))
-        self.api = self.cluster.api_client()
-        console.print(f"kubeconfig {self.cluster.kubeconfig}")
-        console.print(self.cluster.kubectl("get", "nodes", "-L", f"{C.NODE_CAPACITY_TYPE_KARPENTER},{C.NODE_ZONE}").stdout)
-
-    def apply_quotas(self) -> None:
-        step(f"Team quotas -> Namespaces, ResourceQuotas, PriorityClasses ({SEED_QUOTAS.name})")
-        manifests = cli("pools", "render-k8s", "--config", str(SEED_QUOTAS))
-        console.print(self.cluster.kubectl("apply", "-f", "-", input=manifests).stdout)
+    def start_platform(self) -> None:
         from kubernetes import client
 
-        core = client.CoreV1Api(self.api)
-        for ns in ("team-research", "team-nlp"):
-            core.create_namespaced_secret(ns, {"metadata": {"name": S3_SECRET}, "stringData": self.s3.env()})
-
-    def sync_pools(self) -> None:
-        step("Team quotas -> Airflow pools (SQLite metadata DB)")
-        home = self.workdir / "airflow"
-        home.mkdir(exist_ok=True)
-        env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-               "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}"}
-        run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env)
-        console.print(cli("pools", "sync", "--config", str(SEED_QUOTAS), env=env))
-        console.print(cli("pools", "sync", "--config", str(SEED_QUOTAS), env=env).strip())
-
-    def start_scheduler(self) -> None:
+        from airflow_gpu.config import load_config
+        from airflow_gpu.devtools.airflow_stack import AirflowStack
         from airflow_gpu.devtools.gangs import scheduler_process
+        from airflow_gpu.devtools.kube import start_kube_cluster
+        from airflow_gpu.devtools.seaweedfs import SeaweedFS
 
-        step("GPU scheduler (airflow-gpu scheduler)")
+        self.step("Starting the platform (everything on 127.0.0.1, stopped by PID at the end)")
+        self.s3 = self.stack.enter_context(SeaweedFS(root=self.workdir / "s3"))
+        self.s3.create_bucket(BUCKET)
+        self.say(f"S3 (SeaweedFS) {self.s3.endpoint_url}, bucket {BUCKET!r}, pid {self.s3.pid}")
+
+        self.cluster = self.stack.enter_context(start_kube_cluster(self.workdir / "cluster", SEED_CLUSTER))
+        self.api = self.cluster.api_client()
+        nodes = json.loads(client.CoreV1Api(self.api).list_node(_preload_content=False).data)["items"]
+        from airflow_gpu.ui.ledger import pod_gpus
+
+        self.gpus_total = sum(pod_gpus({"spec": {"containers": [{"resources": {"requests": n["status"]["allocatable"]}}]}})
+                              for n in nodes)
+        self.say(f"local cluster {SEED_CLUSTER.name}: {len(nodes)} nodes, {self.gpus_total:g} GPUs "
+                 f"(MIG slices as 1/7), kubeconfig {self.cluster.kubeconfig}, pid {self.cluster.pid}")
+
+        self.config = load_config(SEED_QUOTAS)
+        rendered = _cli("pools", "render-k8s", "--config", str(SEED_QUOTAS))
+        self.cluster.kubectl("apply", "-f", "-", input=rendered)
+        core = client.CoreV1Api(self.api)
+        self.namespaces = tuple(t.namespace for t in self.config.teams)
+        for ns in self.namespaces:
+            core.create_namespaced_secret(ns, {"metadata": {"name": S3_SECRET}, "stringData": self.s3.env()})
+        self.say(f"quotas of {SEED_QUOTAS.name} applied: Namespaces, ResourceQuotas, PriorityClasses; "
+                 f"Secret {S3_SECRET!r} (the pods' S3 credentials) in {len(self.namespaces)} team namespaces")
+
         self.scheduler = scheduler_process(self.cluster.kubeconfig, self.workdir / "scheduler.log",
                                            config_path=SEED_QUOTAS, identity="demo-scheduler").start()
         self.stack.callback(self.scheduler.stop)
-        console.print(f"pid {self.scheduler.pid}, log {self.workdir / 'scheduler.log'}")
+        self.say(f"GPU scheduler pid {self.scheduler.pid}, log {self.workdir / 'scheduler.log'}")
 
-    # workloads
-    def submit_gang(self, gang: GangManifests) -> None:
-        from airflow_gpu.devtools.gangs import submit_gang
+        conn = json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(self.cluster.kubeconfig)}})
+        self.airflow = AirflowStack(home=self.workdir / "airflow", dags_folder=DAGS, extra_env={
+            **self.s3.env(),  # the workers read the checkpoints' status.json (rank 0's progress)
+            "AIRFLOW_CONN_KUBERNETES_DEFAULT": conn,
+            "AIRFLOW__AIRFLOW_GPU__CONFIG_FILE": str(SEED_QUOTAS),  # the operator's quota config
+            "AIRFLOW__AIRFLOW_GPU__QUOTA_CONFIG": str(SEED_QUOTAS),  # the UI plugin's
+            "AIRFLOW__AIRFLOW_GPU__KUBECONFIG": str(self.cluster.kubeconfig),
+            C.ENV_EXAMPLE_CHECKPOINTS: f"s3://{BUCKET}/checkpoints",
+            C.ENV_EXAMPLE_S3_SECRET: S3_SECRET,
+            # only the runs the demo triggers: finetune_pipeline's @daily schedule stays quiet
+            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
+            "AIRFLOW__CORE__PARALLELISM": "8",
+            # a loaded laptop answers the task runners' execution API slowly: wait instead of failing a try
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30",
+        })
+        self.airflow.migrate()
+        sync = _cli("pools", "sync", "--config", str(SEED_QUOTAS), env=self.airflow.env())
+        self.say(f"Airflow pools synced from the quotas: {sync.strip().splitlines()[-1] if sync.strip() else 'ok'}")
+        self.stack.callback(self.airflow.stop)
+        self.airflow.start(migrate=False)
+        procs = ", ".join(f"{name} {p.pid}" for name, p in self.airflow.processes.items())
+        self.say(f"Airflow {self.airflow.base_url} ({procs}), DAGs from {DAGS}")
+        self.rest = self.airflow.api()
+        self.stack.callback(self.rest.close)
 
-        submit_gang(self.api, gang)
+        self.watch = ClusterWatch(self.api, self.namespaces, self.gpus_total).start()
+        self.stack.callback(self.watch.stop)
 
-    def pods(self, namespace: str, prefix: str = "") -> list[dict]:
-        from airflow_gpu.devtools.gangs import list_pods
+    # Airflow's REST API ------------------------------------------------------------------------
 
-        return [p for p in list_pods(self.api, namespace) if p["metadata"]["name"].startswith(prefix)]
+    def wait_for_dags(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        missing = set(DEMO_DAGS)
+        while missing:
+            errors = self.rest.request("GET", "/api/v2/importErrors")["import_errors"]
+            if errors:
+                raise DemoFailed("DAG import errors:\n" + "\n".join(f"{e['filename']}: {e['stack_trace']}" for e in errors))
+            for dag_id in sorted(missing):
+                if self.rest.request("GET", f"/api/v2/dags/{dag_id}", ok=(200, 404)).get("dag_id") == dag_id:
+                    missing.discard(dag_id)
+            if time.monotonic() > deadline:
+                raise DemoFailed(f"DAGs {sorted(missing)} not parsed after {timeout:.0f}s:\n{self.airflow._tails()}")
+            time.sleep(1)
+        self.say(f"DAGs parsed by the dag-processor: {', '.join(DEMO_DAGS)}")
 
-    def wait(self, what: str, predicate, timeout: float = 90.0) -> float:
+    def trigger(self, dag_id: str, note: str) -> None:
+        run = self.rest.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": {}})
+        self.runs[dag_id] = run["dag_run_id"]
+        self.say(f"[bold]POST /api/v2/dags/{dag_id}/dagRuns[/bold] -> {run['dag_run_id']}: {note}")
+
+    def run_state(self, dag_id: str) -> str:
+        run_id = AirflowApi.quote(self.runs[dag_id])
+        return self.rest.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")["state"]
+
+    def task_instances(self, dag_id: str) -> list[dict]:
+        run_id = AirflowApi.quote(self.runs[dag_id])
+        return self.rest.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+
+    def xcom(self, dag_id: str, task_id: str, map_index: int = -1):
+        run_id = AirflowApi.quote(self.runs[dag_id])
+        entry = self.rest.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/"
+                                  "return_value", params={"map_index": map_index, "deserialize": True,
+                                                          "stringify": False}, ok=(200, 404))
+        value = (entry or {}).get("value")
+        return json.loads(value) if isinstance(value, str) and value.startswith("{") else value
+
+    # the story ---------------------------------------------------------------------------------
+
+    def pump(self, seconds: float = 0.0, until=None, what: str = "", timeout: float = 300) -> None:
+        """Print the cluster's news until `until()` is true (or for `seconds`)."""
         t0 = time.monotonic()
-        with console.status(what):
-            while not predicate():
+        status = None if self.headless else self.console.status(what or "working")
+        if status:
+            status.start()
+        try:
+            while True:
+                for line in self.watch.events():
+                    self.say(line)
+                if until is not None and until():
+                    return
+                if until is None and time.monotonic() - t0 >= seconds:
+                    return
                 if time.monotonic() - t0 > timeout:
-                    raise TimeoutError(f"{what}: not done after {timeout:.0f}s; scheduler log:\n{self.scheduler.log_tail()}")
-                time.sleep(0.2)
-        return time.monotonic() - t0
+                    raise DemoFailed(f"{what}: not done after {timeout:.0f}s\n--- scheduler ---\n"
+                                     f"{self.scheduler.log_tail(30)}\n{self.airflow._tails()}")
+                for name, proc in self.airflow.processes.items():
+                    if not proc.alive():
+                        raise DemoFailed(f"airflow {name} died:\n{proc.log_tail()}")
+                if status:
+                    status.update(f"{what} | GPUs allocated {self._allocated():g}/{self.gpus_total:g}")
+                time.sleep(0.5)
+        finally:
+            if status:
+                status.stop()
 
-    @staticmethod
-    def disrupted(pod: dict) -> bool:
-        return any(c.get("type") == C.CONDITION_DISRUPTION_TARGET for c in pod.get("status", {}).get("conditions", []))
+    def _allocated(self) -> float:
+        return self.watch.samples[-1][1] if self.watch.samples else 0.0
 
-    def running(self, namespace: str, prefix: str, count: int) -> bool:
-        pods = self.pods(namespace, prefix)
-        return sum(p.get("status", {}).get("phase") == "Running" for p in pods) >= count
+    def gang_pods(self, dag_id: str, task_id: str) -> list[PodRecord]:
+        return [r for r in list(self.watch.pods.values()) if r.dag_id == dag_id and r.task_id == task_id]
 
-    def wait_reason(self, namespace: str, name: str) -> str:
-        from airflow_gpu.devtools.gangs import get_podgroup
+    def gang_bound(self, dag_id: str, task_id: str, workers: int) -> bool:
+        live = [r for r in self.gang_pods(dag_id, task_id) if r.gone is None and r.disruption is None]
+        return len(live) >= workers and all(r.bound for r in live)
 
-        pg = get_podgroup(self.api, namespace, name)
-        return (pg["metadata"].get("annotations") or {}).get(C.ANNOTATION_WAIT_REASON, "")
-
-    def where(self, namespace: str, prefix: str) -> str:
-        return ", ".join(sorted({p["spec"].get("nodeName") or "-" for p in self.pods(namespace, prefix)}))
-
-    def logs(self, namespace: str, pod: str) -> list[dict]:
-        text = self.cluster.kubectl("logs", "-n", namespace, pod, check=False).stdout
-        return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
-
-    def checkpoint_status(self, uri: str) -> dict | None:
-        from airflow_gpu.checkpoint import CheckpointStore
-
-        with CheckpointStore(uri, **self.s3.client_options()) as store:
-            return store.read_status()
-
-    def story(self) -> None:
-        uri = f"s3://{BUCKET}/team-research/sweep-lr"
-        step("1. Best-effort sweep on spot (research, 2 x 4 GPUs, checkpoints every epoch to S3)")
-        self.submit_gang(training_gang("sweep-lr", "team-research", C.TIER_BEST_EFFORT_TRAINING, 2, 4,
-                                        spot=True, checkpoint_uri=uri, attempt=1, epochs=40))
-        waited = self.wait("sweep gang bound and running", lambda: self.running("team-research", "sweep-lr", 2))
-        self.notes.append(("sweep-lr started", f"{waited:.1f}s after submit on {self.where('team-research', 'sweep-lr')}"))
-
-        step("2. Inference on MIG slices (serving, 6 x 1g.10gb)")
-        for i in range(6):
-            self.cluster.core().create_namespaced_pod("team-serving", inference_pod(f"score-{i}", "team-serving", "1g.10gb", 300))
-        waited = self.wait("inference pods running", lambda: self.running("team-serving", "score-", 6))
-        self.results["inference_nodes"] = self.where("team-serving", "score-")
-        self.notes.append(("6 MIG inference pods", f"running after {waited:.1f}s on {self.where('team-serving', 'score-')}"))
-
-        step("3. Production reclaims borrowed GPUs (two on-demand nodes in maintenance)")
-        for node in ("a100-od-0", "a100-od-1"):
-            self.cluster.kubectl("cordon", node)
-        self.submit_gang(training_gang("vision-exp", "team-vision", C.TIER_BEST_EFFORT_TRAINING, 1, 8,
-                                        spot=False, checkpoint_uri=None, attempt=1))
-        self.wait("vision experiment running (its own quota)", lambda: self.running("team-vision", "vision-exp", 1))
-        self.submit_gang(training_gang("sweep-wide", "team-research", C.TIER_BEST_EFFORT_TRAINING, 1, 8,
-                                        spot=False, checkpoint_uri=None, attempt=1))
-        self.wait("research sweep running on borrowed quota", lambda: self.running("team-research", "sweep-wide", 1))
-        self.notes.append(("borrowing", f"research runs 16 GPUs on a quota of 8: sweep-wide on {self.where('team-research', 'sweep-wide')}"))
-        self.submit_gang(training_gang("nlp-finetune", "team-nlp", C.TIER_PRODUCTION_TRAINING, 1, 8,
-                                        spot=False, checkpoint_uri=None, attempt=1))
-        waited = self.wait("production gang bound", lambda: self.running("team-nlp", "nlp-finetune", 1))
-        survivors = {p["metadata"]["name"] for ns in ("team-research", "team-vision") for p in self.pods(ns)
-                     if p.get("status", {}).get("phase") == "Running" and not self.disrupted(p)}
-        victims = sorted({"vision-exp-0", "sweep-wide-0"} - survivors)
-        self.results["preempted"] = victims
-        self.results["production_node"] = self.where("team-nlp", "nlp-finetune")
-        console.print(self.cluster.kubectl("get", "events", "-A", "--field-selector", "reason=Preempted").stdout)
-        self.notes.append(("nlp-finetune (production)", f"bound {waited:.1f}s after submit on "
-                           f"{self.where('team-nlp', 'nlp-finetune')}; preempted {victims or 'nothing'}"))
-
-        step("4. Spot interruption of the sweep's node; retry resumes from the newest checkpoint")
-        self.wait("sweep has a checkpoint", lambda: any(e["event"] == "epoch" for e in self.logs("team-research", "sweep-lr-0")), 60)
-        node = self.pods("team-research", "sweep-lr-0")[0]["spec"]["nodeName"]
-        console.print(f"interrupting {node} (2 s notice, as Karpenter does with AWS's 2-minute warning)")
-        self.cluster.interrupt(node, notice=2.0)
-        stopped: list[dict] = []
-
-        def saved_and_ended() -> bool:
-            # the pod's log says it saved on SIGTERM; read it while the pod is still there
-            if not stopped:
-                stopped.extend(e for e in self.logs("team-research", "sweep-lr-0") if e["event"] == "stopped")
-            pods = self.pods("team-research", "sweep-lr")
-            return all(p.get("status", {}).get("phase") in ("Failed", "Succeeded") for p in pods)
-
-        self.wait("sweep saves a checkpoint on SIGTERM and ends", saved_and_ended, 90)
-        status = self.checkpoint_status(f"{uri}/rank-0")  # the status channel the operator will mirror
-        console.print(f"checkpoint status after the interruption: {json.dumps(status)}")
-        if not stopped and status and status.get("stop_requested_at"):
-            stopped.append({"event": "stopped", "step": status["step"], "source": "status.json"})
+    def rank0_step(self, dag_id: str, task_id: str) -> int:
+        """The newest checkpointed step in the log of the running rank 0, 0 before the first."""
         from kubernetes import client
 
-        core = client.CoreV1Api(self.api)
-        for p in self.pods("team-research", "sweep-lr"):
-            core.delete_namespaced_pod(p["metadata"]["name"], "team-research", grace_period_seconds=0)
-        client.CustomObjectsApi(self.api).delete_namespaced_custom_object(
-            C.PODGROUP_GROUP, C.PODGROUP_VERSION, "team-research", C.PODGROUP_PLURAL, "sweep-lr")
-        core.delete_namespaced_service("sweep-lr", "team-research")
-        self.wait("old attempt gone", lambda: not self.pods("team-research", "sweep-lr"), 60)
-        self.submit_gang(training_gang("sweep-lr", "team-research", C.TIER_BEST_EFFORT_TRAINING, 2, 4,
-                                        spot=True, checkpoint_uri=uri, attempt=2, epochs=40))
-        self.wait("retry finished", lambda: any(e["event"] == "done" for e in self.logs("team-research", "sweep-lr-0")), 120)
-        events = self.logs("team-research", "sweep-lr-0")
-        resumed = next((e for e in events if e["event"] == "resume"), None)
-        done = next(e for e in events if e["event"] == "done")
-        self.results.update(stopped=stopped[0] if stopped else None, resumed=resumed, done=done)
-        self.notes.append(("spot interruption", f"{node}: saved at {stopped[0] if stopped else 'no stop event'}"))
-        self.notes.append(("retry (attempt 2)", f"resumed {json.dumps(resumed) if resumed else 'from scratch'}; done {json.dumps(done)}"))
+        rank0 = [r for r in self.gang_pods(dag_id, task_id) if r.name.endswith("-0") and r.bound and r.gone is None
+                 and r.disruption is None]
+        if not rank0:
+            return 0
+        try:
+            text = client.CoreV1Api(self.api).read_namespaced_pod_log(
+                rank0[-1].name, rank0[-1].namespace, _preload_content=False).data.decode(errors="replace")
+        except Exception as exc:  # noqa: BLE001 - the container may not have started yet
+            self.last_log_error = exc
+            return 0
+        steps = [json.loads(x).get("step", 0) for x in text.splitlines() if x.startswith('{"event": "epoch"')]
+        return max(steps, default=0)
 
-    def summary(self) -> None:
-        step("Summary")
-        table = Table("what", "outcome")
-        for what, outcome in self.notes:
-            table.add_row(what, outcome)
-        table.add_row("total demo time", f"{time.monotonic() - self.started:.0f}s")
-        console.print(table)
-        console.print("Not built yet: GpuTrainingOperator (this script plays its part), the UI page, "
-                      "chargeback, the time-replay simulator.")
+    def story(self) -> None:
+        self.step("1. Best-effort work on spot (team nlp's ablation, 2 x 4 GPUs; team research's sweep, 3 x 2 GPUs)")
+        self.trigger(ABLATION, "nlp, best-effort-training, 2 workers x 4 GPUs, checkpointed every epoch, spot")
+        self.trigger(SWEEP, "research, best-effort-training, 3 mapped gangs x 2 GPUs, spot")
+        self.pump(until=lambda: self.gang_bound(ABLATION, "ablation", 2) and self.rank0_step(ABLATION, "ablation") > 0,
+                  what="the ablation bound and past its first checkpoint", timeout=240)
+
+        self.step("2. The cloud takes a spot node back under the ablation, mid-training")
+        node = next(r.node for r in self.gang_pods(ABLATION, "ablation") if r.gone is None and r.name.endswith("-0"))
+        self.interrupted_node = node
+        self.say(f"[bold]airflow-gpu cluster interrupt {node}[/bold] (2 s notice; a replacement joins after 10 s)")
+        self.cluster.interrupt(node, notice=2.0, replace_after=10.0)
+        first = {r.attempt for r in self.gang_pods(ABLATION, "ablation")}
+        self.pump(until=lambda: self.gang_bound(ABLATION, "ablation", 2) and
+                  {r.attempt for r in self.gang_pods(ABLATION, "ablation")} - first,
+                  what="the ablation resubmitted by its operator (same try)", timeout=180)
+
+        self.step("3. Production arrives: nlp's fine-tune takes the team's quota back by preemption")
+        self.trigger(FINETUNE, "nlp, production-training, 2 x 4 GPUs on-demand, checkpointed; then eval on a MIG slice")
+
+        self.step("4. Everything runs to the end")
+        self.pump(until=self.all_runs_done, what="DAG runs to finish", timeout=480)
+        for dag_id in DEMO_DAGS:
+            self.say(f"DAG run {dag_id}: {self.run_state(dag_id)}")
+
+    def all_runs_done(self) -> bool:
+        return all(self.run_state(d) in TERMINAL_RUN_STATES for d in self.runs)
+
+    # the outcome -------------------------------------------------------------------------------
+
+    def orphans(self, timeout: float = 60.0) -> dict[str, list[str]]:
+        """Pods, Services and PodGroups left in the team namespaces, after up to `timeout` for the
+        operator's (asynchronous) deletions to complete."""
+        from kubernetes import client
+
+        core, custom = client.CoreV1Api(self.api), client.CustomObjectsApi(self.api)
+
+        def left() -> dict[str, list[str]]:
+            out: dict[str, list[str]] = {"pods": [], "services": [], "podgroups": []}
+            for ns in self.namespaces:
+                out["pods"] += [f"{ns}/{p.metadata.name}" for p in core.list_namespaced_pod(ns).items]
+                out["services"] += [f"{ns}/{s.metadata.name}" for s in core.list_namespaced_service(ns).items]
+                out["podgroups"] += [f"{ns}/{g['metadata']['name']}" for g in custom.list_namespaced_custom_object(
+                    C.PODGROUP_GROUP, C.PODGROUP_VERSION, ns, C.PODGROUP_PLURAL)["items"]]
+            return out
+
+        deadline = time.monotonic() + timeout
+        while True:
+            found = left()
+            if not any(found.values()) or time.monotonic() > deadline:
+                return found
+            time.sleep(1)
+
+    def report(self) -> dict:
+        runs_done = _now()
+        dag_runs = {d: self.run_state(d) for d in DEMO_DAGS}
+        tasks: dict[str, dict] = {}
+        for dag_id in DEMO_DAGS:
+            for ti in self.task_instances(dag_id):
+                key = f"{dag_id}.{ti['task_id']}" + (f"[{ti['map_index']}]" if ti["map_index"] >= 0 else "")
+                tasks[key] = {"state": ti["state"], "try_number": ti["try_number"]}
+                if ti["operator"] == "GpuTrainingOperator" and ti["state"] == "success":
+                    tasks[key]["result"] = self.xcom(dag_id, ti["task_id"], ti["map_index"])
+        results = {k: v["result"] for k, v in tasks.items() if isinstance(v.get("result"), dict)}
+        resumed = {k: {"step": r["resumed_from_step"], "try_number": tasks[k]["try_number"],
+                       "interruptions": r["interruptions"], "preemptions": r["preemptions"]}
+                   for k, r in results.items() if r.get("resumed_from_step")}
+        pods = list(self.watch.pods.values())
+        orphaned = self.orphans()
+        since = datetime.fromtimestamp(self.started, timezone.utc).isoformat()
+        rows = self.rest.request("GET", "/airflow-gpu/api/chargeback", params={"since": since})["rows"]
+        chargeback: dict[str, dict] = {}
+        for r in rows:
+            team = chargeback.setdefault(r["team"], {"gpu_hours": 0.0, "cost": 0.0, "lost_interruption_hours": 0.0,
+                                                     "lost_preemption_hours": 0.0})
+            for k in team:
+                team[k] = round(team[k] + r[k], 6)
+        queue = self.rest.request("GET", "/airflow-gpu/api/queue")
+        return {
+            "dag_runs": dag_runs,
+            "tasks": tasks,
+            "interruptions": sum(r.get("interruptions", 0) for r in results.values()),
+            "preemptions": sum(r.get("preemptions", 0) for r in results.values()),
+            "interrupted_node": self.interrupted_node,
+            "resumed_from_step": resumed,
+            "preemption_events": sorted(self.watch.preemption_events.values()),
+            "disrupted_pods": sorted(f"{r.namespace}/{r.name}: {r.disruption}" for r in pods if r.disruption),
+            "wait_reasons": self.watch.wait_reasons,
+            "queue_wait_seconds": self.watch.queue_waits(),
+            "gpu_utilization_pct": self.watch.utilisation_pct(self.workload_started, runs_done),
+            "gpu_utilization_definition": "GPUs bound to pods / cluster GPUs (MIG slices as 1/7), time-averaged "
+                                          "from the first DAG run's trigger to the last run's end",
+            "gpus_total": self.gpus_total,
+            "mig_pods": sum(r.mig and r.bound is not None for r in pods),
+            "chargeback": chargeback,
+            "chargeback_rows": rows,
+            "cluster_allocation_ratio_at_end": queue["cluster"]["allocation_ratio"],
+            "orphaned_objects": sum(len(v) for v in orphaned.values()),
+            "orphaned": orphaned,
+            "runs_seconds": round(runs_done - self.workload_started, 1),
+            "total_seconds": round(_now() - self.started, 1),
+        }
+
+    def show(self, report: dict) -> None:
+        self.step("Outcome")
+        t = Table("DAG run", "state", title="DAG runs (triggered through the REST API)")
+        for dag_id, state in report["dag_runs"].items():
+            t.add_row(dag_id, Text(state, style="green" if state == "success" else "red"))
+        self.console.print(t)
+        t = Table("task", "state", "try", "attempts", "interruptions", "preemptions", "resumed from step",
+                  "GPU-s", "lost GPU-s", title="GPU tasks (GpuTrainingOperator XCom)")
+        for key, ti in report["tasks"].items():
+            r = ti.get("result")
+            if isinstance(r, dict):
+                t.add_row(key, ti["state"], str(ti["try_number"]), str(r["attempts"]), str(r["interruptions"]),
+                          str(r["preemptions"]), str(r["resumed_from_step"] if r["resumed_from_step"] is not None else "-"),
+                          f"{r['gpu_seconds']:.0f}", f"{r['lost_gpu_seconds']:.0f}")
+        self.console.print(t)
+        t = Table("tier", "pods", "mean s", "p95 s", title="Queue wait (submitted -> bound)")
+        for tier, q in report["queue_wait_seconds"].items():
+            t.add_row(tier, str(q["pods"]), f"{q['mean']:.1f}", f"{q['p95']:.1f}")
+        self.console.print(t)
+        t = Table("team", "GPU-hours", "cost USD", "lost to interruptions h", "lost to preemptions h",
+                  title="Chargeback (the plugin's /airflow-gpu/api/chargeback)")
+        for team, c in sorted(report["chargeback"].items()):
+            t.add_row(team, f"{c['gpu_hours']:.4f}", f"{c['cost']:.4f}", f"{c['lost_interruption_hours']:.4f}",
+                      f"{c['lost_preemption_hours']:.4f}")
+        self.console.print(t)
+        self.console.print(f"GPU allocation while the runs ran: {report['gpu_utilization_pct']:.1f} % of "
+                           f"{report['gpus_total']:g} GPUs; MIG pods: {report['mig_pods']}; preemptions: "
+                           f"{report['preemptions']}; interruptions: {report['interruptions']}; orphaned objects: "
+                           f"{report['orphaned_objects']}; runs took {report['runs_seconds']:.0f}s")
+
+    def check(self, report: dict) -> list[str]:
+        """What `make demo` promises (issue 15's acceptance); the failures, empty when all hold."""
+        problems = [f"DAG run {d} ended {s}" for d, s in report["dag_runs"].items() if s != "success"]
+        if not any(r["step"] > 0 and r["try_number"] == 1 and r["interruptions"] >= 1
+                   for r in report["resumed_from_step"].values()):
+            problems.append("no interrupted task resumed from a step > 0 within try 1")
+        if report["preemptions"] < 1:
+            problems.append("no preemption")
+        if report["mig_pods"] < 1:
+            problems.append("no pod ran on a MIG slice")
+        if report["orphaned_objects"]:
+            problems.append(f"objects left behind: {report['orphaned']}")
+        return problems
+
+
+def _cli(*args: str, env: dict | None = None) -> str:
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-m", "airflow_gpu", *args], capture_output=True, text=True, env=env,
+                            timeout=300, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        raise DemoFailed(f"airflow-gpu {' '.join(args)} failed ({result.returncode}):\n{result.stderr}{result.stdout}")
+    return result.stdout
+
+
+def _stop_on_signal(signum, frame) -> None:
+    raise KeyboardInterrupt  # handled like Ctrl-C: the ExitStack stops every process by PID
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(force_terminal=None if not args.headless else False, width=160 if args.headless else None)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="airflow-gpu-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    console.print(f"work dir {workdir} (logs of every process are there)")
+    # SIGTERM ends the demo like Ctrl-C: the ExitStack stops every process by PID
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # kill, or the terminal closed
+        signal.signal(sig, _stop_on_signal)
+    demo = Demo(workdir, console, args.headless)
+    code = 0
+    try:
+        with demo.stack:
+            demo.start_platform()
+            demo.wait_for_dags()
+            demo.workload_started = _now()
+            demo.story()
+            report = demo.report()
+            demo.show(report)
+            problems = demo.check(report)
+            report["problems"] = problems
+            if args.report:
+                args.report.write_text(json.dumps(report, indent=2, default=str) + "\n")
+                console.print(f"report written to {args.report}")
+            for p in problems:
+                console.print(f"[red]FAILED[/red] {p}")
+            code = 1 if problems else 0
+            console.print(f"\nAirflow UI: {demo.airflow.base_url}  (user {demo.airflow.username}, password "
+                          f"{demo.airflow.password}); GPU queue page: {demo.airflow.base_url}/airflow-gpu/")
+            if args.keep_running:
+                console.print(f"Everything keeps running (kubeconfig {demo.cluster.kubeconfig}). Press Ctrl-C, or "
+                              f"`kill -TERM {os.getpid()}`, to stop it all.")
+                try:
+                    while all(p.alive() for p in demo.airflow.processes.values()):
+                        time.sleep(1)
+                except KeyboardInterrupt:
+                    pass  # the asked-for stop: the exit code stays the demo's
+            demo.step("Stopping everything by PID")
+    except KeyboardInterrupt:
+        console.print("interrupted: everything was stopped by PID")
+        code = 130
+    except DemoFailed as exc:
+        console.print(f"[red]demo failed:[/red] {escape(str(exc))}", highlight=False)
+        code = 1
+    finally:
+        if not args.workdir and code == 0:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m airflow_gpu.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path, help="where state and logs go (default: a temp dir)")
-    parser.add_argument("--keep", action="store_true", help="keep the work dir afterwards")
-    parser.add_argument("--summary-json", type=Path, help="write the outcomes as JSON here")
-    args = parser.parse_args(argv)
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="airflow-gpu-demo-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    console.print(f"work dir {workdir}")
-    try:
-        with Demo(workdir) as demo:
-            demo.start_s3()
-            demo.start_cluster()
-            demo.apply_quotas()
-            demo.sync_pools()
-            demo.start_scheduler()
-            demo.story()
-            demo.summary()
-            if args.summary_json:
-                args.summary_json.write_text(json.dumps(demo.results, indent=2))
-    finally:
-        if not (args.keep or args.workdir):
-            shutil.rmtree(workdir, ignore_errors=True)
-    return 0
+    from airflow_gpu.cli.demo import add_arguments
+
+    parser = argparse.ArgumentParser(prog="airflow-gpu demo", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

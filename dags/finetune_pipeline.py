@@ -1,11 +1,13 @@
-"""The seed's scheduled fine-tuning pipeline (issue 11 §5): prepare data -> fine-tune on spot with
-checkpoints (2 workers x 4 GPUs, production-training) -> evaluate on a MIG slice -> register the model.
+"""The seed's scheduled fine-tuning pipeline (issue 11 §5): prepare data -> fine-tune with checkpoints
+(2 workers x 4 GPUs, production-training; on-demand, as the tier is not spot-eligible: spot="auto")
+-> evaluate on a MIG slice -> register the model. Within the team's quota it preempts the team's
+best-effort work (nlp_ablation.py).
 
 Runs on the local cluster with the example numpy trainer (`airflow_gpu.checkpoint.examples.train_numpy`,
 run as the pod's process). Settings: `[airflow_gpu] config_file` (the quota config), and in the
 environment AIRFLOW_GPU_EXAMPLE_CHECKPOINTS (checkpoint URI prefix, default s3://airflow-gpu-demo/checkpoints)
 and AIRFLOW_GPU_EXAMPLE_S3_SECRET (the Secret in each team namespace with the pods' AWS_* variables,
-default s3-credentials). An interrupted spot node costs no retry: the gang resumes from its newest
+default s3-credentials). A lost node or a preemption costs no retry: the gang resumes from its newest
 checkpoint within the same try.
 """
 
@@ -37,7 +39,7 @@ def finetune_pipeline():
     data = prepare_data()
     finetune = GpuTrainingOperator(
         task_id="finetune", team="nlp", tier="production-training", workers=2, gpus_per_worker=4,
-        checkpoint=f"{CHECKPOINTS}/finetune", spot="always", max_interruptions=3, deadline=dt.timedelta(hours=6),
+        checkpoint=f"{CHECKPOINTS}/finetune", spot="auto", max_interruptions=3, deadline=dt.timedelta(hours=6),
         image="python:3.11", cmds=TRAINER, secrets=[{"secret": S3_SECRET}], termination_grace_period=20,
         env_vars={C.ENV_EXAMPLE_EPOCHS: "30", C.ENV_EXAMPLE_STEP_SECONDS: "0.02", C.ENV_EXAMPLE_SEED: "7"},
         container_resources={"requests": {"cpu": "1", "memory": "2Gi"}})

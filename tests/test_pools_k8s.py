@@ -74,7 +74,7 @@ def test_deploy_priority_classes_match_render_k8s(repo_root):
     """deploy/priorityclasses.yaml is what `pools render-k8s` renders from the seed quotas: no drift."""
     rendered = {d["metadata"]["name"]: d for d in render_k8s(load_config(repo_root / "examples" / "seed-quotas.yaml"))
                 if d["kind"] == "PriorityClass"}
-    deployed = {d["metadata"]["name"]: d for d in yaml.safe_load_all((repo_root / "deploy" / "priorityclasses.yaml").read_text())}
+    deployed = {d["metadata"]["name"]: d for d in yaml.safe_load_all((repo_root / "deploy" / "base" / "priorityclasses.yaml").read_text())}
     assert deployed.keys() == rendered.keys()
     for name, doc in deployed.items():
         assert (doc["value"], doc.get("preemptionPolicy")) == (rendered[name]["value"], rendered[name].get("preemptionPolicy")), name

@@ -1,9 +1,12 @@
 """deploy/: built-in kinds validate strictly against Kubernetes 1.37, PodGroups the scheduler writes
-validate against the CRD's openAPIV3Schema, and RBAC grants exactly what the scheduler uses."""
+validate against the CRD's openAPIV3Schema, and RBAC grants exactly what the scheduler uses. The
+kustomize base and every cloud overlay render with `kubectl kustomize` and validate the same way."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import subprocess
 
 import jsonschema
 import kubernetes_validate
@@ -18,11 +21,13 @@ from airflow_gpu.scheduler.state import Unit
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
+BASE = DEPLOY / "base"
+OVERLAYS = ("karpenter", "eks", "gke")
 
 
 def _docs():
-    for path in sorted(DEPLOY.glob("*.yaml")):
-        if path.name == "kustomization.yaml":
+    for path in sorted(BASE.glob("*.yaml")):
+        if path.name in ("kustomization.yaml", "quotas.yaml"):  # quotas.yaml: the ConfigMap's content
             continue
         for doc in yaml.safe_load_all(path.read_text()):
             if doc:
@@ -47,7 +52,7 @@ def test_strict_validation_catches_a_typo():
 
 
 def test_crd_is_the_shared_upstream_podgroup_crd(shared_dir):
-    ours = yaml.safe_load((DEPLOY / "podgroup-crd.yaml").read_text())
+    ours = yaml.safe_load((BASE / "podgroup-crd.yaml").read_text())
     upstream = yaml.safe_load((shared_dir / "crds" / "scheduling.x-k8s.io_podgroups.yaml").read_text())
     assert ours == upstream
 
@@ -158,3 +163,70 @@ def test_example_gang_manifest_validates_and_converts(shared_dir):
     gang = gang_from_k8s("team-nlp/finetune", pg, pods, ConversionContext.from_config(cfg))
     assert (gang.team, gang.tier, len(gang.members), gang.members[0].gpus) == ("nlp", "production-training", 2, 4)
     assert gang.members[0].capacity_types == ("on-demand",) and pg["spec"]["minMember"] == len(pods)
+
+
+def _render(path: Path) -> list[dict]:
+    result = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def _scheduler_pod(docs: list[dict]) -> dict:
+    return next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("target", ["", *(f"overlays/{c}" for c in OVERLAYS)])
+def test_kustomize_renders_and_every_object_validates(target, shared_dir):
+    docs = _render(DEPLOY / target)
+    crd_schemas = {}
+    for path in (shared_dir / "crds").glob("*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        for v in crd["spec"]["versions"]:
+            crd_schemas[(f"{crd['spec']['group']}/{v['name']}", crd["spec"]["names"]["kind"])] = v["schema"]["openAPIV3Schema"]
+    for doc in docs:
+        key = (doc["apiVersion"], doc["kind"])
+        if key in crd_schemas:
+            jsonschema.validate(doc, crd_schemas[key])
+        else:
+            kubernetes_validate.validate(doc, "1.37.0", strict=True)
+    kinds = {d["kind"] for d in docs}
+    assert {"Namespace", "CustomResourceDefinition", "PriorityClass", "ServiceAccount", "ClusterRole", "Role",
+            "ConfigMap", "Deployment"} <= kinds
+    # the generated quota ConfigMap is the one the scheduler mounts, and it is a valid quota config
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    volumes = {v["name"]: v for v in _scheduler_pod(docs)["volumes"]}
+    assert volumes["quotas"]["configMap"]["name"] == cm["metadata"]["name"]
+    assert cm["metadata"]["name"].startswith("airflow-gpu-quotas-")  # content hash: a change rolls the pods
+    from airflow_gpu.config.load import parse_config
+
+    cfg = parse_config(yaml.safe_load(cm["data"]["quotas.yaml"]), "quotas.yaml")
+    classes = {d["metadata"]["name"]: d["value"] for d in docs if d["kind"] == "PriorityClass"}
+    assert all(classes[t.priority_class_name] == t.priority for t in cfg.tiers)
+
+
+@pytest.mark.parametrize("cloud", OVERLAYS)
+def test_overlays_keep_the_scheduler_off_spot_and_agree_with_the_operators_labels(cloud, monkeypatch):
+    """The overlay's on-demand rule for the scheduler uses the label the operator's pods select by when
+    Airflow has `[airflow_gpu] capacity_labels = <cloud>`; spot pods also tolerate the spot taint."""
+    from airflow_gpu.kube.manifests import capacity_placement
+    from airflow_gpu.kube.spec import WorkloadSpec
+    from airflow_gpu.operators.gpu_training import capacity_labels_setting
+
+    pod = _scheduler_pod(_render(DEPLOY / "overlays" / cloud))
+    assert "nodeSelector" not in _scheduler_pod(_render(DEPLOY))  # the plain base stays cloud-neutral
+    monkeypatch.setenv("AIRFLOW__AIRFLOW_GPU__CAPACITY_LABELS", cloud)
+    assert capacity_labels_setting() == cloud
+    spec = lambda capacity: WorkloadSpec(team="nlp", namespace="team-nlp", tier=C.TIER_BEST_EFFORT_TRAINING,  # noqa: E731
+                                         image="python:3.11", name="g", gpus_per_worker=1, capacity_type=capacity,
+                                         checkpoint_uri="s3://ckpt/g",
+                                         capacity_labels=capacity_labels_setting())
+    spot_selector, spot_tolerations = capacity_placement(spec(C.CAPACITY_SPOT))
+    od_selector, _ = capacity_placement(spec(C.CAPACITY_ON_DEMAND))
+    assert any(t["key"] == C.TAINT_SPOT for t in spot_tolerations)
+    if cloud == "gke":  # GKE labels spot nodes only: "on-demand" is the label's absence
+        (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert term["matchExpressions"] == [{"key": C.NODE_GKE_SPOT, "operator": "DoesNotExist"}]
+        assert spot_selector == {C.NODE_GKE_SPOT: "true"} and od_selector == {}
+    else:
+        assert pod["nodeSelector"] == od_selector
+        assert set(spot_selector) == set(od_selector) and spot_selector != od_selector

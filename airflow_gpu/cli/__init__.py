@@ -15,6 +15,7 @@ COMMAND_MODULES = {
     "scheduler": "scheduler",
     "queue": "queue",
     "report": "queue",
+    "demo": "demo",
 }
 
 

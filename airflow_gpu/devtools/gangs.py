@@ -24,7 +24,7 @@ def api_client(kubeconfig: str | Path, pool: int = 32) -> client.ApiClient:
     return client.ApiClient(cfg)
 
 
-DEPLOY_PRIORITY_CLASSES = Path(__file__).resolve().parents[2] / "deploy" / "priorityclasses.yaml"
+DEPLOY_PRIORITY_CLASSES = Path(__file__).resolve().parents[2] / "deploy" / "base" / "priorityclasses.yaml"
 
 
 def install_priority_classes(api: client.ApiClient, path: Path = DEPLOY_PRIORITY_CLASSES) -> None:

@@ -30,6 +30,7 @@ from airflow_gpu.pools.plan import pool_name
 
 CONFIG_SECTION = "airflow_gpu"
 CONFIG_OPTION = "config_file"  # [airflow_gpu] config_file, env AIRFLOW__AIRFLOW_GPU__CONFIG_FILE
+CAPACITY_LABELS_OPTION = "capacity_labels"  # [airflow_gpu] capacity_labels: karpenter | eks | gke
 DERIVED = ("pool", "pool_slots", "priority_weight", "weight_rule")
 DERIVED_MESSAGE = ("is derived from team and tier (the team's pool for the tier class, the GPU demand in 1/7-GPU "
                    "slots, the tier's priority with weight_rule 'absolute'); remove it")
@@ -49,14 +50,24 @@ class GpuTaskArgumentError(ValueError):
 def resolve_config_file(config_file: str | None) -> str | None:
     """The operator's `config_file`, else Airflow's `[airflow_gpu] config_file` (which also reads the
     env var AIRFLOW__AIRFLOW_GPU__CONFIG_FILE)."""
-    if config_file:
-        return config_file
-    env = os.environ.get(f"AIRFLOW__{CONFIG_SECTION.upper()}__{CONFIG_OPTION.upper()}")
+    return config_file or _setting(CONFIG_OPTION)
+
+
+def _setting(option: str) -> str | None:
+    """An `[airflow_gpu]` option: its env var first (cheap at parse time), then airflow.cfg."""
+    env = os.environ.get(f"AIRFLOW__{CONFIG_SECTION.upper()}__{option.upper()}")
     if env:
         return env
     from airflow.configuration import conf  # already imported by the DAG processor
 
-    return conf.get(CONFIG_SECTION, CONFIG_OPTION, fallback=None) or None
+    return conf.get(CONFIG_SECTION, option, fallback=None) or None
+
+
+def capacity_labels_setting() -> str:
+    """Which cloud's node labels select spot / on-demand for the gang's pods (kube.spec.CAPACITY_LABELS):
+    `[airflow_gpu] capacity_labels`, default karpenter. One value per Airflow deployment: it follows
+    the cluster, not the DAG."""
+    return _setting(CAPACITY_LABELS_OPTION) or "karpenter"
 
 
 def plan_arguments(task_id: str, config_file, team, tier, workers, gpus_per_worker, mig_profile, gpu_products):
@@ -235,6 +246,8 @@ class GpuTrainingOperator(BaseOperator):
             argument = _LEADING_NAME.match(text).group(0) if _LEADING_NAME.match(text) else "arguments"
             if argument == "checkpoint_uri":
                 argument = "checkpoint"
+            if argument == "capacity_labels":
+                argument = f"[{CONFIG_SECTION}] {CAPACITY_LABELS_OPTION}"
             raise bad(argument, text) from None
 
     # -- derived values, recomputed from the (cached) config where they decide -------------------
@@ -383,7 +396,7 @@ class GpuTrainingOperator(BaseOperator):
             volume_mounts=tuple(self.volume_mounts), node_selector=self.node_selector,
             tolerations=tuple(self.tolerations), service_account_name=self.service_account_name,
             termination_grace_period=self.termination_grace_period, container_resources=self.container_resources,
-            gang_backend=self.gang_backend,
+            gang_backend=self.gang_backend, capacity_labels=capacity_labels_setting(),
             # every rank its own store (<uri>/rank-<r>): training code that saves from every rank never
             # races itself; rank 0's store is the gang's progress (status.json) and the XCom result
             checkpoint_per_rank=self.checkpoint is not None)
