@@ -107,6 +107,20 @@ def test_gang_team_tier_priority_and_products_from_config(repo_root):
         gang_from_k8s("team-nlp/train", pg, pods, ctx)
 
 
+def test_a_pod_that_selects_spot_keeps_it_on_a_tier_that_defaults_to_on_demand(repo_root):
+    """The operator's spot="always" on production-training (not spot-eligible) selects spot nodes: the
+    scheduler must not pin it to on-demand as well (it could then bind nowhere)."""
+    ctx = ConversionContext.from_config(load_config(repo_root / "examples" / "seed-quotas.yaml"))
+    pg = podgroup("ft", 1, annotations={C.ANNOTATION_CHECKPOINTABLE: "true"})
+    spot = pod("w0", gpus=4, group="ft", pc="airflow-gpu-production-training")
+    spot["spec"]["nodeSelector"] = {C.NODE_CAPACITY_TYPE_KARPENTER: "spot"}
+    assert gang_from_k8s("team-nlp/ft", pg, [spot], ctx).members[0].capacity_types == ("spot",)
+    spot["spec"]["nodeSelector"] = {C.NODE_GKE_SPOT: "true"}
+    assert gang_from_k8s("team-nlp/ft", pg, [spot], ctx).members[0].capacity_types == ("spot",)
+    spot["spec"]["nodeSelector"] = {"kubernetes.io/os": "linux"}  # no capacity choice: the tier's default
+    assert gang_from_k8s("team-nlp/ft", pg, [spot], ctx).members[0].capacity_types == ("on-demand",)
+
+
 def _view(pods, podgroups=(), nodes=("a", "b"), plans=()):
     from airflow_gpu.scheduler.convert import key_of
 

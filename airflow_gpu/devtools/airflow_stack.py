@@ -117,16 +117,28 @@ class AirflowStack:
         env = self.env()
         try:
             for component in self.components:
-                argv = [sys.executable, "-m", "airflow", component]
-                if component == "api-server":
-                    argv += ["--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
-                self.processes[component] = ManagedProcess(
-                    component, argv, self.home / "logs" / f"{component}.log", env=env, cwd=str(self.home)).start()
+                self._start_component(component, env)
             self.wait_healthy(timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_component(self, component: str, env: dict[str, str]) -> None:
+        argv = [sys.executable, "-m", "airflow", component]
+        if component == "api-server":
+            argv += ["--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+        self.processes[component] = ManagedProcess(
+            component, argv, self.home / "logs" / f"{component}.log", env=env, cwd=str(self.home)).start()
+
+    def crash_and_restart(self, component: str, timeout: float = 120.0) -> None:
+        """kill -9 one component's leader (a crash: its children are reaped by the group kill), then start
+        a fresh one and wait until the stack is healthy again (fault-injection tests)."""
+        process = self.processes.pop(component)
+        process.kill9()
+        process.stop(timeout=5)
+        self._start_component(component, self.env())
+        self.wait_healthy(timeout)
 
     def wait_healthy(self, timeout: float = 180.0) -> None:
         """Until the api-server answers and every started component heartbeats as healthy."""

@@ -442,7 +442,9 @@ class GpuTrainingOperator(BaseOperator):
             pod_uids={k.split("/", 1)[1]: v for k, v in run["uids"].items() if k.startswith("Pod/")},
             group={"group": gr.group, "version": gr.version, "plural": gr.plural} if gr else None,
             label_selector=_attempt_selector(ref, run["attempt"]), kubernetes_conn_id=self.kubernetes_conn_id,
-            poll_interval=self.poll_interval, checkpoint_status_uri=self._status_uri(ref))
+            poll_interval=self.poll_interval, checkpoint_status_uri=self._status_uri(ref),
+            # marked failed / cleared while deferred: the trigger deletes the task instance's objects
+            cleanup_selector=ref.selector(), cleanup_grace_period=self.termination_grace_period)
         timeout = None
         if self.execution_timeout is not None and context["ti"].start_date is not None:
             started = context["ti"].start_date

@@ -129,6 +129,15 @@ def capacity_type_of(labels: Mapping[str, str]) -> str:
     return C.CAPACITY_ON_DEMAND
 
 
+def capacity_types_selected(selector: Mapping[str, str]) -> tuple[str, ...]:
+    """The capacity type a pod's node selector pins (one of the labels capacity_type_of reads), or ()
+    when it pins none. An explicit choice, e.g. the operator's spot="always": the tier's on-demand
+    default must not override it (the pod could then bind nowhere)."""
+    if not any(k in selector for k in (C.NODE_CAPACITY_TYPE_KARPENTER, C.NODE_CAPACITY_TYPE_EKS, C.NODE_GKE_SPOT)):
+        return ()
+    return (capacity_type_of(selector),)
+
+
 def node_ready(node: Mapping) -> bool:
     for cond in (node.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "Ready":
@@ -298,6 +307,7 @@ def pod_request_from_k8s(obj: Any, product_labels: Mapping[str, str] | None = No
             gpu_products=tuple((product_labels or {}).get(p, p) for p in gpu_products_of(meta.get("annotations") or {})),
             node_selector=tuple(sorted(selector.items())),
             tolerations=tolerations_of(spec),
+            capacity_types=capacity_types_selected(selector),
         )
     except ValueError as exc:
         raise ConversionError(f"{where}: {exc}") from None

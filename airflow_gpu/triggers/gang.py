@@ -86,6 +86,8 @@ class GangTrigger(BaseTrigger):
         checkpoint_mirror_interval: float = 60.0,
         container_name: str | None = None,
         api_failure_timeout: float = 600.0,
+        cleanup_selector: str | None = None,
+        cleanup_grace_period: int | None = None,
     ):
         super().__init__()
         if not pod_names:
@@ -109,6 +111,8 @@ class GangTrigger(BaseTrigger):
         self.checkpoint_mirror_interval = float(checkpoint_mirror_interval)
         self.container_name = container_name
         self.api_failure_timeout = float(api_failure_timeout)
+        self.cleanup_selector = cleanup_selector
+        self.cleanup_grace_period = cleanup_grace_period
         # watch state (not serialised)
         self._pods: dict[str, dict] = {}
         self._group_obj: dict | None = None
@@ -137,6 +141,8 @@ class GangTrigger(BaseTrigger):
             "checkpoint_mirror_interval": self.checkpoint_mirror_interval,
             "container_name": self.container_name,
             "api_failure_timeout": self.api_failure_timeout,
+            "cleanup_selector": self.cleanup_selector,
+            "cleanup_grace_period": self.cleanup_grace_period,
         }
 
     # --- the cluster ---------------------------------------------------------------------------
@@ -283,6 +289,27 @@ class GangTrigger(BaseTrigger):
         except Exception as exc:  # connection reset, timeout: list again after poll_interval
             self.log.warning("Watch of %s %s failed: %s", kind, self.gang_name, exc)
             queue.put_nowait(_RELIST)
+
+    async def on_kill(self) -> None:
+        """The deferred task was marked failed, cleared or marked success by a user (Airflow 3.3 calls
+        this only then, not on a triggerer restart or a timeout): no worker runs the operator's
+        on_kill, so the trigger deletes every object of the task instance (`cleanup_selector`: all
+        attempts and tries), pods with their grace period so that training code can checkpoint."""
+        if not self.cleanup_selector:
+            return
+        from kubernetes_asyncio import client
+
+        from airflow_gpu.kube.backends import GroupResource
+        from airflow_gpu.kube.cleanup import delete_task_instance_objects
+
+        group = GroupResource(self.group["group"], self.group["version"], self.group["plural"]) if self.group else None
+        async with self._hook().get_conn() as api:
+            api.user_agent = USER_AGENT
+            asked = await delete_task_instance_objects(client.CoreV1Api(api), client.CustomObjectsApi(api),
+                                                       self.namespace, self.cleanup_selector, group,
+                                                       grace=self.cleanup_grace_period)
+        self.log.info("Task of gang %s/%s stopped by a user: deleted %s (%s)", self.namespace, self.gang_name,
+                      ", ".join(asked) or "nothing (already gone)", self.cleanup_selector)
 
     # --- state ---------------------------------------------------------------------------------
 
