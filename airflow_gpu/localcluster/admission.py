@@ -1,14 +1,16 @@
 """Admission on create/update, in the order of a real API server: defaults, validation (422 with
-causes), namespace lifecycle, Priority (priorityClassName -> spec.priority), ResourceQuota."""
+causes, volumes included), namespace lifecycle, Priority (priorityClassName -> spec.priority),
+ServiceAccount (the account must exist; the kube-api-access token volume is added), ResourceQuota."""
 
 from __future__ import annotations
 
 import re
 
-from airflow_gpu.localcluster import errors, quota, workloadspec
+from airflow_gpu.localcluster import errors, quota, serviceaccounts, workloadspec
 from airflow_gpu.localcluster.podutil import quantity
 from airflow_gpu.localcluster.resources import ResourceType
 from airflow_gpu.localcluster.schema import crd_causes
+from airflow_gpu.localcluster.volumes import volume_causes
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -135,8 +137,12 @@ def validate(rt: ResourceType, obj: dict, creating: bool, old: dict | None = Non
     else:
         pattern, msg = (DNS_LABEL, LABEL_MSG) if rt.kind in DNS_LABEL_KINDS else (DNS_SUBDOMAIN, SUBDOMAIN_MSG)
         limit = 63 if rt.kind in DNS_LABEL_KINDS else 253
+        if rt.group == "rbac.authorization.k8s.io" and not rt.crd:  # path segment names: "system:discovery"
+            if name in (".", "..") or "/" in name or "%" in name:
+                causes.append(("metadata.name", "FieldValueInvalid",
+                               f'Invalid value: "{name}": may not be \'.\' or \'..\' and may not contain \'/\' or \'%\''))
         # fullmatch: a pattern's "$" also matches before a trailing newline
-        if rt.kind != "Event" and (not pattern.fullmatch(name) or len(name) > limit):
+        elif rt.kind != "Event" and (not pattern.fullmatch(name) or len(name) > limit):
             causes.append(("metadata.name", "FieldValueInvalid", f'Invalid value: "{name}": {msg}'))
     for key, value in (meta.get("labels") or {}).items():
         key_problem = label_key_problem(key)
@@ -206,6 +212,7 @@ def _pod_causes(pod: dict) -> list[tuple[str, str, str]]:
     if grace is not None and grace < 0:
         causes.append(("spec.terminationGracePeriodSeconds", "FieldValueInvalid",
                        f"Invalid value: {grace}: must be greater than or equal to 0"))
+    causes += volume_causes(spec)
     return causes
 
 
@@ -267,6 +274,7 @@ def admit_create(store, rt: ResourceType, obj: dict) -> None:
                                    f"{meta['namespace']} because it is being terminated", rt.group)
     if rt.key == "/pods":
         _admit_priority(store, obj)
+        serviceaccounts.admit_pod(store, obj)
     quota.admit(store, rt, obj)
 
 

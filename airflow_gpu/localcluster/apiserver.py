@@ -12,7 +12,7 @@ import logging
 from typing import AsyncIterator, Awaitable, Callable
 from urllib.parse import unquote
 
-from airflow_gpu.localcluster import discovery, errors, podstream
+from airflow_gpu.localcluster import discovery, errors, podstream, serviceaccounts
 from airflow_gpu.localcluster.audit import AuditLog
 from airflow_gpu.localcluster.audit import now as audit_now
 from airflow_gpu.localcluster.errors import ApiError
@@ -20,6 +20,7 @@ from airflow_gpu.localcluster.httpio import MAX_BODY_BYTES, TRUE, Request, Respo
 from airflow_gpu.localcluster.objects import ObjectAPI
 from airflow_gpu.localcluster.patch import apply_patch
 from airflow_gpu.localcluster.podstream import PodStreams
+from airflow_gpu.localcluster.rbac import REVIEW_VERBS, UNAUTHENTICATED_PATHS, Access
 from airflow_gpu.localcluster.resources import Registry, ResourceType
 from airflow_gpu.localcluster.schema import decode_object
 from airflow_gpu.localcluster.selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
@@ -36,7 +37,7 @@ Control = Callable[[str, dict], Awaitable[dict]]  # (action, body) -> result
 class APIServer:
     def __init__(self, store: Store, registry: Registry, objects: ObjectAPI, address: str, token: str | None = None,
                  log_source: LogSource | None = None, control: Control | None = None, bookmark_seconds: float = 5.0,
-                 audit: AuditLog | None = None, streams: PodStreams | None = None):
+                 audit: AuditLog | None = None, streams: PodStreams | None = None, access: Access | None = None):
         self.store, self.registry, self.objects = store, registry, objects
         self.address, self.token = address, token
         self.log_source, self.control = log_source, control
@@ -45,6 +46,17 @@ class APIServer:
         self.watch_tasks: set[asyncio.Task] = set()
         self.audit = audit
         self.streams = streams
+        self.access = access
+
+    def _authorize_stream(self, scope, headers: dict) -> None:
+        """exec/attach/portforward arrive as a websocket GET; RBAC checks them as `create` on the
+        subresource, as kube-apiserver does (AuthorizePodWebsocketUpgradeCreatePermission)."""
+        if self.access is None:
+            if self.token and headers.get("authorization") != f"Bearer {self.token}":
+                raise errors.unauthorized()
+            return
+        user = self.access.authenticate(headers.get("authorization"), (scope.get("server") or (0, 0))[1])
+        self.access.authorize(user, "POST", scope["path"], {})
 
     # --- ASGI -------------------------------------------------------------------------------
     async def __call__(self, scope, receive, send):
@@ -58,7 +70,7 @@ class APIServer:
                     return
         if scope["type"] == "websocket":  # pods/exec, attach, portforward
             if self.streams is not None:
-                await self.streams.handle(scope, receive, send, self.token)
+                await self.streams.handle(scope, receive, send, self._authorize_stream)
             else:
                 await receive()
                 await podstream.deny(send, errors.bad_request("this server runs no kubelet"))
@@ -87,8 +99,12 @@ class APIServer:
         req = None
         try:
             req = Request(scope, body, receive)
-            if self.token and req.headers.get("authorization") != f"Bearer {self.token}" \
-                    and req.path not in ("/healthz", "/livez", "/readyz"):
+            if req.path in UNAUTHENTICATED_PATHS:
+                pass
+            elif self.access is not None:
+                req.user = self.access.authenticate(req.headers.get("authorization"), (scope.get("server") or (0, 0))[1])
+                self.access.authorize(req.user, req.method, req.path, req.query)
+            elif self.token and req.headers.get("authorization") != f"Bearer {self.token}":
                 raise errors.unauthorized()
             result = await self.route(req, send)
             if scope["method"] != "GET":
@@ -172,6 +188,12 @@ class APIServer:
             raise errors.no_such_path()
         ns = namespace if rt.namespaced else ""
         method = req.method
+        if rt.verbs == REVIEW_VERBS:
+            if method != "POST" or name is not None or self.access is None:
+                raise errors.method_not_allowed(method)
+            return json_response(self.access.review(rt.kind, req.json(), req.user), 201)
+        if sub == "token" and method == "POST" and self.access is not None:
+            return json_response(serviceaccounts.token_request(self.access.issuer, self.store, ns, name, req.json()), 201)
         if name is None:
             if method == "GET":
                 if req.query.get("watch") in TRUE:

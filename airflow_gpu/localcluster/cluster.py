@@ -3,6 +3,10 @@
 `airflow-gpu cluster up` runs one in the foreground. Its state dir holds the store log (state kept
 across restarts), each pod's working directory and logs, `kubeconfig` and `cluster.json` (pid, server,
 token) which `airflow-gpu cluster interrupt` and `airflow_gpu.localcluster.control` read.
+
+Two listeners serve the same API: the server of the kubeconfig (plain http without a token: the one
+local user, admin; https with one) and the in-cluster endpoint, always https with the cluster's CA,
+which pods reach through KUBERNETES_SERVICE_HOST/PORT with their service-account token (RBAC applies).
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ from airflow_gpu.localcluster.nodelease import NodeHeartbeats
 from airflow_gpu.localcluster.nodeagent import node_status
 from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
 from airflow_gpu.localcluster.podstream import PodStreams
+from airflow_gpu.localcluster.rbac import Access
 from airflow_gpu.localcluster.resources import CRD_KEY, Registry
 from airflow_gpu.localcluster.scheduler import DefaultScheduler
+from airflow_gpu.localcluster.serviceaccounts import TokenIssuer, namespace_created
 from airflow_gpu.localcluster.spec import ClusterSpec, initial_nodes, node_manifest
 from airflow_gpu.localcluster.store import Store
 from airflow_gpu.localcluster.tls import ensure_certificate
@@ -68,11 +74,18 @@ class LocalCluster:
         self._gc_task: asyncio.Task | None = None
         self._serve_task: asyncio.Task | None = None
         self._sock: socket.socket | None = None
+        self._incluster_sock: socket.socket | None = None
+        self.incluster_port = 0
+        self._servers: list[tuple[uvicorn.Server, asyncio.Task]] = []
         self.stopped = asyncio.Event()
 
     @property
     def server_url(self) -> str:
         return f"{'https' if self.token else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def incluster_url(self) -> str:
+        return f"https://127.0.0.1:{self.incluster_port}"
 
     @property
     def kubeconfig_path(self) -> Path:
@@ -99,12 +112,11 @@ class LocalCluster:
                     shutil.rmtree(target)
                 else:
                     target.unlink(missing_ok=True)
+        self.incluster_tls = ensure_certificate(self.state_dir / "tls")
         if self.token:
-            self.tls = ensure_certificate(self.state_dir / "tls")
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", self.port))
-        self.port = self._sock.getsockname()[1]
+            self.tls = self.incluster_tls
+        self._sock, self.port = _bind(self.port)
+        self._incluster_sock, self.incluster_port = _bind(self.incluster_port)
         self.store = Store(self.state_dir, history_size=self.spec.watch_history, fsync=self.fsync)
         restored = self.store.load()
         self.registry = Registry()
@@ -112,8 +124,13 @@ class LocalCluster:
         self.store.listeners.append(self._on_crd)
         self.objects = ObjectAPI(self.store, self.registry)
         self.events = Recorder(self.objects)
-        self.kubelet = Kubelet(self.store, self.objects, self.events, self.state_dir, f"127.0.0.1:{self.port}",
-                               self.spec.sim_default_seconds)
+        ca_pem = self.incluster_tls[0].read_text()
+        self.objects.on_created.append(
+            lambda rt, obj: rt.key == "/namespaces" and namespace_created(self.objects, obj["metadata"]["name"], ca_pem))
+        self.issuer = TokenIssuer(self.state_dir / "tls", self.store)
+        self.access = Access(self.store, self.issuer, self.token, set() if self.token else {self.port})
+        self.kubelet = Kubelet(self.store, self.objects, self.events, self.state_dir, f"127.0.0.1:{self.incluster_port}",
+                               self.spec.sim_default_seconds, self.spec.pod_isolation, self.issuer.issue_for_pod)
         self.controllers = Controllers(self.objects, self.events, self.spec.pod_gc_seconds, self.spec.event_ttl_seconds)
         self.scheduler = DefaultScheduler(self.objects, self.events)
         self.workloads = Workloads(self.objects, self.events)
@@ -134,7 +151,8 @@ class LocalCluster:
         self.audit = AuditLog(self.audit_log) if self.audit_log else None
         self.streams = PodStreams(self.kubelet)
         self.api = APIServer(self.store, self.registry, self.objects, f"127.0.0.1:{self.port}", self.token,
-                             self.kubelet.logs, self.control, self.bookmark_seconds, self.audit, self.streams)
+                             self.kubelet.logs, self.control, self.bookmark_seconds, self.audit, self.streams,
+                             self.access)
         await self._serve()
         if os.environ.get(C.ENV_CLUSTER_GC_FREEZE, "1") != "0":
             self._gc_task = asyncio.get_running_loop().create_task(self._gc_freezer())
@@ -175,6 +193,11 @@ class LocalCluster:
                 self.objects.create(pc_rt, {"metadata": {"name": name}, "value": value,
                                             "description": "Used for system critical pods that must not be moved from their current node."},
                                     admit=False)
+        ca_pem = self.incluster_tls[0].read_text()
+        for ns in self.store.values("/namespaces"):  # state from before namespaces got them
+            if not ns["metadata"].get("deletionTimestamp"):
+                namespace_created(self.objects, ns["metadata"]["name"], ca_pem)
+        self.access.bootstrap(self.objects)
         crd_rt = self.registry.by_key(CRD_KEY)
         for path in BUNDLED_CRDS + [Path(p) for p in self.spec.crds]:
             for doc in yaml.safe_load_all(path.read_text()):
@@ -231,30 +254,36 @@ class LocalCluster:
                     self.objects.update_status("/pods", new)
 
     async def _serve(self) -> None:
-        config = uvicorn.Config(self.api, host="127.0.0.1", port=self.port, http="httptools", loop="none",
-                                lifespan="off", log_level="warning", access_log=False, timeout_keep_alive=120,
-                                ws="websockets-sansio", ws_per_message_deflate=False,
-                                timeout_graceful_shutdown=2, backlog=2048,
-                                ssl_certfile=str(self.tls[0]) if self.tls else None,
-                                ssl_keyfile=str(self.tls[1]) if self.tls else None)
-        self._server = uvicorn.Server(config)
-        sock = self._sock
-        self._serve_task = asyncio.get_running_loop().create_task(self._server._serve(sockets=[sock]))
-        while not self._server.started:
-            if self._serve_task.done():
-                self._serve_task.result()
-            await asyncio.sleep(0.01)
+        self._servers = []
+        for sock, port, tls in ((self._sock, self.port, self.tls), (self._incluster_sock, self.incluster_port,
+                                                                     self.incluster_tls)):
+            config = uvicorn.Config(self.api, host="127.0.0.1", port=port, http="httptools", loop="none",
+                                    lifespan="off", log_level="warning", access_log=False, timeout_keep_alive=120,
+                                    ws="websockets-sansio", ws_per_message_deflate=False,
+                                    timeout_graceful_shutdown=2, backlog=2048,
+                                    ssl_certfile=str(tls[0]) if tls else None, ssl_keyfile=str(tls[1]) if tls else None)
+            server = uvicorn.Server(config)
+            task = asyncio.get_running_loop().create_task(server._serve(sockets=[sock]))
+            self._servers.append((server, task))
+            while not server.started:
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.01)
+        self._server, self._serve_task = self._servers[0]
 
     async def _stop_serving(self) -> None:
         if self._server is None:
             return
         self.store.close_watchers()
-        self._server.should_exit = True
-        try:
-            await asyncio.wait_for(self._serve_task, 5)
-        except (asyncio.TimeoutError, Exception):
-            pass
+        for server, _ in self._servers:
+            server.should_exit = True
+        for _, task in self._servers:
+            try:
+                await asyncio.wait_for(task, 5)
+            except (asyncio.TimeoutError, Exception):
+                pass
         self._server = None
+        self._servers = []
 
     async def restart_apiserver(self, down_seconds: float = 0.5) -> None:
         """Stop serving, drop the in-memory state, reload it from the state dir, serve again on the
@@ -265,9 +294,8 @@ class LocalCluster:
         self.registry.sync_crds(self.store.values(CRD_KEY))
         self.controllers.rebuild()
         self.workloads.resync()
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", self.port))
+        self._sock, _ = _bind(self.port)
+        self._incluster_sock, _ = _bind(self.incluster_port)
         await self._serve()
         self.kubelet.resync()
 
@@ -324,13 +352,20 @@ class LocalCluster:
         tmp.write_text(yaml.safe_dump(config, sort_keys=False))
         os.chmod(tmp, 0o600)
         os.replace(tmp, self.kubeconfig_path)
-        info = {"pid": os.getpid(), "server": self.server_url, "token": self.token,
+        info = {"pid": os.getpid(), "server": self.server_url, "inClusterServer": self.incluster_url, "token": self.token,
                 "kubeconfig": str(self.kubeconfig_path), "name": self.spec.name,
-                "ca": str(self.tls[0]) if self.tls else None}
+                "ca": str(self.tls[0]) if self.tls else None, "inClusterCA": str(self.incluster_tls[0])}
         tmp = self.state_dir / "cluster.json.tmp"
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
             fh.write(json.dumps(info, indent=2))
         os.replace(tmp, self.state_dir / "cluster.json")
+
+
+def _bind(port: int) -> tuple[socket.socket, int]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    return sock, sock.getsockname()[1]
 
 
 def _required(body: dict, key: str) -> str:

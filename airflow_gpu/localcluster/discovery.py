@@ -7,7 +7,7 @@ import hashlib
 
 from airflow_gpu.localcluster import openapidocs, openapiv2, workloadtables
 from airflow_gpu.localcluster.podutil import parse_time
-from airflow_gpu.localcluster.resources import ALL_VERBS, Registry, ResourceType
+from airflow_gpu.localcluster.resources import Registry, ResourceType
 from airflow_gpu.localcluster.schema import openapi_document
 from airflow_gpu.localcluster.store import decode, encode
 
@@ -18,7 +18,7 @@ VERSION_INFO = {
 }
 SUBRESOURCE_VERBS = {"status": ["get", "patch", "update"], "log": ["get"], "binding": ["create"], "eviction": ["create"],
                      "scale": ["get", "patch", "update"], "exec": ["create", "get"], "attach": ["create", "get"],
-                     "portforward": ["create", "get"]}
+                     "portforward": ["create", "get"], "token": ["create"]}
 
 
 def api_versions(address: str) -> dict:
@@ -50,7 +50,7 @@ def api_resource_list(registry: Registry, group: str, version: str) -> dict | No
     resources = []
     for rt in sorted(types, key=lambda r: r.plural):
         entry = {"name": rt.plural, "singularName": rt.singular, "namespaced": rt.namespaced, "kind": rt.kind,
-                 "verbs": list(ALL_VERBS)}
+                 "verbs": list(rt.verbs)}
         if rt.short_names:
             entry["shortNames"] = list(rt.short_names)
         if rt.categories:
@@ -58,13 +58,16 @@ def api_resource_list(registry: Registry, group: str, version: str) -> dict | No
         resources.append(entry)
         for sub in rt.subresources:
             kind = {"binding": "Binding", "eviction": "Eviction", "scale": "Scale", "exec": "PodExecOptions",
-                    "attach": "PodAttachOptions", "portforward": "PodPortForwardOptions"}.get(sub, rt.kind)
+                    "attach": "PodAttachOptions", "portforward": "PodPortForwardOptions",
+                    "token": "TokenRequest"}.get(sub, rt.kind)
             sub_entry = {"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
                          "kind": kind, "verbs": SUBRESOURCE_VERBS[sub]}
             if sub == "eviction":
                 sub_entry.update(group="policy", version="v1")
             if sub == "scale":
                 sub_entry.update(group="autoscaling", version="v1")
+            if sub == "token":
+                sub_entry.update(group="authentication.k8s.io", version="v1")
             resources.append(sub_entry)
     if not group:
         resources.append({"name": "bindings", "singularName": "binding", "namespaced": True, "kind": "Binding",

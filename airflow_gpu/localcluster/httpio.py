@@ -34,7 +34,7 @@ Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:tr
 
 
 class Request:
-    __slots__ = ("method", "path", "query", "headers", "body", "receive")
+    __slots__ = ("method", "path", "query", "headers", "body", "receive", "user")
 
     def __init__(self, scope, body: bytes, receive):
         self.method = scope["method"]
@@ -43,6 +43,7 @@ class Request:
         self.headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         self.body = body
         self.receive = receive
+        self.user = None  # who is asking (rbac.Access.authenticate), None on a server without Access
 
     def json(self):
         body = self._parse()

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,17 +23,26 @@ from airflow_gpu import constants as C
 from airflow_gpu.localcluster import errors
 from airflow_gpu.localcluster.containerlog import LogReader, LogWriter
 from airflow_gpu.localcluster.events import Recorder
+from airflow_gpu.localcluster.isolation import MountPlan, probe
 from airflow_gpu.localcluster.nodeagent import Devices, PodIPs, admit
 from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
 from airflow_gpu.localcluster.podenv import VAR_REF, PodEnv
 from airflow_gpu.localcluster.podutil import is_terminal, now_iso, pod_requests, set_condition
 from airflow_gpu.localcluster.store import Store
+from airflow_gpu.localcluster.volumes import PodVolumes, VolumeError
 
 log = logging.getLogger(__name__)
 POD_KEY = "/pods"
 NODE_KEY = "/nodes"
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+MOUNT_RETRY_SECONDS = 2.0
+ISOLATION_FIX = ("run the cluster as root (it needs CAP_SYS_ADMIN for a private mount namespace), or set "
+                 "podIsolation: none in the cluster spec to run pods on the host filesystem, unconfined")
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _no_tokens(pod, audience, seconds) -> str:
+    raise VolumeError("MountVolume.SetUp failed: this kubelet has no token issuer for serviceAccountToken volumes")
 
 
 def _die_with_parent() -> None:
@@ -76,18 +86,26 @@ class PodRun:
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # every container has stopped
     gpus: list[str] = field(default_factory=list)
     finished: bool = False
+    volume_paths: dict[str, Path] = field(default_factory=dict)  # volume name -> its directory
 
 
 class Kubelet:
     """All nodes' kubelets in one object; per node it tracks responsiveness and device allocation."""
 
     def __init__(self, store: Store, objects: ObjectAPI, events: Recorder, state_dir: Path, api_address: str,
-                 sim_default_seconds: float | None = None):
+                 sim_default_seconds: float | None = None, isolation: str = "mountns", issue_token=None):
         self.store, self.objects, self.events = store, objects, events
+        self.state_dir = state_dir
         self.pods_dir = state_dir / "pods"
         self.api_address = api_address
         self.sim_default_seconds = sim_default_seconds
-        self.env = PodEnv(store, api_address, state_dir / "kubeconfig")
+        self.env = PodEnv(store, api_address)
+        self.volumes = PodVolumes(store, self.env, issue_token or _no_tokens)
+        self.isolation = isolation
+        # why containers cannot be confined here (None: they can); checked once, not per container
+        self.isolation_problem = probe(state_dir) if isolation == "mountns" else None
+        if self.isolation_problem:
+            log.warning("kubelet: containers with a command will not start: %s; %s", self.isolation_problem, ISOLATION_FIX)
         self.runs: dict[str, PodRun] = {}  # by pod uid
         self.unresponsive: set[str] = set()  # nodes whose kubelet does not talk to the API (NotReady fault)
         self.devices = Devices()
@@ -269,6 +287,8 @@ class Kubelet:
         pod = self.store.get(POD_KEY, run.namespace, run.name)
         if pod is None:
             return
+        if any(c.spec.get("command") or c.spec.get("args") for c in run.containers.values()):
+            await self._mount_volumes(run, pod)  # simulated containers have no filesystem to mount into
         spec = pod["spec"]
         policy = spec.get("restartPolicy", "Always")
         deadline = spec.get("activeDeadlineSeconds")
@@ -298,6 +318,36 @@ class Kubelet:
         finally:
             if deadline_task is not None:
                 deadline_task.cancel()
+
+    async def _mount_volumes(self, run: PodRun, pod: dict) -> None:
+        """Until every volume is ready (or the pod is deleted): a missing ConfigMap or Secret keeps the
+        pod in ContainerCreating with FailedMount Events, as on a real node."""
+        while not run.terminating:
+            try:
+                run.volume_paths = self.volumes.materialise(run, pod)
+                return
+            except VolumeError as exc:
+                self.events.pod(pod, "Warning", "FailedMount", str(exc))
+            try:
+                await asyncio.wait_for(run.terminated.wait(), MOUNT_RETRY_SECONDS)
+            except asyncio.TimeoutError:
+                pass
+
+    def _mount_plan(self, run: PodRun, c: ContainerRun) -> MountPlan:
+        binds = PodVolumes.binds(c.spec, run.volume_paths)
+        plan = MountPlan(run.workdir / ".rootfs" / f"{c.name}-{c.restarts}", run.workdir, self.state_dir, run.workdir,
+                         binds, shm_is_volume=any(b.target.rstrip("/") == "/dev/shm" for b in binds))
+        plan.prepare()
+        return plan
+
+    def _start_error(self, run: PodRun, c: ContainerRun, pod: dict, log: LogWriter, message: str) -> None:
+        log.close()
+        c.exit_code, c.reason = 128, "StartError"
+        c.message = message
+        c.finished_at = now_iso()
+        c.done.set()
+        self.events.pod(pod, "Warning", "Failed", f"Error: {c.message}", field_path=f"spec.containers{{{c.name}}}")
+        self._refresh_statuses(run)
 
     async def _supervise(self, run: PodRun, c: ContainerRun, pod: dict, policy: str) -> None:
         while True:
@@ -342,20 +392,32 @@ class Kubelet:
         log = LogWriter(c.log_path)
         pumps = []
         if command:
+            plan = None
+            if self.isolation_problem:
+                return self._start_error(run, c, pod, log, "failed to create task for container: the container's "
+                                         f"filesystem cannot be confined: {self.isolation_problem}; {ISOLATION_FIX}")
+            if self.isolation == "mountns":
+                plan = self._mount_plan(run, c)
+            elif c.spec.get("volumeMounts"):
+                return self._start_error(run, c, pod, log, "failed to create task for container: volumeMounts need "
+                                         "podIsolation: mountns (with podIsolation: none there is no way to show a "
+                                         "volume at its mountPath)")
+
+            def child_setup():
+                _die_with_parent()
+                if plan is not None:
+                    plan.apply()
             try:
                 c.proc = await asyncio.create_subprocess_exec(
                     *command, cwd=str(run.workdir), env=env, stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
-                    preexec_fn=_die_with_parent)
+                    preexec_fn=child_setup)
             except OSError as exc:
-                log.close()
-                c.exit_code, c.reason = 128, "StartError"
-                c.message = f'failed to create task for container: exec: "{command[0]}": {exc.strerror}'
-                c.finished_at = now_iso()
-                c.done.set()
-                self.events.pod(pod, "Warning", "Failed", f"Error: {c.message}", field_path=f"spec.containers{{{c.name}}}")
-                self._refresh_statuses(run)
-                return
+                return self._start_error(run, c, pod, log,
+                                         f'failed to create task for container: exec: "{command[0]}": {exc.strerror}')
+            except subprocess.SubprocessError:
+                return self._start_error(run, c, pod, log, "failed to create task for container: setting up the "
+                                         f"container's filesystem failed: {plan.setup_error() if plan else 'unknown error'}")
             loop = asyncio.get_running_loop()
             pumps = [loop.create_task(log.pump(c.proc.stdout, b"stdout")),
                      loop.create_task(log.pump(c.proc.stderr, b"stderr"))]

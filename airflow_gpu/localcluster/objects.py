@@ -47,6 +47,7 @@ class ObjectAPI:
     def __init__(self, store: Store, registry: Registry):
         self.store, self.registry = store, registry
         self._service_ips = 0
+        self.on_created: list = []  # (rt, obj) after a create is stored: what controllers do at once
 
     # --- create ---------------------------------------------------------------------------
     def create(self, rt: ResourceType, obj: dict, namespace: str | None = None, dry_run: bool = False,
@@ -90,7 +91,10 @@ class ObjectAPI:
             self._crd_status(obj)
         if dry_run:
             return obj
-        return self.store.create(rt.key, obj, rt.plural, rt.group)
+        created = self.store.create(rt.key, obj, rt.plural, rt.group)
+        for hook in self.on_created:
+            hook(rt, created)
+        return created
 
     def _assign_cluster_ip(self, svc: dict) -> None:
         spec = svc["spec"]

@@ -1,7 +1,8 @@
 """A container's environment as the kubelet builds it: plain values with $(VAR) expansion, envFrom,
 fieldRef (metadata, labels/annotations, status.podIP, spec.nodeName), resourceFieldRef (limits fall back
 to the node's allocatable), configMap/secret keys; plus the device plugin's NVIDIA_VISIBLE_DEVICES and
-KUBERNETES_SERVICE_HOST/PORT and KUBECONFIG pointing at the local API server."""
+KUBERNETES_SERVICE_HOST/PORT of the API server's in-cluster (TLS) endpoint. Pods never get the admin
+kubeconfig: in-cluster clients authenticate with their service account's projected token."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ POD_KEY, NODE_KEY = "/pods", "/nodes"
 
 
 class PodEnv:
-    def __init__(self, store, api_address: str, kubeconfig: Path | None = None):
-        self.store, self.api_address, self.kubeconfig = store, api_address, kubeconfig
+    def __init__(self, store, api_address: str):
+        self.store, self.api_address = store, api_address
 
     def build(self, run, c, pod: dict) -> dict[str, str]:
         env = {
@@ -28,8 +29,6 @@ class PodEnv:
             "KUBERNETES_SERVICE_HOST": self.api_address.split(":")[0],
             "KUBERNETES_SERVICE_PORT": self.api_address.split(":")[1],
         }
-        if self.kubeconfig is not None:  # no in-cluster service account token: clients fall back to this
-            env["KUBECONFIG"] = str(self.kubeconfig)
         if run.gpus:
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(run.gpus)
         for src in c.spec.get("envFrom") or []:
@@ -42,7 +41,7 @@ class PodEnv:
             if "value" in item:
                 env[name] = VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), str(item.get("value") or ""))
             elif item.get("valueFrom"):
-                value = self._value_from(item["valueFrom"], run, c, pod)
+                value = self.value_from(item["valueFrom"], run, c, pod)
                 if value is not None:
                     env[name] = value
         return env
@@ -58,7 +57,7 @@ class PodEnv:
             return data
         return {}
 
-    def _value_from(self, source: dict, run, c, pod: dict) -> str | None:
+    def value_from(self, source: dict, run, c, pod: dict) -> str | None:
         if "fieldRef" in source:
             path = source["fieldRef"].get("fieldPath", "")
             current = self.store.get(POD_KEY, run.namespace, run.name) or pod

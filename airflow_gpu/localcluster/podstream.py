@@ -27,10 +27,12 @@ import os
 import pty
 import signal
 import struct
+import subprocess
 import termios
+from typing import Callable
 from urllib.parse import parse_qs, unquote
 
-from airflow_gpu.localcluster import errors
+from airflow_gpu.localcluster import errors, isolation
 from airflow_gpu.localcluster.errors import ApiError
 from airflow_gpu.localcluster.kubelet import _die_with_parent
 from airflow_gpu.localcluster.podenv import VAR_REF
@@ -94,15 +96,14 @@ class PodStreams:
         self.tasks: set[asyncio.Task] = set()
 
     # --- entry --------------------------------------------------------------------------------
-    async def handle(self, scope, receive, send, token: str | None) -> None:
+    async def handle(self, scope, receive, send, authorize: Callable[[dict, dict], None]) -> None:
         message = await receive()
         if message["type"] != "websocket.connect":
             return
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         offered = [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
         try:
-            if token and headers.get("authorization") != f"Bearer {token}":
-                raise errors.unauthorized()
+            authorize(scope, headers)  # raises the 401/403 ApiError
             ns, name, sub = self._target(scope["path"])
             query = parse_qs(scope["query_string"].decode(), keep_blank_values=True)
             pod = self.store.get("/pods", ns, name)
@@ -202,6 +203,12 @@ class PodStreams:
         env = self.kubelet.env.build(run, c, pod)
         argv = [VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), a) for a in command]
         master = None
+        # a confined container: the command joins its mount namespace and root (its volumes, its writes)
+        confined_pid = c.proc.pid if self.kubelet.isolation == "mountns" and c.proc is not None else None
+
+        def enter_container():
+            if confined_pid is not None:
+                isolation.enter(confined_pid, str(run.workdir))
         try:
             if flag["tty"]:
                 master, slave = pty.openpty()
@@ -209,6 +216,7 @@ class PodStreams:
 
                 def child_setup():  # a new session whose first opened terminal becomes its controlling one
                     _die_with_parent()
+                    enter_container()
                     os.setsid()
                     os.close(os.open(terminal, os.O_RDWR))
                 proc = await asyncio.create_subprocess_exec(*argv, cwd=str(run.workdir), env=env, stdin=slave,
@@ -216,16 +224,18 @@ class PodStreams:
                 os.close(slave)
             else:
                 proc = await asyncio.create_subprocess_exec(
-                    *argv, cwd=str(run.workdir), env=env, start_new_session=True, preexec_fn=_die_with_parent,
+                    *argv, cwd=str(run.workdir), env=env, start_new_session=True,
+                    preexec_fn=lambda: (_die_with_parent(), enter_container()),
                     stdin=asyncio.subprocess.PIPE if flag["stdin"] else asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE if flag["stdout"] else asyncio.subprocess.DEVNULL,
                     stderr=asyncio.subprocess.PIPE if flag["stderr"] else asyncio.subprocess.DEVNULL)
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             if master is not None:
                 os.close(master)
+            why = (f'exec: "{argv[0]}": {exc.strerror}' if isinstance(exc, OSError)
+                   else "entering the container's mount namespace failed")
             status = errors.ApiError(500, "InternalError", f"Internal error occurred: error executing command in "
-                                                           f"container: failed to exec in container: exec: "
-                                                           f'"{argv[0]}": {exc.strerror}').status()
+                                                           f"container: failed to exec in container: {why}").status()
             await session.send(ERROR, json.dumps(status).encode())
             return
         loop = asyncio.get_running_loop()

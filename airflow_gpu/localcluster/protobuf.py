@@ -1,5 +1,5 @@
 """Kubernetes protobuf request bodies for the few kinds kubectl's imperative generators send that way
-(`kubectl create namespace|configmap|secret|quota|priorityclass|serviceaccount`). Everything else
+(`kubectl create namespace|configmap|secret|quota|priorityclass|serviceaccount|token`, `kubectl auth whoami|can-i`). Everything else
 kubectl and the Python clients send is JSON; other protobuf bodies get 415 as before.
 
 Wire format: "k8s\\0" + runtime.Unknown{typeMeta{apiVersion, kind}, raw}; raw is the object's
@@ -36,6 +36,23 @@ SCHEMAS: dict[str, dict[int, tuple[str, str]]] = {
     "Quantity": {1: ("string", "str")},
     "PriorityClass": {1: ("metadata", "msg:ObjectMeta"), 2: ("value", "int"), 3: ("globalDefault", "bool"),
                       4: ("description", "str"), 5: ("preemptionPolicy", "str")},
+    # `kubectl create token` (authentication.k8s.io/v1)
+    "TokenRequest": {1: ("metadata", "msg:ObjectMeta"), 2: ("spec", "msg:TokenRequestSpec")},
+    "TokenRequestSpec": {1: ("audiences", "list:str"), 3: ("boundObjectRef", "msg:BoundObjectReference"),
+                         4: ("expirationSeconds", "int")},
+    "BoundObjectReference": {1: ("kind", "str"), 2: ("apiVersion", "str"), 3: ("name", "str"), 4: ("uid", "str")},
+    # `kubectl auth whoami|can-i` and the review APIs (authentication/authorization.k8s.io/v1)
+    "SelfSubjectReview": {1: ("metadata", "msg:ObjectMeta")},
+    "TokenReview": {1: ("metadata", "msg:ObjectMeta"), 2: ("spec", "msg:TokenReviewSpec")},
+    "TokenReviewSpec": {1: ("token", "str"), 2: ("audiences", "list:str")},
+    "SelfSubjectAccessReview": {1: ("metadata", "msg:ObjectMeta"), 2: ("spec", "msg:SubjectAccessReviewSpec")},
+    "SubjectAccessReview": {1: ("metadata", "msg:ObjectMeta"), 2: ("spec", "msg:SubjectAccessReviewSpec")},
+    "SubjectAccessReviewSpec": {1: ("resourceAttributes", "msg:ResourceAttributes"),
+                                2: ("nonResourceAttributes", "msg:NonResourceAttributes"), 3: ("user", "str"),
+                                4: ("groups", "list:str"), 6: ("uid", "str")},
+    "ResourceAttributes": {1: ("namespace", "str"), 2: ("verb", "str"), 3: ("group", "str"), 4: ("version", "str"),
+                           5: ("resource", "str"), 6: ("subresource", "str"), 7: ("name", "str")},
+    "NonResourceAttributes": {1: ("path", "str"), 2: ("verb", "str")},
     # workloads: what `kubectl create deployment|job|poddisruptionbudget` and `kubectl run` send
     "Pod": {1: ("metadata", "msg:ObjectMeta"), 2: ("spec", "msg:PodSpec")},
     "Deployment": {1: ("metadata", "msg:ObjectMeta"), 2: ("spec", "msg:DeploymentSpec")},

@@ -25,6 +25,7 @@ class ResourceType:
     schemas: dict = field(default_factory=dict, compare=False, hash=False)  # CRDs: version -> openAPIV3Schema
     printer_columns: dict = field(default_factory=dict, compare=False, hash=False)  # CRDs: version -> columns
     crd: bool = False
+    verbs: tuple[str, ...] = ALL_VERBS  # ("create",): a review API, answered and never stored
 
     @property
     def key(self) -> str:
@@ -56,7 +57,7 @@ BUILTINS: tuple[ResourceType, ...] = (
     ResourceType("", ("v1",), "events", "Event", True, ("ev",), model="CoreV1Event"),
     ResourceType("", ("v1",), "configmaps", "ConfigMap", True, ("cm",), model="V1ConfigMap"),
     ResourceType("", ("v1",), "secrets", "Secret", True, model="V1Secret"),
-    ResourceType("", ("v1",), "serviceaccounts", "ServiceAccount", True, ("sa",), model="V1ServiceAccount"),
+    ResourceType("", ("v1",), "serviceaccounts", "ServiceAccount", True, ("sa",), ("token",), model="V1ServiceAccount"),
     ResourceType("", ("v1",), "resourcequotas", "ResourceQuota", True, ("quota",), ("status",), model="V1ResourceQuota"),
     ResourceType("scheduling.k8s.io", ("v1",), "priorityclasses", "PriorityClass", False, ("pc",), model="V1PriorityClass"),
     ResourceType("coordination.k8s.io", ("v1",), "leases", "Lease", True, model="V1Lease"),
@@ -69,12 +70,21 @@ BUILTINS: tuple[ResourceType, ...] = (
                  model="V1PodDisruptionBudget"),
     ResourceType("apiextensions.k8s.io", ("v1",), "customresourcedefinitions", "CustomResourceDefinition", False,
                  ("crd", "crds"), ("status",), ("api-extensions",), model="V1CustomResourceDefinition"),
-    # RBAC is stored (so deploy manifests apply) but not enforced: the local cluster has one user
+    # RBAC: enforced for service-account tokens (rbac.py); the admin is in system:masters
     ResourceType("rbac.authorization.k8s.io", ("v1",), "clusterroles", "ClusterRole", False, model="V1ClusterRole"),
     ResourceType("rbac.authorization.k8s.io", ("v1",), "clusterrolebindings", "ClusterRoleBinding", False,
                  model="V1ClusterRoleBinding"),
     ResourceType("rbac.authorization.k8s.io", ("v1",), "roles", "Role", True, model="V1Role"),
     ResourceType("rbac.authorization.k8s.io", ("v1",), "rolebindings", "RoleBinding", True, model="V1RoleBinding"),
+    # review APIs (rbac.py): POST only, answered from who is asking, never stored
+    ResourceType("authentication.k8s.io", ("v1",), "selfsubjectreviews", "SelfSubjectReview", False,
+                 model="V1SelfSubjectReview", verbs=("create",)),
+    ResourceType("authentication.k8s.io", ("v1",), "tokenreviews", "TokenReview", False,
+                 model="V1TokenReview", verbs=("create",)),
+    ResourceType("authorization.k8s.io", ("v1",), "selfsubjectaccessreviews", "SelfSubjectAccessReview", False,
+                 model="V1SelfSubjectAccessReview", verbs=("create",)),
+    ResourceType("authorization.k8s.io", ("v1",), "subjectaccessreviews", "SubjectAccessReview", False,
+                 model="V1SubjectAccessReview", verbs=("create",)),
 )
 CRD_KEY = "apiextensions.k8s.io/customresourcedefinitions"
 

@@ -145,6 +145,11 @@ class ClusterSpec(_Model):
         alias="simDefaultSeconds", default=None,
         description="run time of a container without a command and without the sim-duration annotation; null: until deleted",
     )
+    pod_isolation: Literal["mountns", "none"] = Field(
+        alias="podIsolation", default="mountns",
+        description="mountns: each container sees a copy-on-write root in a private mount namespace with its volumes "
+                    "at their mountPaths (needs root); none: containers run on the host filesystem, without volumes",
+    )
 
     @model_validator(mode="after")
     def _unique_pools(self) -> "ClusterSpec":
