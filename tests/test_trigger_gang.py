@@ -131,6 +131,26 @@ def test_success_through_a_kubernetes_connection(api, gpu_scheduler, kube_cluste
     cleanup(api, m)
 
 
+def test_on_kill_deletes_every_object_of_the_task_instance(api, gpu_scheduler, kube_cluster):
+    """A user marks the deferred task failed: Airflow calls the trigger's on_kill(), which deletes the
+    pods, the Service and the PodGroup by the task instance's selector (every attempt)."""
+    m, uids = submit(api, "killed", annotations={C.ANNOTATION_SIM_DURATION: "600"})
+    ti = TaskInstanceRef("trigger_tests", "killed", "manual__2026-12-03T08:00:00+00:00")
+    G.wait_until(lambda: running(api, m), 60, what="gang running")
+    trigger = trigger_for(m, uids, kube_cluster.kubeconfig, cleanup_selector=ti.selector())
+    asyncio.run(trigger.on_kill())
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+
+    def left():
+        names = [p.metadata.name for p in core.list_namespaced_pod(NS, label_selector=ti.selector()).items]
+        names += [s.metadata.name for s in core.list_namespaced_service(NS, label_selector=ti.selector()).items]
+        names += [g["metadata"]["name"] for g in custom.list_namespaced_custom_object(
+            C.PODGROUP_GROUP, C.PODGROUP_VERSION, NS, C.PODGROUP_PLURAL, label_selector=ti.selector())["items"]]
+        return names
+    G.wait_until(lambda: not left(), 30, what="every object of the task instance deleted")
+    asyncio.run(trigger.on_kill())  # again: nothing left is not an error
+
+
 def test_an_api_server_restart_is_waited_out(api, gpu_scheduler, kube_cluster):
     m, uids = submit(api, "restart", annotations={C.ANNOTATION_SIM_DURATION: "8"})
 

@@ -116,8 +116,14 @@ class AirflowStack:
         self.passwords_file.write_text(json.dumps(self.passwords) + "\n")
         env = self.env()
         try:
-            for component in self.components:
+            # the api-server first: task workers the scheduler starts report to its execution API at once
+            # (a refused connection fails the try), and on a loaded machine it takes tens of seconds to listen
+            ordered = sorted(self.components, key=lambda c: c != "api-server")
+            for component in ordered:
                 self._start_component(component, env)
+                if component == "api-server":
+                    self._raise_if_dead()
+                    wait_for_http(f"{self.base_url}/api/v2/monitor/health", timeout=timeout)
             self.wait_healthy(timeout)
         except BaseException:
             self.stop()
