@@ -229,13 +229,15 @@ def test_sigterm_stops_cluster_and_every_pod_process_then_state_survives(tmp_pat
     spec = {"name": "stop", "pools": [{"name": "n", "count": 1, "gpu": {"count": 2}}]}
     with start_kube_cluster(tmp_path, spec) as cluster:
         core = cluster.core()
-        script = "import os,time,pathlib; pathlib.Path('pid').write_text(str(os.getpid())); time.sleep(300)"
+        marker = f"stop-{uuid.uuid4().hex[:8]}"
+        script = f"import time,pathlib; pathlib.Path('pid').write_text('{marker}'); time.sleep(300)"
         for name in ("a", "b"):
             core.create_namespaced_pod("default", {"metadata": {"name": name}, "spec": {"containers": [
                 {"name": "main", "image": "x", "command": [sys.executable, "-c", script]}]}})
-        pids = [int(wait_for(lambda n=name: next(cluster.state_dir.glob(f"pods/default/{n}-*/pid"), None), what="pid")
-                    .read_text() or 0) for name in ("a", "b")]
-        pids = [int(next(cluster.state_dir.glob(f"pods/default/{n}-*/pid")).read_text()) for n in ("a", "b")]
+        for name in ("a", "b"):
+            wait_for(lambda n=name: next(cluster.state_dir.glob(f"pods/default/{n}-*/pid"), None), what="pid")
+        pids = host_pids(marker)  # the containers' processes and their PID 1s, as the host numbers them
+        assert len(pids) >= 2
         for pid in pids:
             os.kill(pid, 0)  # alive
         second = subprocess.run([sys.executable, "-m", "airflow_gpu", "cluster", "up", "--spec", str(tmp_path / "cluster-spec.yaml"),
@@ -253,23 +255,31 @@ def test_sigterm_stops_cluster_and_every_pod_process_then_state_survives(tmp_pat
         assert Path(again.state_dir, "store.log").exists()
 
 
+def host_pids(marker: str) -> list[int]:
+    """Host PIDs of the processes whose command line holds `marker` (a container's process reports the
+    PID of its own PID namespace, so the test looks from the host)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker.encode() in cmdline.read_bytes():
+                pids.append(int(cmdline.parent.name))
+        except OSError:
+            pass
+    return [p for p in pids if p != os.getpid()]
+
+
 def test_killed_cluster_leaves_no_pod_processes(tmp_path):
     spec = {"name": "crash", "pools": [{"name": "n", "count": 1, "gpu": {"count": 1}}]}
     with start_kube_cluster(tmp_path, spec) as cluster:
-        script = "import os,time,pathlib; pathlib.Path('pid').write_text(str(os.getpid())); time.sleep(300)"
+        marker = f"crash-{uuid.uuid4().hex[:8]}"
+        script = f"import time,pathlib; pathlib.Path('pid').write_text('{marker}'); time.sleep(300)"
         cluster.core().create_namespaced_pod("default", {"metadata": {"name": "p"}, "spec": {"containers": [
             {"name": "main", "image": "x", "command": [sys.executable, "-c", script]}]}})
         pid_file = wait_for(lambda: next(cluster.state_dir.glob("pods/default/p-*/pid"), None), what="pid file")
-        pid = int(wait_for(lambda: pid_file.read_text(), what="pid"))
+        wait_for(lambda: pid_file.read_text(), what="pid")
+        assert host_pids(marker)
         cluster.process.kill9()  # a crash: no shutdown code runs
-
-        def gone():
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return True
-            return False
-        wait_for(gone, timeout=5, what="pod process killed with its cluster")
+        wait_for(lambda: not host_pids(marker), timeout=5, what="pod processes killed with their cluster")
 
 
 def test_events_expire_after_their_ttl(tmp_path):

@@ -218,3 +218,33 @@ def test_mount_of_an_undeclared_volume_is_refused_with_kubectl(kube_cluster, ns)
     result = kube_cluster.kubectl("apply", "-f", "-", input=manifest, check=False)
     assert result.returncode == 1
     assert 'spec.containers[0].volumeMounts[0].name: Not found: "ghost"' in result.stderr
+
+
+def test_a_container_sees_and_signals_only_its_own_processes(kube_cluster, ns):
+    """KubernetesPodOperator stops its XCom sidecar with `kill -2 $(pgrep -u $(id -u) -f 'sh')` run by
+    exec: in the container's PID namespace that reaches the sidecar only, never a shell of the host."""
+    import os
+    import signal
+    import subprocess
+
+    core = kube_cluster.core()
+    # a shell on the host whose command line matches the pattern; it must survive the kill
+    bystander = subprocess.Popen(["sh", "-c", "trap 'exit 9' INT; while true; do sleep 0.1; done"],
+                                 start_new_session=True)
+    try:
+        core.create_namespaced_pod(ns, {"metadata": {"name": "sidecar"}, "spec": {
+            "restartPolicy": "Never", "terminationGracePeriodSeconds": 2,
+            "containers": [{"name": "airflow-xcom-sidecar", "image": "alpine",
+                            "command": ["sh", "-c", 'trap "exit 0" INT; while true; do sleep 1; done;']}]}})
+        wait_phase(core, ns, "sidecar", ("Running",))
+        pids = kube_cluster.kubectl("exec", "sidecar", "-n", ns, "--", "sh", "-c", "ls /proc | grep '^[0-9]'").stdout
+        seen = sorted(int(p) for p in pids.split())
+        assert seen[0] == 1 and str(os.getpid()) not in pids.split() and len(seen) < 8, seen
+        kube_cluster.kubectl("exec", "sidecar", "-n", ns, "--", "sh", "-c",
+                             "kill -2 $(pgrep -u $(id -u) -f 'sh')", check=False)
+        pod = wait_phase(core, ns, "sidecar", timeout=30)
+        assert pod.status.phase == "Succeeded"  # the sidecar's trap ran: exit 0
+        assert bystander.poll() is None, "a host process was signalled from inside a container"
+    finally:
+        os.killpg(bystander.pid, signal.SIGKILL)
+        bystander.wait()

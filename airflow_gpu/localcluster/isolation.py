@@ -8,8 +8,13 @@ Why: a container process runs on the host, so without this its absolute paths (`
   3. binds /proc, /sys and /dev, gives the container a private 64 MiB tmpfs at /dev/shm (as a container
      runtime does), hides the cluster's state dir (store log with every Secret, admin kubeconfig) behind
      an empty tmpfs, and binds the pod's own directory back in at its real path,
-  4. chroots into that root and binds each volume at the mountPath the container asked for.
-This needs CAP_SYS_ADMIN (the cluster runs as root, as in CI). Where it is not permitted, the kubelet
+  4. chroots into that root and binds each volume at the mountPath the container asked for,
+  5. runs the command in its own PID namespace (`unshare --pid --fork --mount-proc`) under dumb-init as
+     PID 1: the container sees only its own processes in /proc, and PID 1 forwards SIGTERM (a process
+     that is PID 1 itself would ignore it). Without this, a container's `kill $(pgrep sh)`, which
+     KubernetesPodOperator runs in its XCom sidecar, would signal the host's processes.
+`kubectl exec` joins the container's namespaces and root with nsenter.
+This needs CAP_SYS_ADMIN (the cluster runs as root, as in CI) and util-linux's unshare and nsenter. Where it is not permitted, the kubelet
 does not run the container unconfined: it fails to start with a Warning Event naming the reason and the
 fix (run as root, or `podIsolation: none` in the cluster spec to run pods on the host filesystem knowingly).
 
@@ -23,6 +28,7 @@ import ctypes
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +36,45 @@ _libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS = 0x00020000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 DEV_SHM_SIZE = "64m"  # a container runtime's default /dev/shm
+UNSHARE, NSENTER = shutil.which("unshare"), shutil.which("nsenter")
+DUMB_INIT = shutil.which("dumb-init", path=f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}")
+
+
+def container_argv(argv: list[str]) -> list[str]:
+    """The command line of a confined container: a PID namespace of its own, dumb-init as its PID 1."""
+    return [UNSHARE, "--pid", "--fork", "--mount-proc", "--kill-child", "--", DUMB_INIT, "--", *argv]
+
+
+def container_init_pid(launcher_pid: int) -> int | None:
+    """The container's PID 1 (dumb-init, the child of unshare) as the host sees it; None if gone."""
+    try:
+        with open(f"/proc/{launcher_pid}/task/{launcher_pid}/children") as fh:
+            children = fh.read().split()
+    except OSError:
+        return None
+    return int(children[0]) if children else None
+
+
+def enter(init_pid: int, workdir: str) -> None:
+    """In the child of `kubectl exec`, before exec: join the container's mount namespace and root (as
+    nsenter --mount --root) and its working dir. The root is opened before setns: after it the host's
+    paths are gone. Then exec `exec_argv`: nsenter joins the PID namespace (only a child can be in it)."""
+    try:
+        root = os.open(f"/proc/{init_pid}/root", os.O_RDONLY | os.O_DIRECTORY)
+        namespace = os.open(f"/proc/{init_pid}/ns/mnt", os.O_RDONLY)
+    except OSError as exc:
+        raise OSError(exc.errno, f"the container's process {init_pid} is gone: {exc.strerror}") from None
+    if _libc.setns(namespace, CLONE_NEWNS) != 0:
+        _fail("setns(CLONE_NEWNS)")
+    os.fchdir(root)
+    os.chroot(".")
+    os.chdir(workdir)
+
+
+def exec_argv(argv: list[str]) -> list[str]:
+    """`kubectl exec`'s command line, run after enter(): into the PID namespace, whose PID 1 (dumb-init)
+    is /proc/1 in the container's own /proc."""
+    return [NSENTER, "--target=1", "--pid", "--", *argv]
 
 
 @dataclass(frozen=True)
@@ -103,22 +148,6 @@ class MountPlan:
         os.chdir(str(self.workdir))
 
 
-def enter(pid: int, workdir: str) -> None:
-    """In the child of `kubectl exec`, before exec: join container process `pid`'s mount namespace and
-    root (as nsenter --mount --root), so the command sees what the container sees (its volumes, the
-    files it wrote). The root is opened before setns: after it, the host's paths are gone."""
-    try:
-        root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY)
-        namespace = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY)
-    except OSError as exc:
-        raise OSError(exc.errno, f"the container's process {pid} is gone: {exc.strerror}") from None
-    if _libc.setns(namespace, CLONE_NEWNS) != 0:
-        _fail("setns(CLONE_NEWNS)")
-    os.fchdir(root)
-    os.chroot(".")
-    os.chdir(workdir)
-
-
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     if _libc.mount(source and source.encode(), target.encode(), fstype and fstype.encode(),
                    ctypes.c_ulong(flags), data and data.encode()) != 0:
@@ -136,10 +165,16 @@ def probe(scratch: Path) -> str | None:
     plan = MountPlan(pod_dir / ".rootfs" / "probe", pod_dir, scratch, pod_dir)
     plan.prepare()
     try:
-        result = subprocess.run(["/bin/sh", "-c", "echo x > /probe-write"], preexec_fn=plan.apply,
-                                capture_output=True, text=True, timeout=30)
+        missing = [name for name, path in (("unshare", UNSHARE), ("nsenter", NSENTER), ("dumb-init", DUMB_INIT))
+                   if path is None]
+        if missing:
+            return f"{' and '.join(missing)} not found (util-linux; dumb-init is a dependency of airflow-gpu)"
+        result = subprocess.run(container_argv(["/bin/sh", "-c", "echo x > /probe-write; echo $$"]),
+                                preexec_fn=plan.apply, capture_output=True, text=True, timeout=30)
         if result.returncode != 0 or not (plan.rootfs / "upper" / "probe-write").exists():
             return f"a confined test process failed: {result.stderr.strip()[-300:]}"
+        if result.stdout.strip() != "2":  # PID 1 is dumb-init, the command the first process under it
+            return f"the container's PID namespace was not set up (its shell has PID {result.stdout.strip()!r})"
         return None
     except (OSError, subprocess.SubprocessError):
         return f"the mount namespace could not be set up ({plan.setup_error()}); it needs CAP_SYS_ADMIN"

@@ -23,6 +23,7 @@ from airflow_gpu import constants as C
 from airflow_gpu.localcluster import errors
 from airflow_gpu.localcluster.containerlog import LogReader, LogWriter
 from airflow_gpu.localcluster.events import Recorder
+from airflow_gpu.localcluster import isolation
 from airflow_gpu.localcluster.isolation import MountPlan, probe
 from airflow_gpu.localcluster.nodeagent import Devices, PodIPs, admit
 from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
@@ -43,6 +44,15 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 def _no_tokens(pod, audience, seconds) -> str:
     raise VolumeError("MountVolume.SetUp failed: this kubelet has no token issuer for serviceAccountToken volumes")
+
+
+def _missing_executable(program: str, env: dict, plan: MountPlan) -> bool:
+    """The container's root is the host's, so the host tells, except for a path inside a volume."""
+    if not os.path.isabs(program):
+        return shutil.which(program, path=env.get("PATH")) is None
+    if any(program.startswith(b.target.rstrip("/") + "/") for b in plan.binds):
+        return False
+    return not os.access(program, os.X_OK)
 
 
 def _die_with_parent() -> None:
@@ -407,9 +417,14 @@ class Kubelet:
                 _die_with_parent()
                 if plan is not None:
                     plan.apply()
+            if plan is not None and _missing_executable(command[0], env, plan):
+                # as the runtime's exec reports it (under dumb-init it would only be a failed exit)
+                return self._start_error(run, c, pod, log, f'failed to create task for container: exec: '
+                                                           f'"{command[0]}": executable file not found in $PATH')
+            argv = isolation.container_argv(command) if plan is not None else command
             try:
                 c.proc = await asyncio.create_subprocess_exec(
-                    *command, cwd=str(run.workdir), env=env, stdin=asyncio.subprocess.DEVNULL,
+                    *argv, cwd=str(run.workdir), env=env, stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
                     preexec_fn=child_setup)
             except OSError as exc:

@@ -203,12 +203,22 @@ class PodStreams:
         env = self.kubelet.env.build(run, c, pod)
         argv = [VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), a) for a in command]
         master = None
-        # a confined container: the command joins its mount namespace and root (its volumes, its writes)
-        confined_pid = c.proc.pid if self.kubelet.isolation == "mountns" and c.proc is not None else None
+        if self.kubelet.isolation == "mountns" and c.proc is not None:
+            # a confined container: the command joins its namespaces and root (its volumes, its writes,
+            # only its processes)
+            init_pid = isolation.container_init_pid(c.proc.pid)
+            if init_pid is None:
+                gone = errors.ApiError(500, "InternalError", "Internal error occurred: error executing "
+                                               "command in container: the container's process has exited")
+                await session.send(ERROR, json.dumps(gone.status()).encode())
+                return
+            argv = isolation.exec_argv(argv)
+        else:
+            init_pid = None
 
         def enter_container():
-            if confined_pid is not None:
-                isolation.enter(confined_pid, str(run.workdir))
+            if init_pid is not None:
+                isolation.enter(init_pid, str(run.workdir))
         try:
             if flag["tty"]:
                 master, slave = pty.openpty()
@@ -233,7 +243,7 @@ class PodStreams:
             if master is not None:
                 os.close(master)
             why = (f'exec: "{argv[0]}": {exc.strerror}' if isinstance(exc, OSError)
-                   else "entering the container's mount namespace failed")
+                   else "joining the container's namespaces failed")
             status = errors.ApiError(500, "InternalError", f"Internal error occurred: error executing command in "
                                                            f"container: failed to exec in container: {why}").status()
             await session.send(ERROR, json.dumps(status).encode())
