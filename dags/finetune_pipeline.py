@@ -1,5 +1,6 @@
 """The seed's scheduled fine-tuning pipeline (issue 11 §5): prepare data -> fine-tune with checkpoints
-(2 workers x 4 GPUs, production-training; on-demand, as the tier is not spot-eligible: spot="auto")
+(2 workers x 4 GPUs, production-training, on spot: spot="always" is the author's opt-in, the tier itself is
+not spot-eligible)
 -> evaluate on a MIG slice -> register the model. Within the team's quota it preempts the team's
 best-effort work (nlp_ablation.py).
 
@@ -39,7 +40,7 @@ def finetune_pipeline():
     data = prepare_data()
     finetune = GpuTrainingOperator(
         task_id="finetune", team="nlp", tier="production-training", workers=2, gpus_per_worker=4,
-        checkpoint=f"{CHECKPOINTS}/finetune", spot="auto", max_interruptions=3, deadline=dt.timedelta(hours=6),
+        checkpoint=f"{CHECKPOINTS}/finetune", spot="always", max_interruptions=3, deadline=dt.timedelta(hours=6),
         image="python:3.11", cmds=TRAINER, secrets=[{"secret": S3_SECRET}], termination_grace_period=20,
         env_vars={C.ENV_EXAMPLE_EPOCHS: "30", C.ENV_EXAMPLE_STEP_SECONDS: "0.02", C.ENV_EXAMPLE_SEED: "7"},
         container_resources={"requests": {"cpu": "1", "memory": "2Gi"}})
