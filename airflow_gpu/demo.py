@@ -5,7 +5,7 @@ from examples/cluster-seed.yaml (A100 on-demand + MIG, spot pools, two zones), t
 Airflow on SQLite (api-server, scheduler, dag-processor, triggerer; LocalExecutor) with the pools
 synced from examples/seed-quotas.yaml. The example DAGs of dags/ are triggered through Airflow's REST
 API for three teams; their GpuTrainingOperator tasks submit the gangs. The demo only watches, and
-plays the cloud once: it interrupts the spot node under the production fine-tune mid-training.
+plays the cloud once: it interrupts the spot node under nlp's best-effort ablation mid-training.
 
     airflow-gpu demo [--headless] [--report FILE] [--keep-running] [--workdir DIR]
 """
@@ -424,7 +424,7 @@ class Demo:
                   what="the ablation resubmitted by its operator (same try)", timeout=180)
 
         self.step("3. Production arrives: nlp's fine-tune takes the team's quota back by preemption")
-        self.trigger(FINETUNE, "nlp, production-training, 2 x 4 GPUs on-demand, checkpointed; then eval on a MIG slice")
+        self.trigger(FINETUNE, "nlp, production-training, 2 x 4 GPUs on spot (opt-in), checkpointed; then eval on a MIG slice")
 
         self.step("4. Everything runs to the end")
         self.pump(until=self.all_runs_done, what="DAG runs to finish", timeout=480)
