@@ -21,6 +21,7 @@ from airflow_gpu.ui.queue import pool_parts
 URL_PREFIX = "/airflow-gpu"
 AUTH = [Depends(requires_access_pool("GET"))]
 
+QUEUE = service.SharedQueue()  # one build serves every user for QUEUE_MAX_AGE s (generated_at says when)
 app = FastAPI(title="airflow-gpu", description="GPU queue, cluster picture and chargeback", dependencies=AUTH)
 
 
@@ -65,7 +66,7 @@ def get_queue(user: GetUserDep, session: SessionDep, team: str | None = None) ->
     allowed = _teams(user, session)
     _check_team(team, allowed)
     try:
-        data = service.build_queue(session, _settings())
+        data = QUEUE.get(session, _settings())
     except service.NotConfigured as exc:
         raise HTTPException(503, str(exc))
     return service.visible(data, {team} if team else allowed)

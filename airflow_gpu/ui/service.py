@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import threading
 import time
 from dataclasses import dataclass
 
@@ -58,6 +59,29 @@ def build_queue(session, settings: Settings, now: float | None = None) -> dict:
     inputs = queue.Inputs(sources.read_pools(session), sources.read_tasks(session), _view(settings),
                           ConversionContext.from_config(cfg), base_url=settings.base_url)
     return queue.build(inputs, now)
+
+
+QUEUE_MAX_AGE = 5.0  # seconds one build of the queue serves every request (the page is this fresh at worst)
+
+
+class SharedQueue:
+    """The queue as last built, shared by every request for `max_age` seconds: it does not depend on the
+    user (rows are filtered afterwards, `visible`), and building it reads the whole cluster and the GPU
+    task instances (seconds with 1,000s of tasks). One build at a time; the others wait for it."""
+
+    def __init__(self, max_age: float = QUEUE_MAX_AGE):
+        self.max_age = max_age
+        self._lock = threading.Lock()
+        self._built: tuple[float, tuple, dict] | None = None  # (monotonic time, settings key, data)
+
+    def get(self, session, settings: "Settings") -> dict:
+        key = (settings.kubeconfig, settings.quota_config, settings.base_url)
+        with self._lock:
+            built = self._built
+            if built is None or built[1] != key or time.monotonic() - built[0] > self.max_age:
+                data = build_queue(session, settings)
+                self._built = built = (time.monotonic(), key, data)
+            return built[2]
 
 
 def visible(data: dict, teams: set[str] | None) -> dict:

@@ -4,6 +4,7 @@ inside the api-server or a CLI with DB access), and the cluster's objects (kubec
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from airflow_gpu import constants as C
@@ -26,15 +27,21 @@ def read_view(kubeconfig: str | Path) -> View:
         def items(resp) -> list[dict]:
             return json.loads(resp.data)["items"]
 
-        pods = items(core.list_pod_for_all_namespaces(_preload_content=False))
-        nodes = items(core.list_node(_preload_content=False))
-        groups = items(custom.list_cluster_custom_object(PODGROUP_GROUP, PODGROUP_VERSION, PODGROUP_PLURAL,
-                                                         _preload_content=False))
-        try:  # the scheduler's plan records (its namespace), for the GPUs held by plans
-            plans = items(core.list_config_map_for_all_namespaces(label_selector=C.LABEL_PLAN_OF,
-                                                                  _preload_content=False))
-        except client.ApiException:  # not allowed to read them: the queue is shown without held plans
-            plans = []
+        def read_plans() -> list[dict]:
+            try:  # the scheduler's plan records (its namespace), for the GPUs held by plans
+                return items(core.list_config_map_for_all_namespaces(label_selector=C.LABEL_PLAN_OF,
+                                                                     _preload_content=False))
+            except client.ApiException:  # not allowed to read them: the queue is shown without held plans
+                return []
+
+        # the four lists at once: the API server's time dominates (1,800 pods, 500 nodes: ~1 s in a row)
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            pods_f = pool.submit(lambda: items(core.list_pod_for_all_namespaces(_preload_content=False)))
+            nodes_f = pool.submit(lambda: items(core.list_node(_preload_content=False)))
+            groups_f = pool.submit(lambda: items(custom.list_cluster_custom_object(
+                PODGROUP_GROUP, PODGROUP_VERSION, PODGROUP_PLURAL, _preload_content=False)))
+            plans_f = pool.submit(read_plans)
+            pods, nodes, groups, plans = pods_f.result(), nodes_f.result(), groups_f.result(), plans_f.result()
     return View(pods={key_of(p): p for p in pods}, nodes={n["metadata"]["name"]: n for n in nodes},
                 podgroups={key_of(g): g for g in groups}, priorityclasses={}, resourcequotas={},
                 plans={key_of(p): p for p in plans})
