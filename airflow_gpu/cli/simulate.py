@@ -55,6 +55,10 @@ def _register_replay(modes) -> None:
     rp.add_argument("--days", type=float, help="seed scenario: days of arrivals (default from SeedParams)")
     rp.add_argument("--config", type=Path, help="quota config for tiers and prices (default examples/seed-quotas.yaml)")
     rp.add_argument("--platforms", default=",".join(PLATFORMS), help=f"comma-separated, from {', '.join(PLATFORMS)}")
+    rp.add_argument("--duration-estimate", type=float, default=0.0, metavar="X",
+                    help="give the queue each gang's expected duration = X x its work (EASY backfilling through "
+                         "reservations); 0 (default): none, like gangs without the expected-duration annotation; "
+                         "1 is an oracle")
     rp.add_argument("--json", action="store_true", help="print one JSON object")
     rp.add_argument("--events", type=Path, help="write <platform>.csv (every job attempt) and quota JSON here")
     rp.add_argument("--plots", type=Path, help="write utilization.png, wait_cdf.png, ablations.png here")
@@ -78,6 +82,9 @@ def _replay(args) -> int:
     if not 0 < args.capacity <= 1:
         print(f"--capacity must be in (0, 1], got {args.capacity}", file=sys.stderr)
         return 2
+    if args.duration_estimate < 0:
+        print(f"--duration-estimate must be >= 0 (0: no estimate), got {args.duration_estimate}", file=sys.stderr)
+        return 2
     config = args.config or DEFAULT_CONFIG
     params = None
     try:
@@ -100,6 +107,10 @@ def _replay(args) -> int:
         print(f"airflow-gpu simulate replay: {exc}", file=sys.stderr)
         return 2
 
+    if args.duration_estimate:
+        from dataclasses import replace as _with
+
+        setting = _with(setting, duration_estimate=args.duration_estimate)
     results = []
     for name in names:
         if sys.stderr.isatty():
@@ -111,7 +122,7 @@ def _replay(args) -> int:
                                       progress=lambda d, t: bar.update(task, completed=d, total=t)))
         else:
             results.append(replay(setting, PLATFORMS[name]))
-    doc = {"trace": trace, "capacity": args.capacity, "seed": args.seed,
+    doc = {"trace": trace, "capacity": args.capacity, "seed": args.seed, "duration_estimate": args.duration_estimate,
            "nodes": len(setting.nodes), "gpus": sum(n.gpu_count for n in setting.nodes), "jobs": len(setting.jobs),
            "platforms": {r.platform.name: summarize(r) for r in results}}
     if params is not None:

@@ -100,6 +100,9 @@ class Setting:
     prices: dict[str, tuple[float, float]]  # gpu product -> (on-demand, spot) per GPU-hour
     spot: SpotModel = SpotModel()
     seed: int = 0
+    # Gang.expected_duration given to the queue = this x the job's work (0: none, as a gang without
+    # the expected-duration annotation). 1.0 is an oracle; users' estimates are usually longer.
+    duration_estimate: float = 0.0
 
 
 @dataclass
@@ -158,7 +161,8 @@ def quota_book(setting: Setting, nodes: list[Node], platform: Platform) -> Quota
     return QuotaBook(teams, borrowed_priority=setting.borrowed_priority)
 
 
-def _unit_gangs(job: Job, platform: Platform, tiers: dict[str, TierRule]) -> dict[str, Gang]:
+def _unit_gangs(job: Job, platform: Platform, tiers: dict[str, TierRule],
+                duration_estimate: float = 0.0) -> dict[str, Gang]:
     rule = tiers[job.tier]
     worker = job.worker if platform.shares else whole_gpus(job.worker)
     checkpointable = job.checkpointable and platform.checkpoints
@@ -168,7 +172,8 @@ def _unit_gangs(job: Job, platform: Platform, tiers: dict[str, TierRule]) -> dic
     members = confine_to_eligible_capacity(members, eligible)
     common = dict(team=job.team, tier=job.tier, priority=priority, preemptible=rule.preemptible,
                   checkpointable=checkpointable, spot_eligible=eligible, created_at=job.submit,
-                  topology=TopologyRequirement(TopologyLevel.CLIQUE, hard=False))
+                  topology=TopologyRequirement(TopologyLevel.CLIQUE, hard=False),
+                  expected_duration=job.work * duration_estimate if duration_estimate > 0 else None)
     if platform.gang:
         return {job.name: Gang(name=job.name, members=members, **common)}
     return {m.name: Gang(name=m.name, members=(m,), **common) for m in members}
@@ -455,7 +460,8 @@ class Replay:
         jobs = self.setting.jobs
         horizon = max(j.submit for j in jobs) if jobs else 0.0
         for j in jobs:
-            self.states[j.name] = JobState(j, _unit_gangs(j, self.platform, self.setting.tiers))
+            self.states[j.name] = JobState(j, _unit_gangs(j, self.platform, self.setting.tiers,
+                                                          self.setting.duration_estimate))
             self.push(j.submit, "arrive", j.name)
         if self.platform.queue == "fifo":
             self.fifo = _Fifo([g for st in self.states.values() for g in st.units.values()], self.cycle.profile)
