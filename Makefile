@@ -25,7 +25,7 @@ demo: venv
 
 test: venv
 	@test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium)  # UI browser test
-	$(VPY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(VPY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 bench: venv
 	$(VPY) -m bench

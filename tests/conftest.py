@@ -37,7 +37,9 @@ pytest_plugins = [
 # start once, on one worker), handed out in collection order. The longest files go first so that
 # no worker is left running one of them alone at the end; measured with `pytest --durations=0`.
 LONGEST_FILES_FIRST = (
+    "test_operator_airflow.py",
     "test_demo.py",
+    "test_localcluster_kpo.py",
     "test_sim_replay.py",
     "test_pools_airflow.py",
     "test_ui_plugin.py",
