@@ -16,8 +16,8 @@ from airflow_gpu.devtools.gangs import create_gang, gang_binding_state, list_pod
 from airflow_gpu.devtools.processes import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
-SEED = REPO / "examples" / "seed-quotas.yaml"
-SYSTEM, TEAM_NS, LEASE = "airflow-gpu-system", "team-vision", "airflow-gpu-scheduler"
+QUOTAS = REPO / "deploy" / "base" / "quotas.yaml"  # what apply -k ships as the airflow-gpu-quotas ConfigMap
+SYSTEM, TEAM_NS, LEASE = "airflow-gpu-system", "team-research", "airflow-gpu-scheduler"
 SELECTOR = "app.kubernetes.io/name=airflow-gpu-scheduler"
 
 
@@ -47,8 +47,7 @@ def test_apply_k_deploy_runs_the_scheduler_in_cluster_and_rollout_restart_hands_
     core, api = kube_cluster.core(), kube_cluster.api_client()
     applied = kube_cluster.kubectl("apply", "-k", str(REPO / "deploy"))
     assert "deployment.apps/airflow-gpu-scheduler created" in applied.stdout
-    kube_cluster.kubectl("-n", SYSTEM, "create", "configmap", "airflow-gpu-quotas", f"--from-file=quotas.yaml={SEED}")
-    rendered = subprocess.run([sys.executable, "-m", "airflow_gpu", "pools", "render-k8s", "--config", str(SEED)],
+    rendered = subprocess.run([sys.executable, "-m", "airflow_gpu", "pools", "render-k8s", "--config", str(QUOTAS)],
                               capture_output=True, text=True, timeout=60, check=True).stdout
     kube_cluster.kubectl("apply", "-f", "-", input=rendered)  # the teams' namespaces and quotas
     kube_cluster.kubectl("-n", SYSTEM, "rollout", "status", "deployment/airflow-gpu-scheduler", "--timeout=120s",

@@ -195,7 +195,7 @@ def test_token_review_and_audience(kube_cluster, ns):
 
 def _apply_deploy_rbac(kube_cluster) -> None:
     for name in ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "priorityclasses.yaml"):
-        kube_cluster.kubectl("apply", "-f", str(REPO / "deploy" / name))
+        kube_cluster.kubectl("apply", "-f", str(REPO / "deploy" / "base" / name))
     # the teams' namespaces and quotas of the seed config (the scheduler places gangs of known teams only)
     rendered = subprocess.run([sys.executable, "-m", "airflow_gpu", "pools", "render-k8s", "--config", str(SEED)],
                               capture_output=True, text=True, timeout=60, check=True).stdout

@@ -252,7 +252,10 @@ def test_production_preempts_the_teams_best_effort_task(platform):
     ti = wait_state(api, "acc_best_effort", best, {"success", "failed"}, timeout=300)
     assert (ti["state"], ti["try_number"]) == ("success", 1), ti  # its retries untouched
     result = xcom(api, "acc_best_effort", best)
-    assert (result["preemptions"], result["interruptions"], result["attempts"]) == (1, 0, 2), result
+    # preempted at least once (another production gang of the team may take its GPUs again), every
+    # relaunch a new attempt in the same try
+    assert result["preemptions"] >= 1 and result["interruptions"] == 0, result
+    assert result["attempts"] == result["preemptions"] + 1, result
     assert result["resumed_from_step"] and result["resumed_from_step"] > 0, result
     log = task_log(stack, "acc_best_effort", best, 1)
     assert "preempted" in log and f"resuming from checkpoint step {result['resumed_from_step']}" in log, log[-6000:]
@@ -342,7 +345,12 @@ def test_finetune_dag_survives_a_spot_interruption(platform, kube_cluster):
     run_id = runs[0]["dag_run_id"]
     pods = wait_until(lambda: running_pods(core, "finetune_pipeline", 2), timeout=240, interval=0.5,
                       what=lambda: f"the fine-tuning gang running; {_cluster_view(core, platform)}")
-    time.sleep(4)  # a few epochs: checkpoints at steps > 0
+    # Airflow 3.3 race: a trigger event that lands before the scheduler has processed the executor's
+    # "success" of the deferring process gets the try marked up_for_retry ("finished with state success,
+    # but the task instance's state attribute is queued"). Real trainings run for minutes; here the
+    # interruption waits until the deferral has settled.
+    wait_state(api, "finetune_pipeline", run_id, {"deferred"}, task_id="finetune", timeout=60)
+    time.sleep(8)  # a few epochs: checkpoints at steps > 0
     kube_cluster.interrupt(pods[0].spec.node_name, notice=1.0, replace_after=2.0)
 
     assert wait_run(api, "finetune_pipeline", run_id, timeout=300) == "success"

@@ -6,6 +6,7 @@ reclaim preempts a borrowing team."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import threading
 import time
@@ -135,21 +136,56 @@ def test_16_gpu_gang_is_never_partial_and_not_starved_by_small_jobs(kube_cluster
         sched.stop()
 
 
+# The victims report over UDP to the test (MARKER=host:port): a pod's files stay in its own view.
 SIGTERM_SCRIPT = r"""
-import os, signal, sys, time
-marker = os.environ["MARKER"]
+import os, signal, socket, sys, time
+host, port = os.environ["MARKER"].rsplit(":", 1)
+out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+def say(line):
+    out.sendto(line.encode(), (host, int(port)))
 def on_term(signum, frame):
-    with open(marker, "a") as f:
-        f.write(f"sigterm {time.time()}\n")
+    say(f"sigterm {time.time()}")
     time.sleep(1.0)  # checkpointing
-    with open(marker, "a") as f:
-        f.write(f"saved {time.time()}\n")
+    say(f"saved {time.time()}")
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
-open(marker + ".started", "w").close()
+say("started")
 while True:
     time.sleep(0.1)
 """
+
+
+class Marker:
+    """Collects what SIGTERM_SCRIPT pods say; `address` goes into their MARKER env."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self._lines: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._collect, daemon=True)
+        self._thread.start()
+
+    def _collect(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._lines.append(self.sock.recv(4096).decode())
+            except OSError:
+                continue
+
+    def lines(self) -> list[str]:
+        return list(self._lines)
+
+    def started(self) -> bool:
+        return "started" in self._lines
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.sock.close()
+
 
 
 def _quota_config(tmp_path: Path, teams: list[dict], preempting_tiers: tuple[str, ...] = ()) -> Path:
@@ -192,6 +228,7 @@ def test_production_gang_preempts_the_whole_gang_losing_least_work(kube_cluster,
     scheduler = Scheduler(sched_client, load_config(cfg_path), Settings(), elector=elector, identity="inproc")
     runner = threading.Thread(target=scheduler.run, daemon=True)
     runner.start()
+    marker = Marker()
     try:
         now = time.time()
         # four best-effort gangs of 2 x 2 GPUs fill the 16 GPUs; their checkpoints differ in age
@@ -203,10 +240,10 @@ def test_production_gang_preempts_the_whole_gang_losing_least_work(kube_cluster,
                     now - age, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
             G.create_gang(api, ns, name, 2, 2, priority_class="airflow-gpu-best-effort-training", grace=5,
                           command=[sys.executable, "-c", SIGTERM_SCRIPT], annotations=ann,
-                          env={"MARKER": str(tmp_path / "marker")}, pg_annotations=None)
+                          env={"MARKER": marker.address}, pg_annotations=None)
         G.wait_until(lambda: all(_bound_at(G.list_pods(api, ns)).values()) and len(G.list_pods(api, ns)) == 8,
                      30, what="best-effort gangs bound")
-        G.wait_until(lambda: (tmp_path / "marker.started").exists(), 20, what="best-effort pods running")
+        G.wait_until(marker.started, 20, what="best-effort pods running")
         victims_expected = {"be-b-0", "be-b-1"}
         nodes_before = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in G.list_pods(api, ns)}
 
@@ -218,9 +255,9 @@ def test_production_gang_preempts_the_whole_gang_losing_least_work(kube_cluster,
         assert gone == victims_expected, f"victims {sorted(gone)}, expected {sorted(victims_expected)}"
         prod_nodes = {pods[f"prod-{i}"]["spec"]["nodeName"] for i in range(2)}
         assert prod_nodes == {nodes_before["be-b-0"]}  # where the victims' GPUs were freed
-        marker = (tmp_path / "marker").read_text().split("\n")
-        assert sum(line.startswith("sigterm") for line in marker) == 2, marker  # each victim pod
-        assert sum(line.startswith("saved") for line in marker) == 2, marker  # and each had time to save
+        said = marker.lines()
+        assert sum(line.startswith("sigterm") for line in said) == 2, said  # each victim pod
+        assert sum(line.startswith("saved") for line in said) == 2, said  # and each had time to save
         events = G.events_for(api, ns)
         assert any(e["reason"] == "Preempting" and "be-b" in e["message"] for e in events)
         assert any(e["reason"] == "Preempted" and e["involvedObject"]["name"] == "be-b" for e in events)
@@ -229,6 +266,7 @@ def test_production_gang_preempts_the_whole_gang_losing_least_work(kube_cluster,
         assert recorder.seen <= REQUIRED, f"requests outside deploy/rbac.yaml: {sorted(recorder.seen - REQUIRED)}"
         assert ("", "pods/eviction", "create") in recorder.seen
     finally:
+        marker.close()
         scheduler.stop()
         runner.join(10)
         elector.stop()

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 from kubernetes import client
-from test_scheduler_gangs import PRODUCT, SIGTERM_SCRIPT, _quota_config
+from test_scheduler_gangs import PRODUCT, SIGTERM_SCRIPT, Marker, _quota_config
 
 from airflow_gpu import constants as C
 from airflow_gpu.config import load_config
@@ -53,24 +53,24 @@ def test_owner_reclaims_lent_quota_from_a_same_tier_borrower(kube_cluster, api, 
     ]))
     scheduler = Scheduler(G.api_client(kube_cluster.kubeconfig), cfg, Settings(), identity="reclaim-same-tier")
     runner = run(scheduler)
-    marker = tmp_path / "marker"
+    marker = Marker()
     try:
         # team a runs its own 4 GPUs, then borrows team b's idle 4, all best-effort
         G.create_gang(api, a, "a-own", 1, 4, priority_class=BE_CLASS, sim_seconds=60)
         G.wait_until(lambda: bound(api, a, "a-own") == 1, 20, what="a-own bound")
         G.create_gang(api, a, "a-borrow", 1, 4, priority_class=BE_CLASS, grace=5,
-                      command=[sys.executable, "-c", SIGTERM_SCRIPT], env={"MARKER": str(marker)},
+                      command=[sys.executable, "-c", SIGTERM_SCRIPT], env={"MARKER": marker.address},
                       annotations={C.ANNOTATION_CHECKPOINTABLE: "true"})
         G.wait_until(lambda: bound(api, a, "a-borrow") == 1, 20, what="a-borrow bound")
         ann = G.get_podgroup(api, a, "a-borrow")["metadata"].get("annotations") or {}
         assert ann.get(C.ANNOTATION_BORROWED) == "true"
-        G.wait_until(lambda: (tmp_path / "marker.started").exists(), 20, what="borrower running")
+        G.wait_until(marker.started, 20, what="borrower running")
 
         # team b's gang of the SAME tier and priority wants its guaranteed 4 GPUs back
         G.create_gang(api, b, "b-job", 1, 4, priority_class=BE_CLASS, sim_seconds=30)
         G.wait_until(lambda: bound(api, b, "b-job") == 1, 30, what="team b's gang bound")
 
-        lines = marker.read_text().split("\n")
+        lines = marker.lines()
         assert sum(x.startswith("sigterm") for x in lines) == 1, lines  # SIGTERM ...
         assert sum(x.startswith("saved") for x in lines) == 1, lines  # ... and the grace period to save
         pods = {p["metadata"]["name"]: p for p in G.list_pods(api, a)}
@@ -84,6 +84,7 @@ def test_owner_reclaims_lent_quota_from_a_same_tier_borrower(kube_cluster, api, 
         assert value == 1.0
         assert G.overcommitted_nodes(api) == {}
     finally:
+        marker.close()
         scheduler.stop()
         runner.join(10)
         for ns in (a, b):
