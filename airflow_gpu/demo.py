@@ -296,8 +296,6 @@ class Demo:
             # only the runs the demo triggers: finetune_pipeline's @daily schedule stays quiet
             "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
             "AIRFLOW__CORE__PARALLELISM": "8",
-            # a loaded laptop answers the task runners' execution API slowly: wait instead of failing a try
-            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30",
         })
         self.airflow.migrate()
         sync = _cli("pools", "sync", "--config", str(SEED_QUOTAS), env=self.airflow.env())

@@ -93,6 +93,8 @@ class AirflowStack:
             "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+            # a loaded machine answers the task runners' execution API slowly: wait instead of failing a try
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30",
         })
         env.update(self.extra_env)
         return env
