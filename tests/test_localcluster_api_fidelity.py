@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import uuid
 
 import pytest
 import requests
@@ -17,13 +16,6 @@ from airflow_gpu.devtools.processes import wait_until
 @pytest.fixture(scope="module")
 def kube_spec():
     return {"name": "fidelity", "pools": [{"name": "gpu", "count": 1, "gpu": {"count": 2}}]}
-
-
-@pytest.fixture
-def ns(kube_cluster):
-    name = f"f-{uuid.uuid4().hex[:8]}"
-    kube_cluster.kubectl("create", "namespace", name)
-    return name
 
 
 def test_every_status_has_details(kube_cluster):

@@ -6,7 +6,6 @@ Pods and PodGroups."""
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
 import requests
@@ -17,13 +16,6 @@ from kubernetes import client
 @pytest.fixture(scope="module")
 def kube_spec():
     return {"name": "apply", "pools": [{"name": "gpu", "count": 1, "gpu": {"count": 4}}]}
-
-
-@pytest.fixture
-def ns(kube_cluster):
-    name = f"a-{uuid.uuid4().hex[:8]}"
-    kube_cluster.kubectl("create", "namespace", name)
-    return name
 
 
 def apply(kube_cluster, ns: str, manifest: dict, *extra: str, check: bool = True):

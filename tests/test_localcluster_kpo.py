@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from airflow_gpu.devtools.dag_test import DAG_TEST_SCRIPT
+
 pytestmark = pytest.mark.slow
 
 DAG = '''
@@ -31,26 +33,7 @@ def build():
 build()
 '''
 
-RUN = r'''
-import json, sys
-from airflow.dag_processing.dagbag import DagBag
-from airflow.models.taskinstance import TaskInstance as TI
-from airflow.models.xcom import XComModel
-from airflow.utils.session import create_session
-
-bag = DagBag(sys.argv[1])
-assert not bag.import_errors, bag.import_errors
-dag = bag.get_dag(sys.argv[2])
-dr = dag.test()
-out = {"state": str(dr.state), "tis": {}}
-with create_session() as session:
-    for ti in session.query(TI).filter(TI.dag_id == dag.dag_id, TI.run_id == dr.run_id):
-        out["tis"][ti.task_id] = {"state": str(ti.state)}
-    for x in session.query(XComModel).filter(XComModel.dag_id == dag.dag_id, XComModel.run_id == dr.run_id,
-                                             XComModel.key == "return_value"):
-        out["tis"].setdefault(x.task_id, {})["xcom"] = x.value
-print("RESULT " + json.dumps(out, default=str), flush=True)
-'''
+RUN = DAG_TEST_SCRIPT  # dag.test() in a fresh interpreter (devtools/dag_test.py)
 
 
 @pytest.mark.parametrize("deferrable", [False, True], ids=["sync", "deferrable"])
