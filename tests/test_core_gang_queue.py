@@ -185,7 +185,10 @@ def test_seed_story_production_reclaims_its_quota_from_borrowed_best_effort_trai
         running.remove(v)
     res = run_cycle(snap, [prod, plan.victims[0].gang], running, profile(), now + 30, qb)
     assert [(d.gang.name, d.borrowed) for d in res.admitted] == [("nlp-ft", False)]
-    assert res.waiting["sweep-2"].startswith("cohort quota: research would borrow 8 a100-80gb")
+    # the guarantees add up to the cluster, so the cohort pool is short only because the cluster is:
+    # the victim waits for capacity (head of line, with a reservation), not on "cohort quota"
+    assert res.waiting["sweep-2"].startswith("member sweep-2-0 does not fit")
+    assert res.reservation is not None and res.reservation.gang.name == "sweep-2"
 
 
 @settings(max_examples=60, deadline=None)
@@ -241,3 +244,25 @@ def test_asks_no_smaller_than_a_refused_one_wait_without_being_placed_again():
     res = run_cycle(snap, [head, six, seven, other_team], running, profile(), now=0.0, quota=book)
     assert res.waiting["seven"].startswith("does not fit, as six")
     assert not res.waiting["seven-u"].startswith("does not fit, as")
+
+
+def test_a_cohort_pool_as_large_as_the_cluster_is_a_capacity_wait_so_the_big_gang_reserves():
+    """The teams' guarantees add up to the cluster: the cohort pool is short only when the cluster
+    is. A gang refused by the pool becomes head of line and holds a reservation, instead of waiting
+    on "quota" while every smaller gang behind it keeps taking the GPUs it needs."""
+    snap = Snapshot.from_nodes(cluster(2))
+    qb = QuotaBook({t: TeamQuota.from_gpus(t, {"H100": 8}, {"H100": 16}) for t in "ab"})
+    running = [start(snap, gang("b1", 1, 8, team="b", expected_duration=100.0), profile()),
+               start(snap, gang("a1", 1, 4, team="a", expected_duration=1000.0), profile())]
+    big = gang("big", 2, 8, team="a", created_at=0.0)  # 16 GPUs: pool 16, drawn 12
+    small = gang("small", 1, 4, team="b", created_at=1.0)  # fits in the 4 free GPUs, unknown duration
+    res = run_cycle(snap, [big, small], running, profile(), now=0.0, quota=qb)
+    assert res.admitted == []
+    assert res.reservation is not None and res.reservation.gang.name == "big"
+    assert res.reservation.start == 1000.0 and res.reservation.nodes == {"n0000", "n0001"}
+    assert "needs 16 GPUs" in res.waiting["big"] and "earliest start in ~1000 s" in res.waiting["big"]
+    assert res.waiting["small"].startswith("would delay big")
+    # a pool smaller than the cluster is a quota wait, as before: no reservation
+    tight = QuotaBook({t: TeamQuota.from_gpus(t, {"H100": 7}, {"H100": 16}) for t in "ab"})
+    res = run_cycle(snap, [big], running, profile(), now=0.0, quota=tight)
+    assert res.reservation is None and res.waiting["big"].startswith("cohort quota: a would borrow")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from airflow_gpu.core.framework import FilterResult, Profile, place_pod
-from airflow_gpu.core.model import Gang, Placement, PodRequest, TopologyLevel
+from airflow_gpu.core.model import GPU_MILLI, Gang, Placement, PodRequest, TopologyLevel
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, QuotaVerdict, check, demand_of_placements, demand_on_product
 from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.core.topology import Domain, candidate_domains, eligible_nodes, members_per_node
@@ -238,6 +238,28 @@ def _only_products(gang: Gang, products: list[str]) -> Gang:
     return replace(gang, members=tuple(only(m) for m in gang.members))
 
 
+def quota_capacity(snap: Snapshot, quota: QuotaBook, product: str) -> int:
+    """The cluster's GPUs of quota `product` in quota units (milli-GPU, weighted)."""
+    cache = snap.shape._mask_cache
+    per_label = cache.get("gpus-per-product")
+    if per_label is None:
+        per_label = cache["gpus-per-product"] = {}
+        for n, count in zip(snap.shape.nodes, snap.shape.gpu_counts):
+            if n.gpu_product:
+                per_label[n.gpu_product] = per_label.get(n.gpu_product, 0) + count
+    return sum(round(count * GPU_MILLI * quota.weight(label)) for label, count in per_label.items()
+               if quota.product(label) == product)
+
+
+def pool_is_capacity(snap: Snapshot, quota: QuotaBook, verdict: QuotaVerdict) -> bool:
+    """A refusal by a cohort pool that holds at least the whole cluster's GPUs of that product: the pool
+    is short only when the cluster is (the teams' guarantees add up to the cluster), so the refusal is
+    a capacity shortage, and treating it as quota would keep a big gang from ever being head of line."""
+    key = verdict.pool_key
+    return (not verdict.fits and key is not None and key[1] is None
+            and verdict.pool_size >= quota_capacity(snap, quota, key[0]) > 0)
+
+
 def admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None = None,
           usage: QuotaUsage | None = None, exclude: np.ndarray | None = None) -> GangDecision:
     """Admit `gang` whole or not at all, within its team's quota; with `gang.min_member` below its
@@ -265,11 +287,15 @@ def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None
     products = accepted_products(snap, gang)
     allowed: list[str] = []
     refusal: QuotaVerdict | None = None
+    lent: QuotaVerdict | None = None  # within the guarantee, short as others borrowed it: said in the reason
     for label in products:
         verdict = check(quota, usage, gang.team,
                         demand_on_product(gang, quota.product(label), quota.weight(label), label))
-        if verdict.fits:
+        if verdict.fits or pool_is_capacity(snap, quota, verdict):
+            # a pool as large as the cluster refuses only what capacity refuses: placement decides
+            # (a capacity wait: the gang may become head of line and hold a reservation)
             allowed.append(label)
+            lent = lent or (verdict if verdict.reclaimable else None)
         elif refusal is None:
             refusal = verdict
     if not allowed:
@@ -297,4 +323,6 @@ def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None
         quota_refusal = quota_refusal or verdict
     if quota_refusal is not None:
         return GangDecision(gang, False, reason=quota_refusal.reason, blocked_by=BLOCKED_QUOTA, quota=quota_refusal)
-    return GangDecision(gang, False, reason=why, blocked_by=BLOCKED_CAPACITY)
+    if lent is not None:
+        why = f"{lent.reason}; {why}"
+    return GangDecision(gang, False, reason=why, blocked_by=BLOCKED_CAPACITY, quota=lent)

@@ -214,6 +214,10 @@ class QuotaVerdict:
     reason: str = ""  # why it does not fit, in words for a human
     reclaimable: bool = False  # does not fit now, but would once borrowers in the cohort gave quota back
     own_excess: bool = False  # over the team's own ceiling: only the team's own gangs can make room
+    # refused by the cohort pool (not the team's own ceiling): the key and the pool's size, so that a
+    # caller who knows the cluster can tell a pool as large as the cluster (a capacity shortage)
+    pool_key: QuotaKey | None = None
+    pool_size: int = 0
 
 
 def pool_state(book: QuotaBook, usage: QuotaUsage, cohort: str, key: QuotaKey) -> tuple[int, int]:
@@ -257,11 +261,11 @@ def check(book: QuotaBook, usage: QuotaUsage, team: str, demand: Mapping[QuotaKe
                 return QuotaVerdict(False, reason=f"team quota: {team} uses {fmt_amount(key, u)} of "
                                                   f"{fmt_amount(key, n)} {name} but other teams borrowed it; "
                                                   f"reclaiming {fmt_amount(key, drawn + extra - size)}",
-                                    reclaimable=True)
+                                    reclaimable=True, pool_key=key, pool_size=size)
             return QuotaVerdict(False, reason=f"cohort quota: {team} would borrow "
                                               f"{fmt_amount(key, after - n)} {name} beyond its "
                                               f"{fmt_amount(key, n)}; {fmt_amount(key, idle)} idle in cohort "
-                                              f"{tq.cohort}")
+                                              f"{tq.cohort}", pool_key=key, pool_size=size)
         if after > n:
             borrowed = True
     return QuotaVerdict(True, borrowed=borrowed)
