@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 
-from fixtures.core_gang import cluster, gang, profile, run_cycle, start
+from fixtures.core_gang import cluster, gang, profile, run_cycle, start, state_of
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from airflow_gpu.constants import TIER_INTERACTIVE
 from airflow_gpu.core.gang import admit, place_gang
-from airflow_gpu.core.model import RunningGang
+from airflow_gpu.core.model import RunningGang, TopologyLevel
 from airflow_gpu.core.preemption import team_borrows
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements, within_limits
 from airflow_gpu.core.queue import estimate_start, queue_order
@@ -266,3 +266,110 @@ def test_a_cohort_pool_as_large_as_the_cluster_is_a_capacity_wait_so_the_big_gan
     tight = QuotaBook({t: TeamQuota.from_gpus(t, {"H100": 7}, {"H100": 16}) for t in "ab"})
     res = run_cycle(snap, [big], running, profile(), now=0.0, quota=tight)
     assert res.reservation is None and res.waiting["big"].startswith("cohort quota: a would borrow")
+
+
+# --- reservations: preemptible checkpointed backfill, no-plan memo ------------------------------------
+
+def test_checkpointed_lower_priority_work_backfills_a_reservation_and_is_preempted_at_its_start():
+    """Without duration estimates, only work the head can take back may use its reserved nodes:
+    preemptible, checkpointable, lower priority. When the head can start, it preempts that work."""
+    from airflow_gpu.constants import TIER_PRODUCTION_TRAINING as PROD
+
+    snap = Snapshot.from_nodes(cluster(2))
+    blockers = [start(snap, gang("prod-a", 1, 8, priority=100, tier=PROD, preemptible=False), profile()),
+                start(snap, gang("prod-b", 1, 4, priority=100, tier=PROD, preemptible=False), profile())]
+    head = gang("head", 2, 8, priority=100, tier=PROD, preemptible=False, created_at=0.0)
+    sweep = gang("sweep", 1, 4, priority=1, checkpointable=True, created_at=1.0)
+    plain = gang("plain", 1, 4, priority=1, created_at=2.0)  # not checkpointable: would lose its work
+    prod = gang("prod-c", 1, 4, priority=100, tier=PROD, preemptible=False, created_at=3.0)
+    for other in (plain, prod):
+        res = run_cycle(snap, [head, other], blockers, profile(), now=0.0)
+        assert res.admitted == [] and res.reservation.gang.name == "head"
+        assert res.waiting[other.name].startswith("would delay head")
+    res = run_cycle(snap, [head, sweep], blockers, profile(), now=0.0)
+    assert res.reservation.gang.name == "head" and math.isinf(res.reservation.start)
+    (d,) = res.admitted
+    assert d.gang.name == "sweep" and d.placements[0].node in res.reservation.nodes
+    backfill = RunningGang(sweep, d.placements, started_at=0.0, last_checkpoint_at=50.0)
+    for p in d.placements:
+        snap.assume(p)
+    for b in blockers:  # the blockers end: the head preempts the backfill and starts
+        for p in b.placements:
+            snap.forget(p)
+    res = run_cycle(snap, [head], [backfill], profile(), now=100.0)
+    assert [p.victim_names for p in res.preemptions] == [("sweep",)]
+
+
+def test_another_teams_backfill_on_a_reservation_must_be_a_reclaimable_borrower():
+    """Across teams only a borrower can be reclaimed: a backfill within its own team's guarantee is
+    kept off the reserved nodes (it would be no victim of the head)."""
+    from airflow_gpu.constants import TIER_PRODUCTION_TRAINING as PROD
+
+    snap = Snapshot.from_nodes(cluster(2))
+    blockers = [start(snap, gang("prod-a", 1, 8, team="a", priority=100, tier=PROD, preemptible=False), profile()),
+                start(snap, gang("prod-b", 1, 4, team="a", priority=100, tier=PROD, preemptible=False), profile())]
+    head = gang("head", 2, 8, team="a", priority=100, tier=PROD, preemptible=False, created_at=0.0)  # both nodes
+    sweep = gang("sweep", 1, 4, team="b", priority=1, checkpointable=True, created_at=1.0)
+    lends = QuotaBook({"a": TeamQuota.from_gpus("a", {"H100": 14}, {"H100": 16}),
+                       "b": TeamQuota.from_gpus("b", {"H100": 2}, {"H100": 16})})  # b borrows beyond 2
+    res = run_cycle(snap, [head, sweep], blockers, profile(), now=0.0, quota=lends)
+    assert res.reservation.gang.name == "head" and [d.gang.name for d in res.admitted] == ["sweep"]
+    assert res.admitted[0].borrowed
+    guaranteed = QuotaBook({"a": TeamQuota.from_gpus("a", {"H100": 12}, {"H100": 16}),
+                            "b": TeamQuota.from_gpus("b", {"H100": 4}, {"H100": 16})})  # b within its 4
+    res = run_cycle(snap, [head, sweep], blockers, profile(), now=0.0, quota=guaranteed)
+    assert res.reservation.gang.name == "head" and res.admitted == []
+    assert res.waiting["sweep"].startswith("would delay head")
+
+
+def test_a_failed_preemption_plan_is_not_searched_again_for_the_same_ask(monkeypatch):
+    import airflow_gpu.core.queue as queue
+
+    calls = []
+    real = queue.plan_preemption
+    monkeypatch.setattr(queue, "plan_preemption", lambda *a, **k: calls.append(a[1].name) or real(*a, **k))
+    snap = Snapshot.from_nodes(cluster(1))
+    running = [start(snap, gang("r", 1, 8, priority=9), profile())]  # higher priority: no victim
+    # 16 GPUs on one node of 8: no plan and no reservation, so every gang is tried before one is taken
+    big = dict(level=TopologyLevel.NODE, hard=True)
+    same = [gang(f"p{i}", 2, 8, priority=5, created_at=float(i), **big) for i in range(5)]
+    other = gang("q", 2, 8, priority=6, created_at=9.0, **big)  # another priority: its own search
+    memo = queue.NoPlanMemo()
+    res = queue.schedule_cycle(state_of(snap, running), same + [other], profile(), 0.0, no_plan=memo)
+    assert calls == ["q", "p0"] and res.preemptions == []
+    assert set(res.waiting) == {g.name for g in same} | {"q"}
+    queue.schedule_cycle(state_of(snap, running), same, profile(), 1.0, no_plan=memo)
+    assert calls == ["q", "p0"]  # nothing changed: the memo holds across cycles
+    memo.reset()  # the caller's part: the running set or capacity changed
+    queue.schedule_cycle(state_of(snap, running), same, profile(), 2.0, no_plan=memo)
+    assert calls == ["q", "p0", "p0"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(queues(), st.lists(st.booleans(), min_size=6, max_size=6))
+def test_work_on_reserved_nodes_ends_before_the_head_starts_or_is_the_heads_to_preempt(scene, ckpt):
+    """Production is never held back by work it cannot take back: every gang admitted behind the
+    head onto its reserved nodes either ends before the head's start (estimate) or is a preemption
+    candidate of the head once admitted (preemptible, lower priority, same team or a borrower)."""
+    from dataclasses import replace as _replace
+
+    from airflow_gpu.core.preemption import candidates
+
+    snap, running, pending, quota = scene
+    pending = [_replace(g, checkpointable=c) for g, c in zip(pending, ckpt)]
+    res = run_cycle(snap, pending, running, profile(), now=10.0, quota=quota)
+    r = res.reservation
+    assume(r is not None and not r.by_preemption)
+    after = snap.copy()
+    admitted = []
+    for d in res.admitted:
+        for p in d.placements:
+            after.assume(p)
+        admitted.append(RunningGang(d.gang, d.placements, 10.0, borrowed=d.borrowed))
+    state = state_of(after, running + admitted, quota)
+    heads = {c.gang.name for c in candidates(state, r.gang, 10.0)}
+    order = [g.name for g in queue_order(pending)]
+    later = set(order[order.index(r.gang.name) + 1:])
+    for d in res.admitted:
+        if d.gang.name in later and {p.node for p in d.placements} & r.nodes and not r.lets_through(d.gang, 10.0):
+            assert d.gang.checkpointable and d.gang.name in heads, (d.gang.name, r.gang.name)

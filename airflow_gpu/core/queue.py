@@ -56,7 +56,7 @@ from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, admit, place_gang
 from airflow_gpu.core.model import Gang, Placement, PodRequest, RunningGang
-from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy, plan_preemption
+from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy, plan_preemption, under_guarantee
 from airflow_gpu.core.room import RoomEstimate
 from airflow_gpu.core.snapshot import Snapshot
 
@@ -206,6 +206,41 @@ class RefusedAsks:
         return f"does not fit, as {name} (no larger ask) this cycle: {reason}"
 
 
+def may_backfill_reserved(head: Gang, gang: Gang, policy: PreemptionPolicy) -> bool:
+    """Whether `gang` may use the head's reserved nodes without a duration estimate: only work the
+    head can take back by preemption when it can start (preemptible, checkpointable, lower priority,
+    and the head's tier preempts), so the reservation's idle GPUs compute meanwhile and the head is
+    not delayed beyond a SIGTERM checkpoint. Another team's backfill must also borrow (checked at
+    admission): only a borrower is a victim across teams."""
+    return (gang.preemptible and gang.checkpointable and gang.priority < head.priority
+            and gang.tier not in policy.non_preemptible_tiers and head.tier not in policy.never_preempting_tiers)
+
+
+class NoPlanMemo:
+    """Asks (team, tier, priority, shape) for which no preemption plan was found. Within a cycle
+    candidates only go (admissions are held, nominations take their victims) and capacity only
+    shrinks, so a failed plan is not searched again for the same ask. The caller may keep one memo
+    across cycles and must `reset` it whenever the running set, the capacity or the quota usage
+    changed (a gang started or ended, a node came or went)."""
+
+    def __init__(self) -> None:
+        self._failed: set[tuple] = set()
+
+    @staticmethod
+    def key(gang: Gang) -> tuple:
+        return (gang.team, gang.tier, gang.priority, gang.topology, gang.min_member, gang.pinned,
+                tuple((ps.request.shape, ps.count) for ps in gang.pod_sets))
+
+    def failed(self, gang: Gang) -> bool:
+        return self.key(gang) in self._failed
+
+    def add(self, gang: Gang) -> None:
+        self._failed.add(self.key(gang))
+
+    def reset(self) -> None:
+        self._failed.clear()
+
+
 def estimate_start(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], profile: Profile,
                    now: float) -> Reservation | None:
     """When and where `gang`, which does not fit now, could start if nothing else were admitted:
@@ -244,22 +279,35 @@ def _set_fitting_nowhere(snap: Snapshot, gang: Gang) -> PodRequest | None:
     return None
 
 
+def _reclaimable_backfill(state: CycleState, res: Reservation, decision: GangDecision) -> bool:
+    """A backfill admitted onto the head's reserved nodes stays a preemption candidate of the head:
+    same team, no quota book, or (another team) admitted on borrowed quota while the head's team is
+    under its guarantee (Kueue's reclaim). Off the reserved nodes any admission is fine."""
+    if not {p.node for p in decision.placements} & res.nodes:
+        return True
+    if state.book is None or decision.gang.team == res.gang.team:
+        return True
+    return decision.borrowed and under_guarantee(state, res.gang)
+
+
 def _when(start: float, now: float) -> str:
     return "when gangs of unknown duration end" if math.isinf(start) else f"in ~{max(0.0, start - now):.0f} s"
 
 
 def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile, now: float,
                    policy: PreemptionPolicy = PreemptionPolicy(),
-                   backoff: Backoff | None = None) -> CycleResult:
+                   backoff: Backoff | None = None, no_plan: NoPlanMemo | None = None) -> CycleResult:
     """Admit what can start now, plan at most one preemption, hold one reservation. Changes nothing
-    passed in (`backoff` is only read; Backoff.record books the result). `state` (core.cycle) holds
-    every gang that takes capacity or quota: running, terminating and held plans."""
+    passed in (`backoff` is only read; Backoff.record books the result; `no_plan` is added to, see
+    NoPlanMemo). `state` (core.cycle) holds every gang that takes capacity or quota: running,
+    terminating and held plans."""
     work = state.copy()
     running = list(state.running)
     result = CycleResult()
     started: list[RunningGang] = []  # admitted this cycle: they hold capacity until their own end
     reserved: np.ndarray | None = None
     refused = RefusedAsks(by_team=state.book is not None)
+    no_plan = no_plan if no_plan is not None else NoPlanMemo()
 
     for gang in queue_order(pending):
         res = result.reservation
@@ -267,6 +315,14 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
             result.deferred.append(gang.name)
             continue
         exclude = reserved if res is not None and not res.lets_through(gang, now) else None
+        lent = exclude is not None and not res.by_preemption and may_backfill_reserved(res.gang, gang, policy)
+        if lent:
+            exclude = None  # tried on every node; kept off the reserved ones unless the head can take it back
+        if res is None and no_plan.failed(gang):
+            covered = refused.covering(gang, False)
+            if covered is not None:  # no room, no plan and no reservation for this ask in this cycle
+                result.waiting[gang.name] = covered
+                continue
         if res is not None:
             covered = refused.covering(gang, exclude is not None)
             if covered is not None:
@@ -279,6 +335,9 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
                 result.waiting[gang.name] = reason
                 continue
         decision = admit(work.snap, gang, profile, work.book, work.usage, exclude)
+        if lent and decision.admitted and not _reclaimable_backfill(work, res, decision):
+            exclude = reserved
+            decision = admit(work.snap, gang, profile, work.book, work.usage, exclude)
         if decision.admitted:
             # held, not running: a gang admitted this cycle is no preemption candidate in it
             work.hold(gang.team, decision.placements)
@@ -302,7 +361,11 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
 
         # Kueue: a quota refusal may be solved by preemption too (the team's own lower-priority
         # gangs, or reclaim from borrowers), so every refused gang asks for a plan.
-        plan, _ = plan_preemption(work, gang, profile, now, policy)
+        plan = None
+        if not no_plan.failed(gang):
+            plan, _ = plan_preemption(work, gang, profile, now, policy)
+            if plan is None:
+                no_plan.add(gang)
         if plan is not None:
             result.preemptions.append(plan)
             result.reservation = Reservation(gang, frozenset(p.node for p in plan.placements), now,

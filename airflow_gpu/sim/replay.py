@@ -30,7 +30,7 @@ from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, SPREAD_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPolicy
 from airflow_gpu.core.cycle import CycleState
-from airflow_gpu.core.queue import Backoff, RefusedAsks, schedule_cycle
+from airflow_gpu.core.queue import Backoff, NoPlanMemo, RefusedAsks, schedule_cycle
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements
 from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.sim.workload import Job, mark_spot, whole_gpus
@@ -179,28 +179,40 @@ def _unit_gangs(job: Job, platform: Platform, tiers: dict[str, TierRule],
     return {m.name: Gang(name=m.name, members=(m,), **common) for m in members}
 
 
+class _NoPlans(NoPlanMemo):
+    """The no-preemption platforms: every ask is known to have no plan, so none is searched (and no
+    backfill onto a reservation counts on being preempted later)."""
+
+    def failed(self, gang: Gang) -> bool:
+        return True
+
+
 class _Cycle:
     """The one adapter to core's queue: pending + running in, admissions and victims out."""
 
     def __init__(self, platform: Platform, profile, quota: QuotaBook | None, policy: PreemptionPolicy):
         self.platform, self.profile, self.quota = platform, profile, quota
-        self.policy = policy if platform.preemption else replace(
-            policy, never_preempting_tiers=frozenset(), non_preemptible_tiers=frozenset())
+        self.policy = policy
         self.backoff = Backoff(base=NEVER, cap=NEVER)
+        # valid until the running set or the capacity changes; without preemption no plan is ever searched
+        self.no_plan = NoPlanMemo() if platform.preemption else _NoPlans()
 
     def run(self, snap: Snapshot, pending: list[Gang], running: list[RunningGang], usage: QuotaUsage | None,
             now: float):
         """-> (admitted [(gang, placements, borrowed)], victims [unit names]). `usage`: the quota
         usage of `running`, kept up to date by the replay (what CycleState.build would count)."""
         state = CycleState(snap, self.quota, usage, running, snap.shape.node_product)
-        result = schedule_cycle(state, pending, self.profile, now, self.policy, self.backoff)
+        result = schedule_cycle(state, pending, self.profile, now, self.policy, self.backoff, self.no_plan)
         self.backoff.record(result, pending, now)
+        if result.admitted or result.preemptions:  # the running set changes: plans may exist now
+            self.no_plan.reset()
         admitted = [(d.gang, d.placements, d.borrowed) for d in result.admitted]
-        victims = [v.gang.name for p in result.preemptions for v in p.victims] if self.platform.preemption else []
+        victims = [v.gang.name for p in result.preemptions for v in p.victims]
         return admitted, victims
 
     def room_appeared(self) -> None:
         self.backoff.reset()
+        self.no_plan.reset()
 
 
 class _Fifo:
@@ -282,7 +294,10 @@ class Replay:
         tie = np.random.default_rng(setting.seed + 2).permutation(len(self.nodes))
         profile = make_profile(platform.policy, typical=TypicalPods.from_pods(workers), tie_rank=tie,
                                prefer_products=False)
-        self.cycle = _Cycle(platform, profile, self.quota, setting.preemption_policy)
+        policy = setting.preemption_policy
+        if not platform.preemption:  # no tier preempts: nothing may backfill a reservation counting on it
+            policy = replace(policy, never_preempting_tiers=frozenset(setting.tiers))
+        self.cycle = _Cycle(platform, profile, self.quota, policy)
         self.node_product = {n.name: n.gpu_product for n in self.nodes}
         self.events: list[tuple[float, int, str, object]] = []
         self.seq = 0
