@@ -177,7 +177,12 @@ class RefusedAsks:
         if len(gang.members) == 1:
             pod = gang.members[0]
             key, amount = self._single_key(gang)
-            self._single.setdefault(key, []).append(((pod.cpu_milli, pod.memory_mib, amount), entry))
+            ask = (pod.cpu_milli, pod.memory_mib, amount)
+            known = self._single.setdefault(key, [])
+            if not delays and any(all(r <= a for r, a in zip(r_ask, ask)) and (excluded or not e[0])
+                                  for r_ask, e in known):
+                return  # a smaller refusal covers it already: the list stays short over a long backlog
+            known.append((ask, entry))
         else:
             self._gangs.setdefault(self._gang_key(gang), entry)
 
