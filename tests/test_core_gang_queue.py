@@ -390,3 +390,44 @@ def test_work_on_reserved_nodes_ends_before_the_head_starts_or_is_the_heads_to_p
     for d in res.admitted:
         if d.gang.name in later and {p.node for p in d.placements} & r.nodes and not r.lets_through(d.gang, 10.0):
             assert d.gang.checkpointable and d.gang.name in heads, (d.gang.name, r.gang.name)
+
+
+def test_a_reservation_of_unknown_start_holds_its_nodes_for_a_bounded_time_then_pauses():
+    from airflow_gpu.core.queue import ReservationHold
+
+    snap, running = two_busy_nodes()
+    running = [RunningGang(replace_duration(r.gang), r.placements, r.started_at) for r in running]  # unknown ends
+    head = gang("head", 2, 8, priority=5, created_at=0.0)
+    small = gang("small", 1, 2, priority=5, created_at=1.0)  # same priority: cannot be taken back
+    hold = ReservationHold(max_hold=3600.0, pause=1800.0)
+
+    def cycle(now):
+        res = run_cycle(snap, [head, small], running, profile(), now=now)
+        hold.record(res, now)
+        return res
+
+    def cycle_with_hold(now):
+        from airflow_gpu.core.queue import schedule_cycle
+
+        res = schedule_cycle(state_of(snap, running), [head, small], profile(), now, hold=hold)
+        hold.record(res, now)
+        return res
+
+    for now in (0.0, 1000.0, 3600.0):  # held (3,600 s in a row at the last of these)
+        res = cycle_with_hold(now)
+        assert res.reservation.gang.name == "head" and math.isinf(res.reservation.start)
+        assert res.admitted == [] and res.waiting["small"].startswith("would delay head")
+    res = cycle_with_hold(4000.0)  # paused: the small gang starts on the head's nodes
+    assert res.reservation is None and [d.gang.name for d in res.admitted] == ["small"]
+    assert "no reservation: it held one 3600 s without a known start; it may again in ~1400 s" in res.waiting["head"]
+    res = cycle_with_hold(5400.0)  # the pause is over: it holds again
+    assert res.reservation.gang.name == "head" and res.admitted == []
+    assert cycle(5400.0).reservation is not None  # no hold passed: unbounded, as before
+    with pytest.raises(ValueError, match="max_hold"):
+        ReservationHold(max_hold=0)
+
+
+def replace_duration(g):
+    from dataclasses import replace as _replace
+
+    return _replace(g, expected_duration=None)

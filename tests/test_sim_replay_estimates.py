@@ -39,6 +39,9 @@ def test_cli_duration_estimate_is_checked_and_recorded():
     base = [sys.executable, "-m", "airflow_gpu", "simulate", "replay", "--seed-scenario", "--days", "0.2",
             "--platforms", "full", "--json"]
     out = subprocess.run(base + ["--duration-estimate", "1.5"], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert json.loads(out.stdout)["duration_estimate"] == 1.5
+    doc = json.loads(out.stdout)
+    assert doc["duration_estimate"] == 1.5 and doc["reservation_hold"] == 3600.0
     bad = subprocess.run(base + ["--duration-estimate", "-1"], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "--duration-estimate" in bad.stderr
+    bad = subprocess.run(base + ["--reservation-hold", "-5"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "--reservation-hold" in bad.stderr

@@ -59,6 +59,9 @@ def _register_replay(modes) -> None:
                     help="give the queue each gang's expected duration = X x its work (EASY backfilling through "
                          "reservations); 0 (default): none, like gangs without the expected-duration annotation; "
                          "1 is an oracle")
+    rp.add_argument("--reservation-hold", type=float, default=3600.0, metavar="S",
+                    help="a reservation of unknown start holds its nodes at most S s in a row, then pauses S s "
+                         "(core.queue.ReservationHold); 0: unbounded (default 3600)")
     rp.add_argument("--json", action="store_true", help="print one JSON object")
     rp.add_argument("--events", type=Path, help="write <platform>.csv (every job attempt) and quota JSON here")
     rp.add_argument("--plots", type=Path, help="write utilization.png, wait_cdf.png, ablations.png here")
@@ -85,6 +88,9 @@ def _replay(args) -> int:
     if args.duration_estimate < 0:
         print(f"--duration-estimate must be >= 0 (0: no estimate), got {args.duration_estimate}", file=sys.stderr)
         return 2
+    if args.reservation_hold < 0:
+        print(f"--reservation-hold must be >= 0 (0: unbounded), got {args.reservation_hold}", file=sys.stderr)
+        return 2
     config = args.config or DEFAULT_CONFIG
     params = None
     try:
@@ -107,10 +113,9 @@ def _replay(args) -> int:
         print(f"airflow-gpu simulate replay: {exc}", file=sys.stderr)
         return 2
 
-    if args.duration_estimate:
-        from dataclasses import replace as _with
+    from dataclasses import replace as _with
 
-        setting = _with(setting, duration_estimate=args.duration_estimate)
+    setting = _with(setting, duration_estimate=args.duration_estimate, reservation_hold=args.reservation_hold)
     results = []
     for name in names:
         if sys.stderr.isatty():
@@ -123,6 +128,7 @@ def _replay(args) -> int:
         else:
             results.append(replay(setting, PLATFORMS[name]))
     doc = {"trace": trace, "capacity": args.capacity, "seed": args.seed, "duration_estimate": args.duration_estimate,
+           "reservation_hold": args.reservation_hold,
            "nodes": len(setting.nodes), "gpus": sum(n.gpu_count for n in setting.nodes), "jobs": len(setting.jobs),
            "platforms": {r.platform.name: summarize(r) for r in results}}
     if params is not None:

@@ -242,6 +242,46 @@ class NoPlanMemo:
         self._failed.clear()
 
 
+@dataclass
+class ReservationHold:
+    """Bounded hold: a reservation whose start cannot be estimated (it waits on work of unknown
+    duration) keeps its nodes' free GPUs idle against every gang the head cannot take back. It may
+    do so for `max_hold` seconds in a row; then the gang holds no reservation for `pause` seconds
+    (it is still admitted whenever it fits, and the next gang may hold one), then it may again.
+    Without it a head of line that waits on long work idles its nodes for as long as that work
+    runs while smaller work of its own priority queues behind it. Pure bookkeeping; the caller
+    passes the clock and calls `record` after each cycle."""
+
+    max_hold: float = 3600.0
+    pause: float = 3600.0
+    since: dict[str, float] = field(default_factory=dict)  # gang -> start of its current hold
+    paused_until: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_hold <= 0 or self.pause < 0:
+            raise ValueError(f"reservation hold: max_hold ({self.max_hold}) must be > 0 and pause ({self.pause}) >= 0")
+
+    def may_reserve(self, name: str, now: float) -> bool:
+        return now >= self.paused_until.get(name, -math.inf)
+
+    def why(self, name: str, now: float) -> str:
+        return (f"no reservation: it held one {self.max_hold:.0f} s without a known start; "
+                f"it may again in ~{max(0.0, self.paused_until[name] - now):.0f} s")
+
+    def record(self, result: CycleResult, now: float) -> None:
+        res = result.reservation
+        holder = res.gang.name if res is not None and not res.by_preemption and math.isinf(res.start) else None
+        for name in [n for n in self.since if n != holder]:
+            del self.since[name]  # a hold counts only while it lasts without a break
+        if holder is not None:
+            since = self.since.setdefault(holder, now)
+            if now - since >= self.max_hold:
+                del self.since[holder]
+                self.paused_until[holder] = now + self.pause
+        for name in [n for n, t in self.paused_until.items() if t <= now]:
+            del self.paused_until[name]
+
+
 def estimate_start(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], profile: Profile,
                    now: float) -> Reservation | None:
     """When and where `gang`, which does not fit now, could start if nothing else were admitted:
@@ -297,10 +337,12 @@ def _when(start: float, now: float) -> str:
 
 def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile, now: float,
                    policy: PreemptionPolicy = PreemptionPolicy(),
-                   backoff: Backoff | None = None, no_plan: NoPlanMemo | None = None) -> CycleResult:
+                   backoff: Backoff | None = None, no_plan: NoPlanMemo | None = None,
+                   hold: ReservationHold | None = None) -> CycleResult:
     """Admit what can start now, plan at most one preemption, hold one reservation. Changes nothing
     passed in (`backoff` is only read; Backoff.record books the result; `no_plan` is added to, see
-    NoPlanMemo). `state` (core.cycle) holds every gang that takes capacity or quota: running,
+    NoPlanMemo; `hold` bounds reservations of unknown start and is only read: ReservationHold.record
+    books the result). `state` (core.cycle) holds every gang that takes capacity or quota: running,
     terminating and held plans."""
     work = state.copy()
     running = list(state.running)
@@ -378,6 +420,8 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
             names = ", ".join(plan.victim_names)
             whom = "of lower priority or borrowing in the cohort" if plan.reclaim else "of lower priority"
             reason = f"{reason}; preempting {len(plan.victims)} gang(s) {whom}: {names}"
+        elif decision.blocked_by == BLOCKED_CAPACITY and hold is not None and not hold.may_reserve(gang.name, now):
+            reason = f"{reason}; {hold.why(gang.name, now)}"
         elif decision.blocked_by == BLOCKED_CAPACITY:
             est = estimate_start(work.snap, gang, running + started, profile, now)
             if est is not None:

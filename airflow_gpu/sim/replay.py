@@ -30,7 +30,7 @@ from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, SPREAD_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPolicy
 from airflow_gpu.core.cycle import CycleState
-from airflow_gpu.core.queue import Backoff, NoPlanMemo, RefusedAsks, schedule_cycle
+from airflow_gpu.core.queue import Backoff, NoPlanMemo, RefusedAsks, ReservationHold, schedule_cycle
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements
 from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.sim.workload import Job, mark_spot, whole_gpus
@@ -103,6 +103,9 @@ class Setting:
     # Gang.expected_duration given to the queue = this x the job's work (0: none, as a gang without
     # the expected-duration annotation). 1.0 is an oracle; users' estimates are usually longer.
     duration_estimate: float = 0.0
+    # core.queue.ReservationHold: seconds a reservation of unknown start holds its nodes in a row
+    # (then it pauses as long); 0: unbounded
+    reservation_hold: float = 3600.0
 
 
 @dataclass
@@ -190,20 +193,24 @@ class _NoPlans(NoPlanMemo):
 class _Cycle:
     """The one adapter to core's queue: pending + running in, admissions and victims out."""
 
-    def __init__(self, platform: Platform, profile, quota: QuotaBook | None, policy: PreemptionPolicy):
+    def __init__(self, platform: Platform, profile, quota: QuotaBook | None, policy: PreemptionPolicy,
+                 hold: float = 0.0):
         self.platform, self.profile, self.quota = platform, profile, quota
         self.policy = policy
         self.backoff = Backoff(base=NEVER, cap=NEVER)
         # valid until the running set or the capacity changes; without preemption no plan is ever searched
         self.no_plan = NoPlanMemo() if platform.preemption else _NoPlans()
+        self.hold = ReservationHold(hold, hold) if hold > 0 else None
 
     def run(self, snap: Snapshot, pending: list[Gang], running: list[RunningGang], usage: QuotaUsage | None,
             now: float):
         """-> (admitted [(gang, placements, borrowed)], victims [unit names]). `usage`: the quota
         usage of `running`, kept up to date by the replay (what CycleState.build would count)."""
         state = CycleState(snap, self.quota, usage, running, snap.shape.node_product)
-        result = schedule_cycle(state, pending, self.profile, now, self.policy, self.backoff, self.no_plan)
+        result = schedule_cycle(state, pending, self.profile, now, self.policy, self.backoff, self.no_plan, self.hold)
         self.backoff.record(result, pending, now)
+        if self.hold is not None:
+            self.hold.record(result, now)
         if result.admitted or result.preemptions:  # the running set changes: plans may exist now
             self.no_plan.reset()
         admitted = [(d.gang, d.placements, d.borrowed) for d in result.admitted]
@@ -297,7 +304,7 @@ class Replay:
         policy = setting.preemption_policy
         if not platform.preemption:  # no tier preempts: nothing may backfill a reservation counting on it
             policy = replace(policy, never_preempting_tiers=frozenset(setting.tiers))
-        self.cycle = _Cycle(platform, profile, self.quota, policy)
+        self.cycle = _Cycle(platform, profile, self.quota, policy, setting.reservation_hold)
         self.node_product = {n.name: n.gpu_product for n in self.nodes}
         self.events: list[tuple[float, int, str, object]] = []
         self.seq = 0
