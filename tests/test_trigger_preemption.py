@@ -64,7 +64,9 @@ def test_preempted_gang_is_reported_as_preemption(kube_api, seed_scheduler, kube
     async def main():
         gen = trigger.run()
         first = asyncio.create_task(gen.__anext__())
-        await asyncio.sleep(1.0)  # the trigger holds its watches before the production gang arrives
+        # the trigger has seen the gang running (so it watches) before the production gang arrives:
+        # under load its first list can take seconds, and a preemption is over in about three
+        await asyncio.wait_for(trigger._running.wait(), 60)
         await asyncio.to_thread(G.submit_gang, kube_api, production)
         try:
             return await asyncio.wait_for(first, 90)

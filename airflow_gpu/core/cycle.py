@@ -15,7 +15,8 @@ API (stable; the scheduler, the simulator and the replay build on it):
     state.remove(running_gang)  # a gang leaves: capacity and usage released
     state.hold(team, placements)  # a plan reserved: capacity assumed (pods the snapshot does not
                                   # hold yet) and usage added; never a candidate
-    state.nominate(team, placements, victims)  # a preemption plan: its quota replaces the victims'
+    state.nominate(team, placements, victims)  # a preemption plan: its quota counts, the victims' too
+                                               # until they are gone
     state.without(victims)      # a copy with those gangs gone (what preemption asks)
     state.demand(placements)    # quota demand of placed pods
 `build` expects `snap` to hold every placement passed in already (the scheduler's World does);
@@ -59,10 +60,11 @@ class CycleState:
     @classmethod
     def build(cls, snap: Snapshot, running: Iterable[RunningGang] = (), book: QuotaBook | None = None,
               held: Iterable[tuple[str, Sequence[Placement]]] = (),
-              terminating: Iterable[RunningGang] = ()) -> CycleState:
+              terminating: Iterable[RunningGang] = (),
+              nominated: Iterable[tuple[str, Sequence[Placement], Sequence[RunningGang]]] = ()) -> CycleState:
         """From a snapshot that already holds `running`, `terminating` and `held` (team, placements).
-        A held nomination's victims belong in none of them (only in `snap`): the nomination's quota
-        replaces theirs, so counting both would charge the preempted quota twice."""
+        `nominated`: preemption plans (team, placements, victims) whose victims are still in `snap`;
+        they count as nominate() counts them (and the victims belong in no other argument)."""
         running = list(running)
         node_product = node_products(snap)
         state = cls(snap, book, QuotaUsage() if book is not None else None, running, node_product)
@@ -71,6 +73,10 @@ class CycleState:
                 state.usage.add(rg.gang.team, state.demand(rg.placements))
             for team, placements in held:
                 state.usage.add(team, state.demand(placements))
+            for team, placements, victims in nominated:
+                for v in victims:
+                    state.usage.add(v.gang.team, state.demand(v.placements))
+                state.usage.add(team, state.nomination_charge(team, placements, victims))
         return state
 
     def copy(self) -> CycleState:
@@ -125,15 +131,28 @@ class CycleState:
             self.usage.add(team, self.demand(placements))
 
     def nominate(self, team: str, placements: Sequence[Placement], victims: Iterable[RunningGang]) -> None:
-        """A preemption plan is held: its quota counts from now on, in place of its victims' (which
-        keep their GPUs in the snapshot until they are gone, and are no candidates again). Its nodes
-        are reserved by the caller (the victims still run on them)."""
+        """A preemption plan is held: its quota counts from now on. Its victims keep their GPUs and
+        their quota until they are gone (a team never holds more than its ceiling, not even while its
+        preempted gangs stop) and are no candidates again. Its nodes are reserved by the caller (the
+        victims still run on them)."""
+        victims = list(victims)
         gone = {id(v) for v in victims}
-        for v in self.running:
-            if id(v) in gone and self.usage is not None:
-                self.usage.remove(v.gang.team, self.demand(v.placements))
         self.running = [r for r in self.running if id(r) not in gone]
-        self.hold(team, placements, assume=False)
+        if self.usage is not None:
+            self.usage.add(team, self.nomination_charge(team, placements, victims))
+
+    def nomination_charge(self, team: str, placements: Sequence[Placement],
+                          victims: Iterable[RunningGang]) -> Demand:
+        """What a nomination adds to its team's usage while its victims (counted) still run: where
+        they are the team's own gangs, the team holds either them or the nomination at any moment,
+        so it is charged the larger of the two per quota key, not both."""
+        own: dict = {}
+        for v in victims:
+            if v.gang.team == team:
+                for key, amount in self.demand(v.placements).items():
+                    own[key] = own.get(key, 0) + amount
+        return {key: amount - own.get(key, 0) for key, amount in self.demand(placements).items()
+                if amount > own.get(key, 0)}
 
     def capacity_view(self) -> CycleState:
         """A copy of capacity and quota only (no preemption candidates): what admission what-ifs

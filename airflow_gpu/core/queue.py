@@ -12,7 +12,7 @@ or that lacks capacity, is the head of line:
 
 1. if core.preemption finds a plan (capacity, or quota: the team's own lower-priority gangs, reclaim
    from borrowers), the plan's nodes are reserved for it (nothing else may land there while the
-   victims leave) and its quota replaces the victims' (CycleState.nominate);
+   victims leave) and its quota counts at once, the victims' until they are gone (CycleState.nominate);
 2. otherwise, if capacity blocks it, its earliest start is estimated (EASY backfilling): running
    gangs are released in order of expected end (Gang.expected_duration; unknown = never) on a copy
    until the head fits; the nodes of that future placement are reserved until then.
@@ -36,8 +36,8 @@ Refused asks (RefusedAsks): within one cycle capacity only shrinks (admissions h
 nomination's victims keep theirs), so once the reservation is taken, a gang whose ask is no smaller
 than one already refused for capacity in this cycle (same team, same constraints, no fewer
 excluded nodes) is left waiting without being placed again. The team is part of the ask because
-quota decides which products a gang may be placed on; usage only grows within a cycle except at a
-nomination (its victims' quota is released), so the refusals are forgotten there. This keeps a cycle over a long backlog of similar asks
+quota decides which products a gang may be placed on; usage only grows within a cycle (a
+nomination's victims keep their quota until they are gone). This keeps a cycle over a long backlog of similar asks
 at about one placement per distinct ask instead of one per gang. After the reservation, a gang with
 a member that fits on no node by resources (CPU, memory, GPU form: one vectorised test) is refused
 without a placement, and the "would it fit without the reservation" test for the wait reason runs
@@ -159,10 +159,6 @@ class RefusedAsks:
         self.by_team = by_team  # False: no quota book, a team's ask is any team's
         self._single: dict[tuple, list[tuple[int, int, int, bool, str, str]]] = {}
         self._gangs: dict[tuple, tuple[bool, str, str]] = {}
-
-    def clear(self) -> None:
-        self._single.clear()
-        self._gangs.clear()
 
     def _single_key(self, gang: Gang) -> tuple[tuple, int]:
         pod = gang.members[0]
@@ -308,9 +304,9 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
             result.reservation = Reservation(gang, frozenset(p.node for p in plan.placements), now,
                                              plan.placements, by_preemption=True)
             reserved = result.reservation.mask(work.snap)
-            # the nomination's quota counts at once, in place of its victims'; its nodes are reserved
+            # the nomination's quota counts at once (the victims' too, until they are gone); its
+            # nodes are reserved
             work.nominate(gang.team, plan.placements, plan.victims)
-            refused.clear()  # the victims' quota is released: products may open up for their teams
             names = ", ".join(plan.victim_names)
             whom = "of lower priority or borrowing in the cohort" if plan.reclaim else "of lower priority"
             reason = f"{reason}; preempting {len(plan.victims)} gang(s) {whom}: {names}"

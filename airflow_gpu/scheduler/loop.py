@@ -250,23 +250,34 @@ class Scheduler:
         """Capacity and quota of everything that holds GPUs: running gangs (the preemption
         candidates), terminating ones (until their GPUs are free) and held plans (binding, nominated):
         a plan counts against its team's quota exactly as a running gang does. A nomination's victims
-        keep their GPUs until they are gone but no longer count against quota (the nomination does:
-        counting both would charge the preempted quota twice) and are no candidates again."""
-        released = {v for plan in world.plans.values() if plan.state == PLAN_NOMINATED for v in plan.victims}
+        keep their GPUs and their quota until they are gone (CycleState.nominate) and are no
+        candidates again."""
+        victim_of = {v: key for key, plan in world.plans.items() if plan.state == PLAN_NOMINATED
+                     for v in plan.victims}
         running, terminating = [], []
+        victims: dict[str, list[RunningGang]] = {}
         for rg in world.running:
             unit = world.running_units.get(rg.gang.name)
-            if unit is not None and released and {key_of(p) for p in unit.pods} <= released:
+            plans = {victim_of.get(key_of(p)) for p in unit.pods} if unit is not None and victim_of else {None}
+            if None not in plans:  # every pod of it is a nomination's victim
+                victims.setdefault(min(plans), []).append(rg)
                 continue
             (terminating if self._terminating(world, rg) else running).append(rg)
-        held = []
+        held, nominated = [], []
         for key, plan in world.plans.items():
             unit = world.units[key]
             pending = unit.pending(self.settings.scheduler_name, view.assumed)
             placements = [plan.placements[key_of(p)] for p in pending if key_of(p) in plan.placements]
-            if placements:
-                held.append((self._team_of(unit, pending), placements))
-        return CycleState.build(world.snapshot, running, self.book, held=held, terminating=terminating)
+            if not placements:
+                continue
+            team = self._team_of(unit, pending)
+            if plan.state == PLAN_NOMINATED:
+                nominated.append((team, placements, victims.pop(key, [])))
+            else:
+                held.append((team, placements))
+        terminating += [rg for gangs in victims.values() for rg in gangs]  # a plan that places nothing more
+        return CycleState.build(world.snapshot, running, self.book, held=held, terminating=terminating,
+                                nominated=nominated)
 
     def _team_of(self, unit: Unit, pods: list[dict]) -> str:
         try:
