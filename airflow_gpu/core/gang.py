@@ -112,7 +112,7 @@ def place_gang(snap: Snapshot, gang: Gang, profile: Profile,
 
     if len(members) == 1:
         # One pod has no topology: let the profile's scores (packing, fragmentation) pick freely.
-        placed, why = _place_members(snap, members, base, np.ones(len(snap), dtype=bool))
+        placed, why = _place_members(snap, members, base, snap.shape.every_node)
         if placed is None:
             return None, "", why
         return tuple(placed), f"node {placed[0].node}", ""

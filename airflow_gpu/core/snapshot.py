@@ -168,6 +168,13 @@ class ClusterShape:
         return self.cached_mask(("product", products), lambda: np.isin(self.product_id, ids))
 
     @cached_property
+    def every_node(self) -> np.ndarray:
+        """[N] all True, read only: the one mask of filters that reject nothing (run_filters skips it)."""
+        mask = np.ones(len(self.nodes), dtype=bool)
+        mask.setflags(write=False)
+        return mask
+
+    @cached_property
     def node_product(self) -> dict[str, str | None]:
         """Node name -> its GPU product label: the one map every quota computation uses."""
         return {n.name: n.gpu_product for n in self.nodes}
