@@ -12,7 +12,9 @@ zones of 1,250; running pods of 1, 2, 4 and 8 whole GPUs, GPU shares and CPU-onl
 1..4 members, about 90 % of the GPUs taken, four teams; pending gangs of 1..8 members x 1..8 GPUs,
 priorities 0..4, a tenth of them high priority (preemption). Policy: the scheduler's default.
 Per step: median and p99 over CYCLES cycles (each on the same state, as a quiet cluster repeats its
-cycle), then the profile's top five costs (cumulative, by function) over one cycle.
+cycle), wall clock and, for the whole cycle, the process's CPU time (on this shared machine wall
+clock is CPU time stretched by the load: the load average is printed with it), then the profile's
+top five costs (own CPU time, by function) over one cycle.
 
 `python -m bench cycle_scale` (env BENCH_CYCLE_NODES, BENCH_CYCLE_PODS, BENCH_CYCLE_GANGS,
 BENCH_CYCLE_CYCLES, BENCH_CYCLE_REBUILDS, BENCH_CYCLE_CHURN to scale it down or up).
@@ -190,7 +192,7 @@ def _pct(values, q):
 
 
 def top_costs(fn, n: int = 5) -> str:
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.process_time)
     prof.enable()
     fn()
     prof.disable()
@@ -235,7 +237,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"load average {load:.1f} on {os.cpu_count()} CPUs: wall clock exceeds CPU time when the machine is "
           f"shared; the CPU time is what one cycle costs on an idle core")
-    print("\ntop five costs of one cycle (cProfile, by own time):")
+    print("\ntop five costs of one cycle (cProfile, by own CPU time):")
     print(top_costs(cycle.run))
 
 

@@ -77,12 +77,14 @@ def _place_members(snap: Snapshot, members: list[PodRequest], profile: Profile,
     same afterwards (the members are assumed on a trial and undone)."""
     prof = restricted(profile, mask, "node(s) outside the gang's domain")
     placed: list[Placement] = []
+    last = len(members) - 1
     with snap.trial() as trial:
-        for pod in members:
+        for k, pod in enumerate(members):
             placement, diagnosis = place_pod(snap, pod, prof)
             if placement is None:
                 return None, f"member {pod.name} does not fit: {diagnosis.message()}"
-            trial.assume(placement)
+            if k < last:  # held for the members after it (the caller holds the whole gang)
+                trial.assume(placement)
             placed.append(placement)
     return placed, ""
 
