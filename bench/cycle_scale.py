@@ -12,7 +12,9 @@ zones of 1,250; running pods of 1, 2, 4 and 8 whole GPUs, GPU shares and CPU-onl
 1..4 members, about 90 % of the GPUs taken, four teams; pending gangs of 1..8 members x 1..8 GPUs,
 priorities 0..4, a tenth of them high priority (preemption). Policy: the scheduler's default.
 Per step: median and p99 over CYCLES cycles (each on the same state, as a quiet cluster repeats its
-cycle), then the profile's top five costs (cumulative, by function) over one cycle.
+cycle), wall clock and, for the whole cycle, the process's CPU time (on this shared machine wall
+clock is CPU time stretched by the load: the load average is printed with it), then the profile's
+top five costs (own CPU time, by function) over one cycle.
 
 `python -m bench cycle_scale` (env BENCH_CYCLE_NODES, BENCH_CYCLE_PODS, BENCH_CYCLE_GANGS,
 BENCH_CYCLE_CYCLES, BENCH_CYCLE_REBUILDS, BENCH_CYCLE_CHURN to scale it down or up).
@@ -169,6 +171,7 @@ class Cycle:
             self.live.start(rg)
 
     def run(self, live: bool = True):
+        c0 = time.process_time()
         t0 = time.perf_counter()
         if live:
             self.deltas()
@@ -181,7 +184,7 @@ class Cycle:
         t2 = time.perf_counter()
         result = schedule_cycle(state, self.pending, self.profile, now=7200.0)
         t3 = time.perf_counter()
-        return (t1 - t0, t2 - t1, t3 - t2, t3 - t0), result
+        return (t1 - t0, t2 - t1, t3 - t2, t3 - t0, time.process_time() - c0), result
 
 
 def _pct(values, q):
@@ -189,7 +192,7 @@ def _pct(values, q):
 
 
 def top_costs(fn, n: int = 5) -> str:
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.process_time)
     prof.enable()
     fn()
     prof.disable()
@@ -223,14 +226,18 @@ def main() -> None:
     print(f"{'step':34s} {'p50 ms':>9s} {'p99 ms':>9s}")
     rows = [("rebuild: snapshot (every pod)", rebuild, 0), ("rebuild: CycleState.build (quota)", rebuild, 1),
             (f"live: deltas ({CHURN} gangs out, {CHURN} in)", times, 0), ("live: cycle_state copy", times, 1),
-            ("schedule_cycle", times, 2), ("whole cycle (live)", times, 3)]
+            ("schedule_cycle", times, 2), ("whole cycle (live)", times, 3), ("whole cycle (live), CPU time", times, 4)]
     for label, col, k in rows:
         values = [s[k] for s in col]
         print(f"{label:34s} {_pct(values, 50):9.1f} {_pct(values, 99):9.1f}   ({len(values)} cycles)")
-    whole = [s[3] for s in times]
-    ok = _pct(whole, 50) <= 500 and _pct(whole, 99) <= 2000
-    print(f"target p50 <= 500 ms, p99 <= 2000 ms: {'OK' if ok else 'MISSED'}")
-    print("\ntop five costs of one cycle (cProfile, by own time):")
+    for k, what in ((3, "wall clock"), (4, "CPU time")):
+        whole = [s[k] for s in times]
+        ok = _pct(whole, 50) <= 500 and _pct(whole, 99) <= 2000
+        print(f"target p50 <= 500 ms, p99 <= 2000 ms ({what}): {'OK' if ok else 'MISSED'}")
+    load = os.getloadavg()[0]
+    print(f"load average {load:.1f} on {os.cpu_count()} CPUs: wall clock exceeds CPU time when the machine is "
+          f"shared; the CPU time is what one cycle costs on an idle core")
+    print("\ntop five costs of one cycle (cProfile, by own CPU time):")
     print(top_costs(cycle.run))
 
 

@@ -99,3 +99,41 @@ def test_a_gang_that_does_not_fit_holds_nothing_and_names_are_checked():
         live.end("y")
     live.end("x")
     assert int(live.snap.whole_free_gpus()[0]) == 8 and live.usage.of("a", ("H100", None)) == 0
+
+
+def _usage(state: CycleState) -> dict:
+    return {t: {k: v for k, v in d.items() if v} for t, d in state.usage.used.items() if any(d.values())}
+
+
+def test_the_quota_ledger_kept_by_deltas_counts_as_a_rebuild_with_plans_and_nominations():
+    from airflow_gpu.core.live import QuotaLedger
+
+    nodes = cluster(8)
+    running = _running(nodes)
+    snap = _rebuilt(nodes, running).snap
+    ledger = QuotaLedger(BOOK, snap.shape.node_product)
+    ledger.sync(running)
+    # next cycle: r1 gone, r2 back as a new object with an equal placements tuple, r3 moved to another team
+    moved = RunningGang(gang("r3", 1 + 3 % 3, 2, team="a"), running[3].placements, 3.0)
+    again = RunningGang(running[2].gang, tuple(running[2].placements), 2.0)
+    now = [rg for rg in running if rg.gang.name not in ("r1", "r2", "r3")] + [again, moved]
+    ledger.sync(now)
+    for p in running[1].placements:
+        snap.forget(p.pod)
+    victims = [rg for rg in now if rg.gang.name in ("r5", "r6")]
+    terminating = [rg for rg in now if rg.gang.name == "r0"]
+    candidates = [rg for rg in now if rg not in victims and rg not in terminating]
+    plan = [Placement("nom-0", nodes[7].name, ((7, 1000),), None, 1000, 1024)]
+    held = [("b", [Placement("bind-0", nodes[6].name, ((7, 1000),), None, 1000, 1024)])]
+    nominated = [("a", plan, victims)]
+    kept = ledger.cycle_state(snap, candidates, held=held, nominated=nominated)
+    rebuilt = CycleState.build(snap, candidates, BOOK, held=held, terminating=terminating, nominated=nominated)
+    assert _usage(kept) == _usage(rebuilt)
+    assert _usage(kept)["a"][("H100", None)] > 0 and _usage(kept)["b"][("H100", None)] > 0
+    assert [rg.gang.name for rg in kept.running] == [rg.gang.name for rg in rebuilt.running]
+    # the ledger's own usage is not changed by the cycle's plans, and a demand is served from its cache
+    kept.usage.add("a", {("H100", None): 1000})
+    assert _usage(ledger.cycle_state(snap, candidates, held=held, nominated=nominated)) == _usage(rebuilt)
+    assert kept.demand(again.placements) is ledger._gangs["r2"][2]
+    ledger.sync([])
+    assert not any(v for d in ledger.usage.used.values() for v in d.values())

@@ -71,13 +71,23 @@ class CycleState:
         if book is not None:
             for rg in running + list(terminating):
                 state.usage.add(rg.gang.team, state.demand(rg.placements))
-            for team, placements in held:
-                state.usage.add(team, state.demand(placements))
             for team, placements, victims in nominated:
                 for v in victims:
                     state.usage.add(v.gang.team, state.demand(v.placements))
-                state.usage.add(team, state.nomination_charge(team, placements, victims))
+            state.count_plans(held, nominated)
         return state
+
+    def count_plans(self, held: Iterable[tuple[str, Sequence[Placement]]] = (),
+                    nominated: Iterable[tuple[str, Sequence[Placement], Sequence[RunningGang]]] = ()) -> None:
+        """Add held plans and nominations to a usage that counts every running gang (a nomination's
+        victims too): what build() does after summing the gangs, and what core.live does on the
+        usage it keeps by deltas."""
+        if self.usage is None:
+            return
+        for team, placements in held:
+            self.usage.add(team, self.demand(placements))
+        for team, placements, victims in nominated:
+            self.usage.add(team, self.nomination_charge(team, placements, victims))
 
     def copy(self) -> CycleState:
         return CycleState(self.snap.copy(), self.book, self.usage.copy() if self.usage is not None else None,

@@ -120,8 +120,11 @@ def run_filters(snap: Snapshot, pod: PodRequest, filters) -> tuple[np.ndarray, F
     n = len(snap)
     ok = np.ones(n, dtype=bool)
     parts = []
+    every = snap.shape.every_node
     for plugin in filters:
         result = plugin.filter(snap, pod)
+        if result.ok is every:  # rejects nothing
+            continue
         newly = ok & ~result.ok  # attribute a node to its first failing filter only
         if newly.any():
             parts.append((newly, result.reason))

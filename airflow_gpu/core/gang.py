@@ -19,7 +19,7 @@ from airflow_gpu.core.framework import FilterResult, Profile, place_pod
 from airflow_gpu.core.model import GPU_MILLI, Gang, Placement, PodRequest, TopologyLevel
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, QuotaVerdict, check, demand_of_placements, demand_on_product
 from airflow_gpu.core.snapshot import Snapshot
-from airflow_gpu.core.topology import Domain, candidate_domains, eligible_nodes, members_per_node
+from airflow_gpu.core.topology import Domain, eligible_nodes, iter_candidate_domains, members_per_node
 
 # Trying every candidate domain of a big cluster would cost a full gang placement each; the
 # capacity estimate behind candidate_domains makes the first one succeed almost always.
@@ -73,15 +73,19 @@ def restricted(profile: Profile, mask: np.ndarray, reason: str) -> Profile:
 
 def _place_members(snap: Snapshot, members: list[PodRequest], profile: Profile,
                    mask: np.ndarray) -> tuple[list[Placement] | None, str]:
-    """All members into the nodes of `mask` on `snap` (mutated: callers pass a copy)."""
+    """All members into the nodes of `mask`, each placed with the earlier ones held; `snap` is the
+    same afterwards (the members are assumed on a trial and undone)."""
     prof = restricted(profile, mask, "node(s) outside the gang's domain")
     placed: list[Placement] = []
-    for pod in members:
-        placement, diagnosis = place_pod(snap, pod, prof)
-        if placement is None:
-            return None, f"member {pod.name} does not fit: {diagnosis.message()}"
-        snap.assume(placement)
-        placed.append(placement)
+    last = len(members) - 1
+    with snap.trial() as trial:
+        for k, pod in enumerate(members):
+            placement, diagnosis = place_pod(snap, pod, prof)
+            if placement is None:
+                return None, f"member {pod.name} does not fit: {diagnosis.message()}"
+            if k < last:  # held for the members after it (the caller holds the whole gang)
+                trial.assume(placement)
+            placed.append(placement)
     return placed, ""
 
 
@@ -110,13 +114,12 @@ def place_gang(snap: Snapshot, gang: Gang, profile: Profile,
 
     if len(members) == 1:
         # One pod has no topology: let the profile's scores (packing, fragmentation) pick freely.
-        work = snap.copy()
-        placed, why = _place_members(work, members, base, np.ones(len(snap), dtype=bool))
+        placed, why = _place_members(snap, members, base, snap.shape.every_node)
         if placed is None:
             return None, "", why
         return tuple(placed), f"node {placed[0].node}", ""
 
-    domains = candidate_domains(snap, gang, base)
+    domains = iter_candidate_domains(snap, gang, base)
     last_why = ""
     attempts = 0
     for dom in domains:
@@ -130,10 +133,12 @@ def place_gang(snap: Snapshot, gang: Gang, profile: Profile,
             attempts += 1
             mask = np.zeros(len(snap), dtype=bool)
             mask[nodes] = True
-            placed, why = _place_members(snap.copy(), members, base, mask)
+            placed, why = _place_members(snap, members, base, mask)
             if placed is not None:
                 return tuple(placed), _describe_domain(dom, len({p.node for p in placed})), ""
             last_why = why
+        if attempts >= MAX_DOMAIN_ATTEMPTS:
+            break  # the candidates are made lazily: the ones never tried are never built
     return None, "", last_why or no_fit_reason(snap, gang, base)
 
 

@@ -2,25 +2,96 @@
 
 kube-scheduler and Kueue keep one cache that the informer's events change (a pod bound, a pod gone)
 and take a snapshot of it per cycle. `LiveState` is that cache on the core side: the caller (the
-scheduler's informer cache, the simulator) tells it which gangs started and ended; each cycle
-`cycle_state()` hands out a CycleState copy, at the cost of copying arrays and dicts, not of
-re-assuming every running pod and re-summing every gang's quota (at 50,000 pods that rebuild is
-most of a cycle). Pure: no I/O, no Kubernetes.
+simulator, the benchmark) tells it which gangs started and ended; each cycle `cycle_state()` hands
+out a CycleState copy, at the cost of copying arrays and dicts, not of re-assuming every running pod
+and re-summing every gang's quota (at 50,000 pods that rebuild is most of a cycle). Pure: no I/O,
+no Kubernetes.
 
     live = LiveState.from_nodes(nodes, book)
     live.start(running_gang)  # its pods assumed, its quota counted (OverCommitError: nothing held)
     live.end(name)            # released
-    state = live.cycle_state(held=[(team, placements)], terminating=[...])
+    state = live.cycle_state(held=[(team, placements)], terminating=[...], nominated=[...])
+
+`QuotaLedger` is the quota half alone, for a caller that keeps capacity by other means (the
+scheduler's Memo holds running pods by pod, whatever gang they belong to): `sync(gangs)` each
+cycle re-counts only the gangs whose team or placements changed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.model import Placement, RunningGang
-from airflow_gpu.core.quota import QuotaBook, QuotaUsage, demand_of_placements
+from airflow_gpu.core.quota import Demand, QuotaBook, QuotaUsage, demand_of_placements
 from airflow_gpu.core.snapshot import OverCommitError, Snapshot
+
+Held = Iterable[tuple[str, Sequence[Placement]]]
+Nominated = Iterable[tuple[str, Sequence[Placement], Sequence[RunningGang]]]
+
+
+class QuotaLedger:
+    """Quota usage of the running gangs, by gang name, kept by deltas (Kueue's cache of admitted
+    workloads): a gang's demand is computed when it starts or changes, never again per cycle."""
+
+    def __init__(self, book: QuotaBook, node_product: Mapping[str, str | None]):
+        self.book, self.node_product = book, node_product
+        self.usage = QuotaUsage()
+        self._gangs: dict[str, tuple[str, tuple[Placement, ...], Demand]] = {}  # name -> (team, placements, demand)
+        self._by_id: dict[int, tuple] = {}  # CycleState's demand cache: id(placements) -> (placements, demand)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._gangs
+
+    def add(self, name: str, team: str, placements: Sequence[Placement]) -> Demand:
+        if name in self._gangs:
+            raise ValueError(f"gang {name} is counted already; remove() it before adding it again")
+        placements = placements if isinstance(placements, tuple) else tuple(placements)
+        demand = demand_of_placements(placements, self.node_product, self.book)
+        self._gangs[name] = (team, placements, demand)
+        self._by_id[id(placements)] = (placements, demand)
+        self.usage.add(team, demand)
+        return demand
+
+    def remove(self, name: str) -> None:
+        team, placements, demand = self._gangs.pop(name)
+        self._by_id.pop(id(placements), None)
+        self.usage.remove(team, demand)
+
+    def sync(self, gangs: Iterable[RunningGang]) -> None:
+        """Count exactly `gangs` (by name): gone ones removed, new or changed ones (team or
+        placements) counted again, the rest untouched. A gang's RunningGang may be a new object
+        every cycle: its placements tuple is kept, so CycleState's demand cache finds it."""
+        seen = set()
+        for rg in gangs:
+            name = rg.gang.name
+            seen.add(name)
+            held = self._gangs.get(name)
+            if held is not None and held[0] == rg.gang.team and held[1] == rg.placements:
+                if held[1] is not rg.placements:
+                    self._by_id.pop(id(held[1]), None)
+                    self._gangs[name] = (held[0], rg.placements, held[2])
+                    self._by_id[id(rg.placements)] = (rg.placements, held[2])
+                continue
+            if held is not None:
+                self.remove(name)
+            self.add(name, rg.gang.team, rg.placements)
+        for name in [n for n in self._gangs if n not in seen]:
+            self.remove(name)
+
+    def demand_cache(self) -> dict[int, tuple]:
+        """CycleState's demand cache (id of a placements tuple -> (tuple, demand)) for the counted gangs."""
+        return dict(self._by_id)
+
+    def cycle_state(self, snap: Snapshot, running: Iterable[RunningGang], held: Held = (),
+                    nominated: Nominated = ()) -> CycleState:
+        """A CycleState on `snap` (which holds every counted gang, `held` and the nominations'
+        victims) whose usage is this ledger's, plus `held` and `nominated`, as CycleState.build
+        would count them when every counted gang is running, terminating or a nomination's victim.
+        `running`: the preemption candidates."""
+        state = CycleState(snap, self.book, self.usage.copy(), list(running), self.node_product, self.demand_cache())
+        state.count_plans(held, nominated)
+        return state
 
 
 class LiveState:
@@ -30,11 +101,12 @@ class LiveState:
         if len(snap.placements):
             raise ValueError("LiveState starts from an empty snapshot; add running gangs with start()")
         self.snap, self.book = snap, book
-        self.usage = QuotaUsage() if book is not None else None
+        self.ledger = QuotaLedger(book, snap.shape.node_product) if book is not None else None
         self.running: dict[str, RunningGang] = {}
-        self._demand: dict[str, dict] = {}
-        # CycleState's demand cache (id of a placements tuple -> (tuple, demand)) for the running gangs
-        self._by_id: dict[int, tuple] = {}
+
+    @property
+    def usage(self) -> QuotaUsage | None:
+        return self.ledger.usage if self.ledger is not None else None
 
     @classmethod
     def from_nodes(cls, nodes, book: QuotaBook | None = None) -> LiveState:
@@ -56,10 +128,8 @@ class LiveState:
                 self.snap.forget(p.pod)
             raise
         self.running[name] = rg
-        if self.usage is not None:
-            demand = self._demand[name] = demand_of_placements(rg.placements, self.snap.shape.node_product, self.book)
-            self._by_id[id(rg.placements)] = (rg.placements, demand)
-            self.usage.add(rg.gang.team, demand)
+        if self.ledger is not None:
+            self.ledger.add(name, rg.gang.team, rg.placements)
 
     def end(self, name: str) -> RunningGang:
         """The gang is gone (its pods ended or were deleted): capacity and quota released."""
@@ -68,21 +138,25 @@ class LiveState:
             raise KeyError(f"gang {name} is not running in this state")
         for p in rg.placements:
             self.snap.forget(p.pod)
-        if self.usage is not None:
-            self.usage.remove(rg.gang.team, self._demand.pop(name))
-            self._by_id.pop(id(rg.placements), None)
+        if self.ledger is not None:
+            self.ledger.remove(name)
         return rg
 
-    def cycle_state(self, held: Iterable[tuple[str, Sequence[Placement]]] = (),
-                    terminating: Iterable[str] = ()) -> CycleState:
+    def cycle_state(self, held: Held = (), terminating: Iterable[str] = (),
+                    nominated: Iterable[tuple[str, Sequence[Placement], Iterable[str]]] = ()) -> CycleState:
         """This cycle's CycleState: a copy (the live state is not changed by what the cycle tries).
         held: plans (team, placements) assumed on the copy and counted; terminating: names of
-        running gangs that still hold capacity and quota but are no preemption candidates."""
-        gone = set(terminating)
-        # the running gangs' quota demand is known: the copy of the cache saves recomputing it
-        state = CycleState(self.snap.copy(), self.book, self.usage.copy() if self.usage is not None else None,
-                           [rg for name, rg in self.running.items() if name not in gone],
-                           self.snap.shape.node_product, dict(self._by_id))
+        running gangs that still hold capacity and quota but are no preemption candidates;
+        nominated: preemption plans (team, placements, victim names) whose victims still run (their
+        nodes are held by the victims; the plan is charged as CycleState.nominate charges it)."""
+        nominated = [(team, placements, [self.running[v] for v in victims]) for team, placements, victims in nominated]
+        gone = set(terminating) | {v.gang.name for _, _, victims in nominated for v in victims}
+        running = [rg for name, rg in self.running.items() if name not in gone]
+        snap = self.snap.copy()
+        if self.ledger is not None:
+            state = self.ledger.cycle_state(snap, running, nominated=nominated)
+        else:
+            state = CycleState(snap, None, None, running, self.snap.shape.node_product)
         for team, placements in held:
             state.hold(team, placements)
         return state

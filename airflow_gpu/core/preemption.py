@@ -238,26 +238,17 @@ def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float,
     snap = room.snap
     base_fit = members_per_node(snap, room.gang, room.by_set)
     index = snap.shape.index
-    eligible = room.eligible
-    spots = []  # per candidate: its placements on eligible nodes as (node, gpu shares, cpu, mem)
-    spot_cand, spot_node, spot_cpu, spot_mem = [], [], [], []  # the same, flat
-    share_node, share_gpu, share_milli = [], [], []
-    for ci, c in enumerate(cands):
-        sp = []
-        for p in c.placements:
-            n = index[p.node]
-            if not eligible[n]:
-                continue
-            sp.append((n, p.gpu_shares, p.cpu_milli, p.memory_mib))
-            spot_cand.append(ci)
-            spot_node.append(n)
-            spot_cpu.append(p.cpu_milli)
-            spot_mem.append(p.memory_mib)
-            for g, milli in p.gpu_shares:
-                share_node.append(n)
-                share_gpu.append(g)
-                share_milli.append(milli)
-        spots.append(sp)
+    eligible = room.eligible.tolist()  # read per placement: a list index is cheaper than numpy's
+    # per candidate: its placements on eligible nodes as (node, gpu shares, cpu, mem); then the
+    # same flat (comprehensions: this runs over every placement of every candidate)
+    spots = [[(n, p.gpu_shares, p.cpu_milli, p.memory_mib) for p in c.placements if eligible[n := index[p.node]]]
+             for c in cands]
+    spot_cand = [ci for ci, sp in enumerate(spots) for _ in sp]
+    spot_node = [s[0] for sp in spots for s in sp]
+    spot_cpu = [s[2] for sp in spots for s in sp]
+    spot_mem = [s[3] for sp in spots for s in sp]
+    shares = [(s[0], g, milli) for sp in spots for s in sp for g, milli in s[1]]
+    share_node, share_gpu, share_milli = ([x[k] for x in shares] for k in range(3))
     spot_cand_a, spot_node_a = np.array(spot_cand, dtype=np.int64), np.array(spot_node, dtype=np.int64)
     # the room per node with every candidate gone: no victim set inside a domain opens more
     gpu, cpu, mem = snap.gpu_free.copy(), snap.cpu_free.copy(), snap.mem_free.copy()
@@ -490,9 +481,10 @@ def _narrowed(tries: list[Attempt], room: RoomEstimate) -> list[Attempt]:
     use (spot, for work that must stay on-demand) could be taken first, and the borrowing team would
     then no longer borrow: the gang would wait forever behind the borrower it could have displaced."""
     index = room.snap.shape.index
+    eligible = room.eligible.tolist()
     out = []
     for a in tries:
-        useful = tuple(c for c in a.candidates if any(room.eligible[index[p.node]] for p in c.placements
+        useful = tuple(c for c in a.candidates if any(eligible[index[p.node]] for p in c.placements
                                                       if p.node in index))
         if useful and len(useful) < len(a.candidates):
             out.append(Attempt(useful, a.allow_borrowing))

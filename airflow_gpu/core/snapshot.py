@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -165,6 +166,13 @@ class ClusterShape:
             return self.cached_mask(("product", ()), lambda: np.ones(len(self.nodes), dtype=bool))
         ids = [self.products.index(p) for p in products if p in self.products]
         return self.cached_mask(("product", products), lambda: np.isin(self.product_id, ids))
+
+    @cached_property
+    def every_node(self) -> np.ndarray:
+        """[N] all True, read only: the one mask of filters that reject nothing (run_filters skips it)."""
+        mask = np.ones(len(self.nodes), dtype=bool)
+        mask.setflags(write=False)
+        return mask
 
     @cached_property
     def node_product(self) -> dict[str, str | None]:
@@ -353,6 +361,19 @@ class Snapshot:
             memory_mib=pod.memory_mib,
         )
 
+    # --- what-ifs without a copy ------------------------------------------------------------------
+    @contextmanager
+    def trial(self) -> Iterator[Trial]:
+        """Assume placements for a what-if and undo them on exit (an undo log, kube-scheduler's
+        assume/forget): a gang tried domain after domain costs its own pods, not a copy of every
+        node's arrays per try. Versions are restored with the capacity, so score caches keyed on
+        them stay valid for the nodes the what-if touched."""
+        trial = Trial(self)
+        try:
+            yield trial
+        finally:
+            trial.undo()
+
     # --- reserve / release ----------------------------------------------------------------------
     def assume(self, placement: Placement) -> None:
         """Reserve what `placement` takes; raises OverCommitError (and changes nothing) if any part
@@ -437,3 +458,25 @@ class Snapshot:
                 )
             mig = self.shape.mig_profiles.index(placement.mig_profile)
         return i, need, mig
+
+
+class Trial:
+    """The placements a what-if assumed on a snapshot, undone last first (Snapshot.trial)."""
+
+    __slots__ = ("snap", "_log")
+
+    def __init__(self, snap: Snapshot):
+        self.snap = snap
+        self._log: list[tuple[str, int, int]] = []  # (pod, node index, node version before)
+
+    def assume(self, placement: Placement) -> None:
+        i = self.snap.node_index(placement.node)
+        before = int(self.snap.version[i])
+        self.snap.assume(placement)
+        self._log.append((placement.pod, i, before))
+
+    def undo(self) -> None:
+        while self._log:
+            pod, i, before = self._log.pop()
+            self.snap.forget(pod)
+            self.snap.version[i] = before

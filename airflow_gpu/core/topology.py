@@ -8,6 +8,7 @@ on to the next candidate. Pure numpy over the snapshot; the order is determinist
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,6 +125,12 @@ def candidate_domains(snap: Snapshot, gang: Gang, profile: Profile | None = None
     A hard requirement at level L stops after L. Domains whose free capacity cannot hold the gang
     (by the largest-member estimate) are left out, so an empty list means "does not fit now".
     """
+    return list(iter_candidate_domains(snap, gang, profile))
+
+
+def iter_candidate_domains(snap: Snapshot, gang: Gang, profile: Profile | None = None) -> Iterator[Domain]:
+    """candidate_domains, level by level: a caller that stops after a few tries (gang admission
+    does) never pays for the looser levels."""
     eligible = eligible_nodes(snap, gang, profile) if profile is not None else None
     fits = set_fits(snap, gang, eligible)
     fit = fits.sum(axis=0)
@@ -134,7 +141,6 @@ def candidate_domains(snap: Snapshot, gang: Gang, profile: Profile | None = None
         free, needs = free_table(snap, fits.any(axis=0)), gang_needs(gang)
     req = gang.topology
     limit = LADDER.index(req.level) if req.hard else len(LADDER) - 1
-    out: list[Domain] = []
 
     # one node: every member on it; tightest (fewest GPUs left over) first, then node order
     whole = np.flatnonzero(fit >= want)
@@ -143,9 +149,9 @@ def candidate_domains(snap: Snapshot, gang: Gang, profile: Profile | None = None
     if len(whole):
         leftover = snap.gpu_free[whole].sum(axis=1) - gang.gpu_milli_total
         order = whole[np.lexsort((whole, leftover))]
-        out.extend(Domain(TopologyLevel.NODE, snap.nodes[i].name, np.array([i]), 1) for i in order)
+        yield from (Domain(TopologyLevel.NODE, snap.nodes[i].name, np.array([i]), 1) for i in order.tolist())
     if want == 1 or limit == 0:
-        return out
+        return
 
     # a hard requirement at level L holds only for tighter domains inside one L domain: labels need
     # not nest (a clique may span racks), so a tighter domain across L boundaries is skipped
@@ -161,23 +167,28 @@ def candidate_domains(snap: Snapshot, gang: Gang, profile: Profile | None = None
         # every domain at once: nodes that fit a member, grouped by domain, most members first
         # (then node order) inside each; only domains whose sum holds the gang are looked at
         cand = np.flatnonzero((ids >= 0) & (fit > 0))
-        found = []
-        if len(cand):
-            grouped = cand[np.lexsort((cand, -fit[cand], ids[cand]))]
-            dom = ids[grouped]
-            starts = np.flatnonzero(np.r_[True, dom[1:] != dom[:-1]])
-            ends = np.r_[starts[1:], len(grouped)]
-            totals = np.add.reduceat(fit[grouped], starts)
-            for s, e in zip(starts[totals >= want].tolist(), ends[totals >= want].tolist()):
-                order = grouped[s:e]
-                if bound is not None and level is not req.level:
-                    spans = np.unique(bound[order])
-                    if len(spans) != 1 or spans[0] < 0:
-                        continue
-                if mixed and not holds_every_set(fits, counts, order, free, needs):
+        if not len(cand):
+            continue
+        grouped = cand[np.lexsort((cand, -fit[cand], ids[cand]))]
+        dom = ids[grouped]
+        starts = np.flatnonzero(np.concatenate(([True], dom[1:] != dom[:-1])))
+        sizes = np.diff(np.append(starts, len(grouped)))
+        member_fit = fit[grouped]
+        totals = np.add.reduceat(member_fit, starts)
+        # nodes needed per domain: its best nodes, in order, until their members add up to the gang
+        running = np.cumsum(member_fit)
+        within = running - np.repeat(running[starts] - member_fit[starts], sizes)
+        needed = np.add.reduceat((within < want).astype(np.int64), starts) + 1
+        keep = np.flatnonzero(totals >= want)
+        # fewest nodes first, then by name (domain ids follow the sorted names)
+        keep = keep[np.lexsort((dom[starts[keep]], needed[keep]))]
+        for k in keep.tolist():
+            s = int(starts[k])
+            order = grouped[s : s + int(sizes[k])]
+            if bound is not None and level is not req.level:
+                spans = np.unique(bound[order])
+                if len(spans) != 1 or spans[0] < 0:
                     continue
-                needed = int(np.searchsorted(np.cumsum(fit[order]), want) + 1)
-                found.append(Domain(level, names[int(dom[s])], order, needed))
-        found.sort(key=lambda dom: (dom.nodes_needed, dom.name))
-        out.extend(found)
-    return out
+            if mixed and not holds_every_set(fits, counts, order, free, needs):
+                continue
+            yield Domain(level, names[int(dom[s])], order, int(needed[k]))

@@ -47,6 +47,7 @@ from airflow_gpu import constants as C
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import GangDecision
+from airflow_gpu.core.live import QuotaLedger
 from airflow_gpu.core.model import Placement, RunningGang
 from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, make_profile
@@ -147,6 +148,7 @@ class Scheduler:
         self._written: dict[str, tuple] = {}  # owner key -> last annotations/status written (dedup only)
         self.cycles = 0
         self._memo = Memo()
+        self._quota: QuotaLedger | None = None  # quota usage of the running gangs, kept by deltas
         self._was_leader = False
         self.backoff = Backoff(self.settings.backoff_base, self.settings.backoff_cap)
         self._room = RoomWatch()
@@ -276,8 +278,16 @@ class Scheduler:
             else:
                 held.append((team, placements))
         terminating += [rg for gangs in victims.values() for rg in gangs]  # a plan that places nothing more
-        return CycleState.build(world.snapshot, running, self.book, held=held, terminating=terminating,
-                                nominated=nominated)
+        if self.book is None:
+            return CycleState.build(world.snapshot, running, None, held=held, terminating=terminating,
+                                    nominated=nominated)
+        # every gang of world.running is counted (running, terminating or a nomination's victim):
+        # the ledger keeps their quota by deltas instead of summing every gang each cycle
+        node_product = world.snapshot.shape.node_product
+        if self._quota is None or self._quota.node_product is not node_product:  # new node list
+            self._quota = QuotaLedger(self.book, node_product)
+        self._quota.sync(world.running)
+        return self._quota.cycle_state(world.snapshot, running, held=held, nominated=nominated)
 
     def _team_of(self, unit: Unit, pods: list[dict]) -> str:
         try:

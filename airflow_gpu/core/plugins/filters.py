@@ -117,7 +117,7 @@ def _nodes_where(snap: Snapshot, cache_key: tuple, predicate) -> np.ndarray:
 
 
 def _all(snap: Snapshot) -> np.ndarray:
-    return np.ones(len(snap), dtype=bool)
+    return snap.shape.every_node
 
 
 def default_filters() -> tuple:
