@@ -186,15 +186,21 @@ class PlacementHold:
         else:
             gpu_enough = np.bincount(node, weights=gains, minlength=n) + (snap.max_gpu_free() >= pod.gpu_milli) > 0
         enough = (gpu_enough
+                  & (np.bincount(node, minlength=n) > 1)  # one held pod alone was tried above
                   & (snap.cpu_free + np.bincount(node, weights=cpu, minlength=n) >= pod.cpu_milli)
                   & (snap.mem_free + np.bincount(node, weights=mem, minlength=n) >= pod.memory_mib))
-        singles = set(node[single].tolist())
-        for i in np.flatnonzero(enough).tolist():
-            if i in singles:
-                continue  # one victim does it on this node
-            victims = _victims_on(snap, i, pod, [self._by_slot[k] for k in slots[node == i]])
-            if victims is not None:
-                options.append((sum(v.milli for v in victims), len(victims), i, victims))
+        if pod.gpu_products:
+            enough &= snap.shape.product_mask(pod.gpu_products)
+        enough[node[single]] = False  # one victim does it on these nodes
+        wanted = np.flatnonzero(enough)
+        if len(wanted):
+            on_wanted = np.isin(node, wanted)
+            order = np.argsort(node[on_wanted], kind="stable")
+            held_nodes, starts = np.unique(node[on_wanted][order], return_index=True)
+            for i, group in zip(held_nodes.tolist(), np.split(slots[on_wanted][order], starts[1:])):
+                victims = _victims_on(snap, i, pod, [self._by_slot[k] for k in group])
+                if victims is not None:
+                    options.append((sum(v.milli for v in victims), len(victims), i, victims))
         options.sort(key=lambda o: o[:3])
         return [o[3] for o in options[:tries]]
 
