@@ -34,6 +34,7 @@ ANCHORS = SHARED / "anchors" / "fgd_gpu_allocation.csv"
 OUT = REPO / "build" / "bench"
 SEEDS = tuple(range(42, 52))
 WORKERS = 2  # the machine has two cores shared by the team
+NO_HOLD = "-nohold"
 SCALE = int(os.environ.get("BENCH_PLACEMENT_SCALE", 10))  # the cluster at scale (issue 16); 1: skip it
 
 
@@ -50,7 +51,8 @@ def _run(job):
 
     pods_path, policy, seed = job
     nodes, pods = _load(pods_path)
-    r = run_inflation(nodes, pods, policy, seed)
+    # "<policy>-nohold": the policy without held placements (core/hold.py), to show what the hold adds
+    r = run_inflation(nodes, pods, policy.removesuffix(NO_HOLD), seed, hold=0.0 if policy.endswith(NO_HOLD) else None)
     total = r.total_gpu_milli
     return {
         "trace": Path(pods_path).stem,
@@ -58,6 +60,7 @@ def _run(job):
         "seed": seed,
         "at": {x: r.allocation_at(x) for x in (100, 110, 120, 130)},
         "final": r.gpu_allocation_pct,
+        "unallocated_gpus": r.unallocated_gpus,
         "grid": on_grid(100.0 * r.arrived / total, 100.0 * r.allocated / total),
         "seconds": r.seconds,
     }
@@ -102,7 +105,7 @@ def main() -> None:
     traces = sorted(
         p for p in TRACES.glob("openb_pod_list_*.csv") if not wanted or p.stem.removeprefix("openb_pod_list_") in wanted
     )
-    policies = _env_list("BENCH_PLACEMENT_POLICIES", POLICIES)
+    policies = _env_list("BENCH_PLACEMENT_POLICIES", POLICIES + (DEFAULT_POLICY + NO_HOLD,))
     anchors = load_anchors()
     jobs = [(str(t), pol, s) for t in traces for pol in policies for s in seeds]
     print(f"{len(traces)} traces x {len(policies)} policies x {len(seeds)} seeds = {len(jobs)} runs, {WORKERS} workers",
@@ -116,7 +119,7 @@ def main() -> None:
     for r in results:
         by[(r["trace"], r["policy"])].append(r)
     print(f"\nGPU allocation at 130 % arrived, mean over seeds {seeds[0]}..{seeds[-1]} (published: FGD artifact)")
-    print(f"{'trace':28s} {'policy':14s} {'ours':>7s} {'min':>7s} {'max':>7s} {'published':>9s} {'diff':>6s} {'s/run':>6s}")
+    print(f"{'trace':28s} {'policy':22s} {'ours':>7s} {'min':>7s} {'max':>7s} {'published':>9s} {'diff':>6s} {'s/run':>6s}")
     for t in traces:
         for pol in policies:
             runs = by[(t.stem, pol)]
@@ -125,7 +128,7 @@ def main() -> None:
             pub_s = f"{pub:9.2f}" if pub is not None else f"{'-':>9s}"
             diff = f"{vals.mean() - pub:+6.2f}" if pub is not None else f"{'':>6s}"
             secs = np.mean([r["seconds"] for r in runs])
-            print(f"{t.stem:28s} {pol:14s} {vals.mean():7.2f} {vals.min():7.2f} {vals.max():7.2f} {pub_s} {diff} {secs:6.2f}")
+            print(f"{t.stem:28s} {pol:22s} {vals.mean():7.2f} {vals.min():7.2f} {vals.max():7.2f} {pub_s} {diff} {secs:6.2f}")
     print(f"(all runs: {wall:.0f} s wall)")
 
     print("\nAcceptance")
@@ -141,10 +144,18 @@ def main() -> None:
             pub = anchors[(t.stem, "06-FGD")]
             gpus = (ours - pub) / 100 * 6212
             print(f"  {DEFAULT_POLICY} vs published FGD {t.stem:28s} {ours:.2f} vs {pub:.2f} ({gpus:+.0f} GPUs) "
-                  f"{'BEATS' if ours > pub else 'DOES NOT BEAT'}")
+                  f"{'OK (>= +0.3)' if ours >= pub + 0.3 else 'MISSED (< +0.3)'}")
     if DEFAULT_POLICY in policies and any(t.stem == "openb_pod_list_default" for t in traces):
         ours = np.mean([r["at"][130] for r in by[("openb_pod_list_default", DEFAULT_POLICY)]])
-        print(f"  {DEFAULT_POLICY} on default trace: {ours:.2f} % (target >= 96.00) {'OK' if ours >= 96.0 else 'MISSED'}")
+        print(f"  {DEFAULT_POLICY} on default trace: {ours:.2f} % (target >= 97.00) {'OK' if ours >= 97.0 else 'MISSED'}")
+    print("\nGap to the bound (sim/bound.py: the MILP reaches 100 % of capacity on every openb trace, so the gap "
+          "is the unallocated GPUs), mean over seeds")
+    for t in traces:
+        for pol in policies:
+            runs = by[(t.stem, pol)]
+            if runs and pol.startswith(DEFAULT_POLICY):
+                gap = np.mean([r["unallocated_gpus"] for r in runs])
+                print(f"  {t.stem:28s} {pol:22s} {np.mean([r['final'] for r in runs]):6.2f} %  gap {gap:6.1f} GPUs")
 
     curves = defaultdict(dict)
     for (trace, pol), runs in by.items():

@@ -120,27 +120,32 @@ def test_reimplemented_policies_land_near_the_published_means(openb, published, 
 def test_default_policy_beats_published_fgd(openb, published, trace, seed):
     nodes = load_nodes(openb / "openb_node_list_gpu_node.csv")
     result = run_inflation(nodes, _pods(openb, trace), "fgd-lookahead", seed)
-    assert result.gpu_allocation_pct > published[(f"openb_pod_list_{trace}", "06-FGD")]
+    assert result.gpu_allocation_pct > published[(f"openb_pod_list_{trace}", "06-FGD")] + 0.3
+    assert result.hold > 0 and result.displaced > 0  # the default holds placements that strand capacity
+    if trace == "default":  # issue 16: >= 97.0 % (<= 186 of 6,212 GPUs unallocated)
+        assert result.gpu_allocation_pct >= 97.0 and result.unallocated_gpus <= 186
 
 
 # --- the CLI: JSON and an independent check of the assignments CSV -------------------------------------
 
 
-def test_cli_json_and_assignments_verify_independently(openb, tmp_path):
+@pytest.mark.parametrize("policy, seed", [("bestfit", 44), ("fgd-lookahead", 45)])  # the default: with held placements
+def test_cli_json_and_assignments_verify_independently(openb, tmp_path, policy, seed):
     nodes_csv, pods_csv = openb / "openb_node_list_gpu_node.csv", openb / "openb_pod_list_default.csv"
     out_csv = tmp_path / "assignments.csv"
     proc = subprocess.run(
         [sys.executable, "-m", "airflow_gpu", "simulate", "inflation", "--nodes", str(nodes_csv), "--pods",
-         str(pods_csv), "--policy", "bestfit", "--seed", "44", "--json", "--assignments", str(out_csv)],
+         str(pods_csv), "--policy", policy, "--seed", str(seed), "--json", "--assignments", str(out_csv)],
         capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     for key in ("policy", "trace", "seed", "ratio", "gpu_allocation_pct", "curve", "unallocated_gpus",
-                "failed_pods", "seconds"):
+                "failed_pods", "seconds", "hold", "displaced_pods"):
         assert key in report
     assert (report["policy"], report["trace"], report["seed"], report["ratio"]) == (
-        "bestfit", "openb_pod_list_default", 44, 1.3)
+        policy, "openb_pod_list_default", seed, 1.3)
+    assert (report["hold"] > 0) == (report["displaced_pods"] > 0) == (policy == "fgd-lookahead")
     arrived = [a for a, _ in report["curve"]]
     assert arrived == sorted(arrived) and 129 < arrived[-1] <= 131
 

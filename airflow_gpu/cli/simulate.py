@@ -33,6 +33,10 @@ def register(subparsers) -> None:
     inflation.add_argument("--scale", type=int, default=1,
                            help="repeat the node list and the trace pods this many times (a cluster that many "
                                 "times larger with the same mix; default 1)")
+    inflation.add_argument("--hold", type=float, default=None, metavar="FRACTION",
+                           help="budget of held placements as a fraction of GPU capacity (core/hold.py: shares that "
+                                "strand capacity stay provisional; a pod that fits nowhere may displace them); "
+                                "0 = the artifact's method; default: the policy's own (fgd-lookahead 0.08, others 0)")
     inflation.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     inflation.add_argument("--assignments", type=Path, help="write the final placement as CSV to this file")
     inflation.add_argument("--bound", action="store_true",
@@ -152,6 +156,9 @@ def _inflation(args) -> int:
     from airflow_gpu.sim.inflation import run_inflation, scaled
     from airflow_gpu.sim.traces import TraceError, load_nodes, load_pods, trace_name
 
+    if args.hold is not None and not 0 <= args.hold <= 1:
+        print(f"--hold must be in [0, 1] (a fraction of the GPU capacity), got {args.hold}", file=sys.stderr)
+        return 2
     if not 0 < args.ratio <= 10:
         print(f"--ratio must be in (0, 10], got {args.ratio}; the artifact uses 1.3", file=sys.stderr)
         return 2
@@ -170,10 +177,10 @@ def _inflation(args) -> int:
             task = bar.add_task(f"{args.policy} seed {args.seed}", total=None)
             result = run_inflation(
                 nodes, pods, args.policy, args.seed, args.ratio,
-                progress=lambda done, total: bar.update(task, completed=done, total=total),
+                progress=lambda done, total: bar.update(task, completed=done, total=total), hold=args.hold,
             )
     else:
-        result = run_inflation(nodes, pods, args.policy, args.seed, args.ratio)
+        result = run_inflation(nodes, pods, args.policy, args.seed, args.ratio, hold=args.hold)
 
     if args.assignments:
         write_assignments(args.assignments, result.placements)
@@ -192,6 +199,8 @@ def _inflation(args) -> int:
         "pods": len(result.pods),
         "placed_pods": len(result.placements),
         "failed_pods": len(result.failed_pods),
+        "hold": result.hold,
+        "displaced_pods": result.displaced,
         "seconds": round(result.seconds, 3),
     }
     if args.assignments:
@@ -216,6 +225,9 @@ def _inflation(args) -> int:
             f"({summary['unallocated_gpus']:.1f} of {summary['total_gpus']} GPUs unallocated), "
             f"{summary['failed_pods']} of {summary['pods']} pods failed, {summary['seconds']:.1f}s"
         )
+        if summary["hold"]:
+            print(f"  held placements up to {summary['hold']:.0%} of GPU capacity: "
+                  f"{summary['displaced_pods']} held pods displaced by larger ones")
         print("  at arrived " + ", ".join(f"{k}%: {v:.2f}%" for k, v in summary["allocation_at_pct"].items()))
         if args.bound:
             b = summary["bound"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from airflow_gpu.core.framework import Profile
+from airflow_gpu.core.hold import DEFAULT_HOLD_FRACTION
 from airflow_gpu.core.plugins.fgd import FGDScore, TypicalPods
 from airflow_gpu.core.plugins.filters import default_filters
 from airflow_gpu.core.plugins.scores import (
@@ -36,6 +37,8 @@ DEFAULT_POLICY = "fgd-lookahead"
 STRANDING_WEIGHT = 2.0
 WASTE_WEIGHT = 6.0
 LOOKAHEAD_DIVISOR = 500.0
+# the default policy also holds placements that strand capacity (core/hold.py; simulator-only today)
+HOLD_FRACTIONS = {DEFAULT_POLICY: DEFAULT_HOLD_FRACTION}
 BASELINES = ("random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd")
 # spread: kube-scheduler's default spreading (LeastAllocated), the naive platform of the replay
 SPREAD_POLICY = "spread"
@@ -49,6 +52,11 @@ ANCHOR_LABELS = {
     "bestfit": "05-BestFit",
     "fgd": "06-FGD",
 }
+
+
+def hold_fraction(name: str) -> float:
+    """The hold budget (fraction of GPU capacity, core/hold.py) policy `name` uses; 0: none."""
+    return HOLD_FRACTIONS.get(name.lower(), 0.0)
 
 
 def make_profile(

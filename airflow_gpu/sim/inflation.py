@@ -10,6 +10,9 @@ Method (the artifact's Simulate with shufflePod and workloadTuningConfig, seeds 
    (the seed feeds numpy, not Go's math/rand: per-seed sequences differ from the artifact's, the
    distribution over seeds is the same)
 5. pods are placed one by one, never removed; a pod that fits nowhere fails and is skipped.
+   Beyond the artifact, with a hold budget (the default policy's, core/hold.py): a share that
+   strands capacity stays provisional, and a pod that fits nowhere may take the room of held pods
+   of smaller GPU demand; a displaced pod is placed again where it fits, else it fails.
 The curve records allocated GPU milli against arrived (attempted) GPU milli, both over capacity.
 """
 
@@ -21,9 +24,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from airflow_gpu.core.framework import place_pod
+from airflow_gpu.core.hold import PlacementHold
 from airflow_gpu.core.model import GPU_MILLI, Node, Placement, PodRequest
 from airflow_gpu.core.plugins.fgd import TypicalPods
-from airflow_gpu.core.policies import make_profile
+from airflow_gpu.core.policies import hold_fraction, make_profile
 from airflow_gpu.core.snapshot import Snapshot
 
 DEFAULT_RATIO = 1.3
@@ -41,6 +45,8 @@ class InflationResult:
     placements: list[Placement]
     seconds: float
     pods: list[PodRequest] = field(repr=False, default_factory=list)
+    hold: float = 0.0  # budget of held placements (fraction of GPU capacity; 0: none)
+    displaced: int = 0  # held pods that gave their room to a larger pod and then fit nowhere
 
     @property
     def gpu_allocation_pct(self) -> float:
@@ -132,8 +138,12 @@ def run_inflation(
     seed: int,
     ratio: float = DEFAULT_RATIO,
     progress=None,
+    hold: float | None = None,
 ) -> InflationResult:
-    """One inflation run. `progress(done, total)` is called now and then (for a progress bar)."""
+    """One inflation run. `progress(done, total)` is called now and then (for a progress bar).
+    hold: budget (fraction of GPU capacity) of held placements (core/hold.py): shares that strand
+    capacity stay provisional and a pod that fits nowhere may displace them; 0 = off (the artifact's
+    method); None = the policy's own (core.policies.hold_fraction)."""
     if not pods:
         raise ValueError("inflation: the pod list is empty")
     start = time.perf_counter()
@@ -148,17 +158,32 @@ def run_inflation(
     arrived = np.zeros(len(seq), dtype=np.int64)
     allocated = np.zeros(len(seq), dtype=np.int64)
     failed: list[str] = []
-    placed: list[Placement] = []
+    placed: dict[str, Placement] = {}
+    hold = hold_fraction(policy) if hold is None else hold
+    held = PlacementHold(typical, snap.shape.total_gpu_milli, hold) if hold else None
+    displaced = 0
     got = come = 0
     for k, pod in enumerate(seq):
         come += pod.gpu_milli_total
         placement, _ = place_pod(snap, pod, profile)
-        if placement is None:
-            failed.append(pod.name)
-        else:
+        if placement is not None:
             snap.assume(placement)
-            placed.append(placement)
+            placed[pod.name] = placement
             got += pod.gpu_milli_total
+            if held is not None:
+                held.offer(snap, pod, placement)
+        elif held is not None and (room := held.make_room(snap, pod, profile)) is not None:
+            placed[pod.name] = room.placement
+            got += pod.gpu_milli_total
+            for again in room.moved:
+                placed[again.pod] = again
+            for gone in room.displaced:  # held, and now fits nowhere: it fails as if it never fit
+                del placed[gone.name]
+                failed.append(gone.name)
+                got -= gone.gpu_milli_total
+            displaced += len(room.displaced)
+        else:
+            failed.append(pod.name)
         arrived[k] = come
         allocated[k] = got
         if progress is not None and (k % 200 == 0 or k == len(seq) - 1):
@@ -171,7 +196,9 @@ def run_inflation(
         arrived=arrived,
         allocated=allocated,
         failed_pods=failed,
-        placements=placed,
+        placements=list(placed.values()),
         seconds=time.perf_counter() - start,
         pods=seq,
+        hold=hold,
+        displaced=displaced,
     )
