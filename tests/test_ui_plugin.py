@@ -16,6 +16,7 @@ from kubernetes import client
 
 from airflow_gpu import constants as C
 from airflow_gpu.config import load_config
+from airflow_gpu.devtools.airflow_rows import insert_task_instances
 from airflow_gpu.devtools.airflow_stack import AirflowStack
 from airflow_gpu.devtools.gangs import api_client, create_gang, ensure_namespace, pod_manifest
 
@@ -28,6 +29,13 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 WAIT_REASON = "needs 12 x NVIDIA-A100-SXM4-80GB in one NVLink clique (3 pods x 4); largest free block is 8"
 QUOTA_REASON = "team quota: vision uses 4 of 4 a100-80gb; gang needs 4"
+DB_RUN_ID = "scheduled__2026-12-02T06:00:00+00:00"
+# task instances only in Airflow's DB (no pods yet): one held back by its full pool, one queued
+DB_TASKS = [{"dag_id": "nlp_sweep", "task_id": "trial_1", "state": "scheduled", "pool": "gpu.nlp.preemptible",
+             "pool_slots": 8 * 7, "priority_weight": 10, "waited": 600},
+            {"dag_id": "vision_batch", "task_id": "score", "state": "queued", "pool": "gpu.vision.guaranteed",
+             "pool_slots": 7, "priority_weight": 10, "waited": 120}]
+DB_TASK_LINK = "/dags/nlp_sweep/runs/scheduled__2026-12-02T06%3A00%3A00%2B00%3A00/tasks/trial_1"
 
 
 def ti_labels(dag: str, task: str, team: str, tier: str = C.TIER_PRODUCTION_TRAINING) -> dict:
@@ -76,6 +84,7 @@ def stack(kube_cluster, tmp_path_factory):
     sync = subprocess.run([sys.executable, "-m", "airflow_gpu", "pools", "sync", "--config", str(CONFIG)],
                           env=s.env(), capture_output=True, text=True, timeout=120)
     assert sync.returncode == 0, sync.stderr[-2000:]
+    insert_task_instances(s, DB_RUN_ID, DB_TASKS)
     s.start(migrate=False)
     try:
         yield s
@@ -104,7 +113,14 @@ def test_queue_for_admin(stack):
     assert by_dag["llm_pretrain"]["reason"] == WAIT_REASON and by_dag["llm_pretrain"]["gpus"] == 12
     assert by_dag["vision_detector"]["reason"] == QUOTA_REASON
     assert by_dag["llm_pretrain"]["link"].endswith("/dags/llm_pretrain/runs/manual__2026-12-02/tasks/train")
-    assert sorted(w["cluster_position"] for w in q["waiting"]) == [1, 2]
+    # the scheduler's queue first, then what Airflow holds back, each with its run's link
+    assert [w["cluster_position"] for w in q["waiting"]] == [1, 2, 3, 4]
+    assert {w["dag_id"] for w in q["waiting"][2:]} == {"nlp_sweep", "vision_batch"}
+    assert by_dag["nlp_sweep"]["link"].endswith(DB_TASK_LINK) and by_dag["nlp_sweep"]["run_id"] == DB_RUN_ID
+    assert by_dag["nlp_sweep"]["team"] == "nlp" and by_dag["nlp_sweep"]["gpus"] == 8
+    assert by_dag["nlp_sweep"]["waiting_seconds"] >= 600
+    pools = {t["pool"]: t for t in q["teams"]}
+    assert pools["gpu.nlp.preemptible"]["queued"] == 8 * 7 and pools["gpu.vision.guaranteed"]["queued"] == 7
     (run,) = q["running"]
     assert run["dag_id"] == "llm_finetune" and (run["interruptions"], run["preemptions"]) == (1, 2)
     assert {p["node"]: p["capacity_type"] for p in run["pods"]} == {"gpu-od-0": "on-demand", "gpu-spot-0": "spot"}
@@ -171,7 +187,13 @@ def test_page_in_airflow_ui_headless_chromium(stack, tmp_path):
             assert "gpu.nlp.guaranteed" in text and "gpu.vision.preemptible" in text
             assert WAIT_REASON in text and QUOTA_REASON in text
             assert "team-nlp/finetune-1 → gpu-spot-0" in text
-            assert frame.locator("#nodes .node").count() == 6 and frame.locator("#nodes .gpu.used").count() == 8
+            # task instances only in Airflow's DB, linked to their task instance page
+            link = frame.locator("#waiting a", has_text="nlp_sweep.trial_1")
+            assert link.get_attribute("href").endswith(DB_TASK_LINK) and link.get_attribute("target") == "_top"
+            assert DB_RUN_ID in text and "vision_batch.score" in text
+            nodes = frame.locator("canvas#nodes")
+            assert (nodes.get_attribute("data-nodes"), nodes.get_attribute("data-gpus-used")) == ("6", "8")
+            assert nodes.bounding_box()["height"] > 10  # drawn, not an empty canvas
             page.screenshot(path=str(shot), full_page=True)
         finally:
             browser.close()

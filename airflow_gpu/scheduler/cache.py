@@ -51,13 +51,21 @@ class Gone(Exception):
 
 class ClusterCache:
     def __init__(self, api_client: client.ApiClient, on_change: Callable[[str, str, dict], None] | None = None,
-                 plan_namespace: str | None = None, plan_selector: str | None = None):
+                 plan_namespace: str | None = None, plan_selector: str | None = None,
+                 kinds: tuple[str, ...] | None = None, resync_seconds: float | None = None):
         """plan_namespace / plan_selector: where the scheduler keeps its plan ConfigMaps (its own
-        namespace) and the label selector of its own; without a namespace no plans are watched."""
+        namespace) and the label selector of its own; without a namespace no plans are watched.
+        kinds: watch only these (a reader such as the UI); "plans" among them without a namespace
+        watches the selector's plans in every namespace. resync_seconds: relist each kind at least
+        this often (a watch that silently missed an event is corrected within this bound)."""
         self.api_client = api_client
         self.plan_namespace = plan_namespace
         self.plan_selector = plan_selector
-        self.kinds = KINDS if plan_namespace else tuple(k for k in KINDS if k != "plans")
+        unknown = set(kinds or ()) - set(KINDS)
+        if unknown:
+            raise ValueError(f"kinds: unknown {sorted(unknown)}; one of {KINDS}")
+        self.kinds = tuple(kinds) if kinds else KINDS if plan_namespace else tuple(k for k in KINDS if k != "plans")
+        self.resync_seconds = resync_seconds
         self._tombstones: dict[str, int] = {}  # plans key -> resourceVersion we deleted
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
@@ -83,6 +91,8 @@ class ClusterCache:
             return self.scheduling.list_priority_class(**kw)
         if kind == "podgroups":
             return self.custom.list_cluster_custom_object(PODGROUP_GROUP, PODGROUP_VERSION, PODGROUP_PLURAL, **kw)
+        if kind == "plans" and not self.plan_namespace:
+            return self.core.list_config_map_for_all_namespaces(label_selector=self.plan_selector, **kw)
         if kind == "plans":
             return self.core.list_namespaced_config_map(self.plan_namespace, label_selector=self.plan_selector, **kw)
         raise ValueError(f"unknown kind {kind!r}; one of {KINDS}")
@@ -93,9 +103,10 @@ class ClusterCache:
             threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind}", daemon=True).start()
         return self
 
-    def wait_synced(self, timeout: float = 30.0) -> bool:
+    def wait_synced(self, timeout: float = 30.0, kinds: tuple[str, ...] | None = None) -> bool:
+        """Every kind (or those of `kinds`) listed once, within `timeout` seconds."""
         deadline = time.monotonic() + timeout
-        return all(ev.wait(max(0.0, deadline - time.monotonic())) for ev in self._synced.values())
+        return all(self._synced[k].wait(max(0.0, deadline - time.monotonic())) for k in kinds or self.kinds)
 
     def stop(self) -> None:
         """Stop applying events. The watch threads are daemons blocked in a read: closing their
@@ -141,10 +152,14 @@ class ClusterCache:
     def _run(self, kind: str) -> None:
         backoff = 0.2
         rv = None
+        listed_at = 0.0
         while not self._stop.is_set():
             try:
+                if rv is not None and self.resync_seconds and time.monotonic() - listed_at >= self.resync_seconds:
+                    rv = None
                 if rv is None:
                     rv = self._relist(kind)
+                    listed_at = time.monotonic()
                     self._synced[kind].set()
                 rv = self._watch(kind, rv)
                 backoff = 0.2
@@ -195,8 +210,8 @@ class ClusterCache:
             watch=True,
             resource_version=rv,
             allow_watch_bookmarks=True,
-            timeout_seconds=WATCH_TIMEOUT_SECONDS,
-            _request_timeout=(10, WATCH_TIMEOUT_SECONDS + 30),
+            timeout_seconds=self._watch_seconds(),
+            _request_timeout=(10, self._watch_seconds() + 30),
         )
         try:
             for line in iter_resp_lines(resp):
@@ -219,6 +234,11 @@ class ClusterCache:
         finally:
             resp.release_conn()
         return rv
+
+    def _watch_seconds(self) -> int:
+        if self.resync_seconds:
+            return max(1, min(WATCH_TIMEOUT_SECONDS, int(self.resync_seconds)))
+        return WATCH_TIMEOUT_SECONDS
 
     def _apply(self, kind: str, etype: str, obj: dict) -> None:
         key = key_of(obj)

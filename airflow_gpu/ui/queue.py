@@ -12,6 +12,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from typing import Mapping
+from urllib.parse import quote
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from airflow_gpu.config import SLOTS_PER_GPU
 from airflow_gpu.pools.plan import POOL_PREFIX, parse_pool_name
 from airflow_gpu.scheduler.cache import View
 from airflow_gpu.scheduler.convert import ConversionContext, hint_time, key_of, parse_time
-from airflow_gpu.scheduler.state import build_world
+from airflow_gpu.scheduler.state import Memo, build_world
 from airflow_gpu.ui.ledger import try_key
 
 ESTIMATE_LIMIT = 25  # estimated starts for the first N waiting gangs of the cluster's queue (cost bound)
@@ -71,7 +72,9 @@ def pool_parts(pool: str) -> tuple[str, str] | None:
 
 
 def ti_link(base_url: str, dag_id: str, run_id: str, task_id: str) -> str:
-    return f"{base_url.rstrip('/')}/dags/{dag_id}/runs/{run_id}/tasks/{task_id}"
+    """The task instance's page in the Airflow UI (run ids hold ':' and '+': each part quoted)."""
+    part = lambda s: quote(str(s), safe="")  # noqa: E731
+    return f"{base_url.rstrip('/')}/dags/{part(dag_id)}/runs/{part(run_id)}/tasks/{part(task_id)}"
 
 
 def _gpus(members) -> float:
@@ -89,7 +92,8 @@ def cluster_picture(world, pending_gangs) -> dict:
         free = snap.gpu_free[i]
         nodes.append({
             "name": node.name, "product": node.gpu_product, "capacity_type": node.capacity_type,
-            "gpus": [int(f) for f in free[: node.gpu_count]], "held": node.name in held_nodes,
+            # which device a pod got is the device plugin's choice, unknown here: used ones first
+            "gpus": sorted(int(f) for f in free[: node.gpu_count]), "held": node.name in held_nodes,
             "mig": {p: [int(snap.mig_free[i, snap.shape.mig_profiles.index(p)]), int(c)] for p, c in node.mig_slices},
         })
     total = snap.shape.total_gpu_milli
@@ -102,9 +106,10 @@ def cluster_picture(world, pending_gangs) -> dict:
             "gpus_total": total // GPU_MILLI}
 
 
-def build(inputs: Inputs, now: float | None = None, estimate_limit: int = ESTIMATE_LIMIT) -> dict:
+def build(inputs: Inputs, now: float | None = None, estimate_limit: int = ESTIMATE_LIMIT, memo: Memo | None = None) -> dict:
+    """memo: the conversions of an earlier build to reuse (the same answer, faster)."""
     now = time.time() if now is None else now
-    world = build_world(inputs.view, inputs.scheduler_name, inputs.ctx, now)
+    world = build_world(inputs.view, inputs.scheduler_name, inputs.ctx, now, memo=memo)
     teams = []
     for p in sorted(inputs.pools, key=lambda p: p.pool):
         parts = pool_parts(p.pool)

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import threading
 import time
 from dataclasses import dataclass
 
 from airflow_gpu.core.chargeback import POLICY_PLATFORM, charge, check_policy
 from airflow_gpu.scheduler.convert import ConversionContext
-from airflow_gpu.ui import ledger, queue, sources
+from airflow_gpu.scheduler.state import Memo
+from airflow_gpu.ui import ledger, queue, sources, watch
 
 SECTION = "airflow_gpu"
 CSV_FIELDS = ("team", "product", "capacity_type", "gpu_hours", "lost_interruption_hours",
@@ -47,41 +49,81 @@ class Settings:
         return load_config(self.quota_config)
 
 
-def _view(settings: Settings):
+def _kubeconfig(settings: Settings) -> str:
     if not settings.kubeconfig:
         raise NotConfigured("[airflow_gpu] kubeconfig is not set: the GPU queue needs the cluster's kubeconfig "
                           "(AIRFLOW__AIRFLOW_GPU__KUBECONFIG)")
-    return sources.read_view(settings.kubeconfig)
+    return settings.kubeconfig
 
 
-def build_queue(session, settings: Settings, now: float | None = None) -> dict:
+def _view(settings: Settings):
+    return sources.read_view(_kubeconfig(settings))
+
+
+def watched_view(settings: Settings):
+    """The cluster from the process's watch of it (ui.watch), not listed per request."""
+    try:
+        return watch.cluster_watch(_kubeconfig(settings)).view()
+    except watch.NotSynced as exc:
+        raise NotConfigured(str(exc)) from exc
+
+
+def build_queue(session, settings: Settings, now: float | None = None, view=None, memo=None) -> dict:
+    """The queue; the cluster as `view` gives it (default: listed now), the conversions of `memo` reused."""
     cfg = settings.config()
-    inputs = queue.Inputs(sources.read_pools(session), sources.read_tasks(session), _view(settings),
+    pools, tasks = sources.read_pools_and_tasks(session)
+    inputs = queue.Inputs(pools, tasks, _view(settings) if view is None else view,
                           ConversionContext.from_config(cfg), base_url=settings.base_url)
-    return queue.build(inputs, now)
+    return queue.build(inputs, now, memo=memo)
 
 
 QUEUE_MAX_AGE = 5.0  # seconds one build of the queue serves every request (the page is this fresh at worst)
 
 
+def to_json(data: dict) -> bytes:
+    """The answer as the API sends it (plain json: FastAPI's encoder walks 10,000s of values slowly)."""
+    return json.dumps(data, separators=(",", ":"), default=_plain).encode()
+
+
+def _plain(value):
+    if hasattr(value, "item"):  # a numpy scalar
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
 class SharedQueue:
     """The queue as last built, shared by every request for `max_age` seconds: it does not depend on the
-    user (rows are filtered afterwards, `visible`), and building it reads the whole cluster and the GPU
-    task instances (seconds with 1,000s of tasks). One build at a time; the others wait for it."""
+    user (rows are filtered afterwards, `visible`). Built from the process's watch of the cluster and
+    one read of the GPU task instances, converting only the objects that changed since the last build
+    (a Memo per settings). One build at a time; the others wait for it."""
 
-    def __init__(self, max_age: float = QUEUE_MAX_AGE):
+    def __init__(self, max_age: float = QUEUE_MAX_AGE, view_of=watched_view):
         self.max_age = max_age
+        self.view_of = view_of
         self._lock = threading.Lock()
-        self._built: tuple[float, tuple, dict] | None = None  # (monotonic time, settings key, data)
+        self._built: tuple[float, tuple, dict, bytes] | None = None  # (monotonic time, settings key, data, JSON)
+        self._memo: tuple[tuple, Memo] | None = None
 
     def get(self, session, settings: "Settings") -> dict:
+        return self._get(session, settings)[2]
+
+    def get_json(self, session, settings: "Settings") -> bytes:
+        """The whole queue as JSON, serialised once per build."""
+        return self._get(session, settings)[3]
+
+    def _get(self, session, settings: "Settings") -> tuple:
         key = (settings.kubeconfig, settings.quota_config, settings.base_url)
         with self._lock:
             built = self._built
             if built is None or built[1] != key or time.monotonic() - built[0] > self.max_age:
-                data = build_queue(session, settings)
-                self._built = built = (time.monotonic(), key, data)
-            return built[2]
+                if self._memo is None or self._memo[0] != key:
+                    self._memo = (key, Memo())
+                memo = self._memo[1]
+                view = self.view_of(settings)
+                memo.prune(view)
+                data = build_queue(session, settings, view=view, memo=memo)
+                self._built = built = (time.monotonic(), key, data, to_json(data))
+            return built
 
 
 def visible(data: dict, teams: set[str] | None) -> dict:

@@ -47,28 +47,36 @@ def read_view(kubeconfig: str | Path) -> View:
                 plans={key_of(p): p for p in plans})
 
 
-def read_pools(session) -> list[PoolRow]:
+def read_pools_and_tasks(session) -> tuple[list[PoolRow], list[TaskRow]]:
+    """The GPU pools and their task instances in the states that hold or wait for slots: the pool
+    table, then one query on the task instances by pool and state (Airflow's index ti_pool). The pool
+    counts are Airflow's own (Pool.slots_stats: running + queued, and deferred where the pool counts
+    it, occupy; queued here = queued + scheduled), summed from the same rows."""
     from airflow.models.pool import Pool
-
-    stats = Pool.slots_stats(session=session)
-    teams = {p.pool: getattr(p, "team_name", None) for p in session.query(Pool).filter(Pool.pool.like(POOL_PREFIX + "%"))}
-    # occupied as Airflow counts it for these pools (include_deferred): open = total - occupied
-    return [PoolRow(name, int(s["total"]), int(s["total"] - s["open"]), s["deferred"], s["queued"] + s["scheduled"],
-                    teams.get(name)) for name, s in stats.items() if name in teams]
-
-
-def read_tasks(session) -> list[TaskRow]:
     from airflow.models.taskinstance import TaskInstance as TI
 
+    pools = {p.pool: p for p in session.query(Pool.pool, Pool.slots, Pool.include_deferred, Pool.team_name).filter(
+        Pool.pool.like(POOL_PREFIX + "%"))}
+    if not pools:
+        return [], []
     rows = session.query(TI.dag_id, TI.task_id, TI.run_id, TI.try_number, TI.pool, TI.state, TI.queued_dttm,
                          TI.scheduled_dttm, TI.priority_weight, TI.pool_slots).filter(
-        TI.pool.like(POOL_PREFIX + "%"), TI.state.in_(WAITING_STATES))
-    out = []
+        TI.pool.in_(sorted(pools)), TI.state.in_(WAITING_STATES))
+    slots: dict[tuple[str, str], int] = {}
+    tasks = []
     for r in rows:
+        state = str(getattr(r.state, "value", r.state))
+        slots[(r.pool, state)] = slots.get((r.pool, state), 0) + (r.pool_slots or 1)
         when = r.queued_dttm or r.scheduled_dttm
-        out.append(TaskRow(r.dag_id, r.task_id, r.run_id, r.try_number, r.pool, str(r.state),
-                           when.timestamp() if when else None, r.priority_weight or 0, r.pool_slots or 1))
-    return out
+        tasks.append(TaskRow(r.dag_id, r.task_id, r.run_id, r.try_number, r.pool, state,
+                             when.timestamp() if when else None, r.priority_weight or 0, r.pool_slots or 1))
+    out = []
+    for name, p in pools.items():
+        count = lambda state: slots.get((name, state), 0)  # noqa: E731
+        occupied = count("running") + count("queued") + (count("deferred") if p.include_deferred else 0)
+        out.append(PoolRow(name, int(p.slots), occupied, count("deferred"), count("queued") + count("scheduled"),
+                           getattr(p, "team_name", None)))
+    return out, tasks
 
 
 def read_xcom_results(session, since: float, until: float) -> list[dict]:
