@@ -215,8 +215,8 @@ class APIServer:
             return self.scale(req, rt, ns, name)
         if sub in podstream.SUBRESOURCES:  # served over WebSocket only (see podstream)
             protocols = podstream.PORTFORWARD_PROTOCOLS if sub == "portforward" else podstream.EXEC_PROTOCOLS
-            raise errors.bad_request(f"Upgrade request required: pods/{sub} is served over WebSocket "
-                                     f"({', '.join(protocols)}); the local cluster does not speak SPDY")
+            raise errors.bad_request(f"Upgrade request required: pods/{sub} is served over WebSocket or SPDY/3.1 "
+                                     f"({', '.join(protocols)})")
         if method == "GET":
             obj = self.objects.get(rt, ns, name)
             if "as=Table" in req.headers.get("accept", "") and not sub:

@@ -26,7 +26,7 @@ import uvicorn
 import yaml
 
 from airflow_gpu import constants as C
-from airflow_gpu.localcluster import errors
+from airflow_gpu.localcluster import errors, upgrades
 from airflow_gpu.localcluster.apiserver import APIServer
 from airflow_gpu.localcluster.audit import AuditLog
 from airflow_gpu.localcluster.controllers import Controllers
@@ -257,9 +257,9 @@ class LocalCluster:
         self._servers = []
         for sock, port, tls in ((self._sock, self.port, self.tls), (self._incluster_sock, self.incluster_port,
                                                                      self.incluster_tls)):
-            config = uvicorn.Config(self.api, host="127.0.0.1", port=port, http="httptools", loop="none",
+            config = uvicorn.Config(self.api, host="127.0.0.1", port=port, http=upgrades.HttpProtocol, loop="none",
                                     lifespan="off", log_level="warning", access_log=False, timeout_keep_alive=120,
-                                    ws="websockets-sansio", ws_per_message_deflate=False,
+                                    ws=upgrades.WebSocketProtocol, ws_per_message_deflate=False,
                                     timeout_graceful_shutdown=2, backlog=2048,
                                     ssl_certfile=str(tls[0]) if tls else None, ssl_keyfile=str(tls[1]) if tls else None)
             server = uvicorn.Server(config)

@@ -258,6 +258,16 @@ def _remove(obj, path: tuple) -> None:
         cur[:] = [i for i in cur if i != value]
 
 
+def _base(path: tuple) -> tuple:
+    """The field a path names: a trailing "." stands for the map or list item itself."""
+    return path[:-1] if path and path[-1] == "." else path
+
+
+def _is_key_field(path: tuple) -> bool:
+    return len(path) >= 2 and path[-1].startswith("f:") and path[-2].startswith("k:") \
+        and path[-1][2:] in json.loads(path[-2][2:])
+
+
 def _fresh(obj):
     return json.loads(json.dumps(obj))
 
@@ -291,9 +301,15 @@ def apply(rt, version: str, live: dict | None, applied: dict, manager: str, forc
     others = set().union(*[_set_of(e) - taken for e in entries if e is not own and not e.get("subresource")]) \
         if entries else set()
     result = _fresh(live)
-    for path in sorted((_set_of(own) if own else set()) - mine - others, key=len, reverse=True):
-        if path[-1] == "." and any(o[:len(path) - 1] == path[:-1] for o in others | mine):
+    kept = others | mine
+    # Containers before what is inside them, in a fixed order: removing a list item's key field first
+    # would leave the rest of the item behind, unfindable (a set's order changes with the hash seed).
+    for path in sorted((_set_of(own) if own else set()) - kept, key=lambda p: (len(_base(p)), p)):
+        base = _base(path)
+        if any(o[:len(base)] == base and o != base for o in kept):
             continue  # the map or list item stays: another manager (or this apply) owns a field inside
+        if _is_key_field(path):
+            continue  # a list item's key goes with the item, never alone
         _remove(result, path)
     result = _merge(result, applied, root_node(rt, version))
     present = field_paths(result, rt, version, skip_status=rt.has_status)

@@ -7,8 +7,8 @@ v5 adds 255 = close a channel ([255, 0] closes stdin). The command runs as a sub
 working directory with the container's environment (with a pseudo-terminal for tty=true); attach
 follows the container's output from now on (its stdin is not connected: containers start without one).
 
-port-forward: v4.channel.k8s.io / channel.k8s.io (what the Python client offers; kubectl 1.32 tunnels
-SPDY instead, which is answered with a Status naming the supported protocols). Port i of the request
+port-forward: SPDY/3.1+portforward.k8s.io (kubectl 1.31+: SPDY frames in binary messages, see
+spdyforward), v4.channel.k8s.io / channel.k8s.io (what the Python client offers). Port i of the request
 uses channels 2i (data) and 2i+1 (errors); each starts with a frame carrying the port number
 (little-endian uint16); data goes to the pod's loopback address on that port.
 
@@ -33,6 +33,8 @@ from typing import Callable
 from urllib.parse import parse_qs, unquote
 
 from airflow_gpu.localcluster import errors, isolation
+from airflow_gpu.localcluster.spdyforward import TUNNEL_PROTOCOL, SpdyPortForward
+from airflow_gpu.localcluster.upgrades import SPDY_EXTENSION
 from airflow_gpu.localcluster.errors import ApiError
 from airflow_gpu.localcluster.kubelet import _die_with_parent
 from airflow_gpu.localcluster.podenv import VAR_REF
@@ -41,7 +43,7 @@ from airflow_gpu.localcluster.podutil import is_terminal
 log = logging.getLogger(__name__)
 STDIN, STDOUT, STDERR, ERROR, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
 EXEC_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")  # preference order, as the kubelet's
-PORTFORWARD_PROTOCOLS = ("v4.channel.k8s.io", "channel.k8s.io", "portforward.k8s.io")
+PORTFORWARD_PROTOCOLS = (TUNNEL_PROTOCOL, "v4.channel.k8s.io", "channel.k8s.io", "portforward.k8s.io")
 SUBRESOURCES = ("exec", "attach", "portforward")
 TRUE = ("true", "1", "True")
 CHUNK = 32 * 1024
@@ -55,9 +57,12 @@ class Session:
         self.closed = False
 
     async def send(self, channel: int, data: bytes) -> None:
+        await self.send_message(bytes([channel]) + data)
+
+    async def send_message(self, data: bytes) -> None:
         if not self.closed:
             try:
-                await self._send({"type": "websocket.send", "bytes": bytes([channel]) + data})
+                await self._send({"type": "websocket.send", "bytes": data})
             except (OSError, RuntimeError):  # the client went away
                 self.closed = True
 
@@ -102,6 +107,8 @@ class PodStreams:
             return
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         offered = [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+        if SPDY_EXTENSION in (scope.get("extensions") or {}):  # a plain SPDY upgrade: port-forward only
+            offered = [TUNNEL_PROTOCOL if scope["path"].endswith("/portforward") else "SPDY/3.1"]
         try:
             authorize(scope, headers)  # raises the 401/403 ApiError
             ns, name, sub = self._target(scope["path"])
@@ -114,8 +121,8 @@ class PodStreams:
             if protocol is None:
                 raise ApiError(400, "BadRequest", f"unable to upgrade connection: no common subprotocol: the client "
                                                   f"offered {offered or ['(none)']}, this server speaks "
-                                                  f"{list(supported)} (SPDY is not served by the local cluster)")
-            run_args = self._prepare(sub, pod, query)
+                                                  f"{list(supported)}")
+            run_args = self._prepare(sub, pod, query, spdy_streams=protocol == TUNNEL_PROTOCOL)
         except ApiError as exc:
             await deny(send, exc)
             return
@@ -128,6 +135,8 @@ class PodStreams:
                 await self._exec(session, *run_args)
             elif sub == "attach":
                 await self._attach(session, *run_args)
+            elif protocol == TUNNEL_PROTOCOL:
+                await self._spdy_tunnel(session, *run_args)
             else:
                 await self._portforward(session, *run_args)
         except Exception:
@@ -172,9 +181,12 @@ class PodStreams:
                                      f'"{pod["metadata"]["name"]}" is not running (pod phase {phase})')
         return run, c
 
-    def _prepare(self, sub: str, pod: dict, query: dict) -> tuple:
+    def _prepare(self, sub: str, pod: dict, query: dict, spdy_streams: bool = False) -> tuple:
         flag = {k: (query.get(k) or ["false"])[-1] in TRUE for k in ("stdin", "stdout", "stderr", "tty")}
         if sub == "portforward":
+            if spdy_streams:  # every SPDY stream names its port
+                self.check_forwardable(pod)
+                return (pod,)
             ports = []
             for value in query.get("ports") or []:
                 for part in value.split(","):
@@ -183,9 +195,7 @@ class PodStreams:
                     ports.append(int(part))
             if not ports:
                 raise errors.bad_request("ports: at least one port is required (?ports=8080)")
-            if (pod.get("status") or {}).get("phase") != "Running":
-                raise errors.bad_request(f"unable to upgrade connection: pod {pod['metadata']['name']} is not "
-                                         f"running (phase {(pod.get('status') or {}).get('phase', 'Pending')})")
+            self.check_forwardable(pod)
             return pod, ports
         spec = self._container(pod, query)
         run, c = self._running(pod, spec["name"])
@@ -349,8 +359,28 @@ class PodStreams:
             pass
 
     # --- port-forward -----------------------------------------------------------------------------
+    @staticmethod
+    def check_forwardable(pod: dict) -> None:
+        if (pod.get("status") or {}).get("phase") != "Running":
+            raise errors.bad_request(f"unable to upgrade connection: pod {pod['metadata']['name']} is not "
+                                     f"running (phase {(pod.get('status') or {}).get('phase', 'Pending')})")
+
+    async def _spdy_tunnel(self, session: Session, pod: dict) -> None:
+        """kubectl 1.31+: SPDY frames carried in WebSocket binary messages, no channel byte."""
+        async def recv() -> bytes | None:
+            while True:
+                message = await session.receive()
+                if message["type"] == "websocket.disconnect":
+                    session.closed = True
+                    return None
+                data = message.get("bytes")
+                if data:
+                    return data
+
+        await SpdyPortForward(pod["metadata"]["name"], lambda port: dial_pod(pod, port), recv,
+                              session.send_message).serve()
+
     async def _portforward(self, session: Session, pod: dict, ports: list[int]) -> None:
-        pod_ip = (pod.get("status") or {}).get("podIP")
         writers: dict[int, asyncio.StreamWriter] = {}
         loop = asyncio.get_running_loop()
         pumps = []
@@ -359,17 +389,9 @@ class PodStreams:
             header = struct.pack("<H", port)
             await session.send(data_channel, header)
             await session.send(error_channel, header)
-            connection = None
-            for host in ("127.0.0.1", pod_ip):  # the pod's loopback first: a server bound to localhost
-                if not host:
-                    continue
-                with contextlib.suppress(OSError):
-                    connection = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
-                    break
-            if connection is None:
-                await session.send(error_channel, (
-                    f"error forwarding port {port} to pod {pod['metadata']['name']}, uid {pod['metadata']['uid']}: "
-                    f"dial tcp4 127.0.0.1:{port}: connect: connection refused").encode())
+            connection = await dial_pod(pod, port)
+            if isinstance(connection, str):
+                await session.send(error_channel, connection.encode())
                 continue
             reader, writer = connection
             writers[data_channel] = writer
@@ -400,6 +422,17 @@ class PodStreams:
     def close(self) -> None:
         for task in list(self.tasks):
             task.cancel()
+
+
+async def dial_pod(pod: dict, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | str:
+    """A connection to the pod's port, or the kubelet's error message when nothing listens there."""
+    for host in ("127.0.0.1", (pod.get("status") or {}).get("podIP")):  # the pod's loopback first
+        if not host:
+            continue
+        with contextlib.suppress(OSError, asyncio.TimeoutError):
+            return await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+    return (f"error forwarding port {port} to pod {pod['metadata']['name']}, uid {pod['metadata']['uid']}: "
+            f"dial tcp4 127.0.0.1:{port}: connect: connection refused")
 
 
 def _record(record: bytes) -> tuple[bytes, bytes | None]:
