@@ -21,7 +21,7 @@ def seed_data() -> dict:
 
 def test_seed_config_is_the_seed_scenario():
     cfg = load_config(SEED)
-    assert [p.name for p in cfg.products] == ["a100-80gb"]
+    assert [p.name for p in cfg.products] == ["a100-80gb", "h100-80gb"]  # H100: the spot pool, no quota yet
     a100 = cfg.product("a100-80gb")
     assert a100.memory_gb == 80
     assert [p.name for p in a100.mig_profiles] == ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
@@ -46,7 +46,7 @@ def test_slot_helpers_use_one_unit():
     serving = cfg.team("serving")
     assert cfg.team_slots(serving, "a100-80gb") == 4 * 7 + 22 * 1 + 2 * 3
     assert cfg.product("a100-80gb").mig_profile("3g.40gb").resource == "nvidia.com/mig-3g.40gb"
-    assert cfg.node_label_aliases() == {"NVIDIA-A100-SXM4-80GB": "a100-80gb"}
+    assert cfg.node_label_aliases() == {"NVIDIA-A100-SXM4-80GB": "a100-80gb", "NVIDIA-H100-80GB-HBM3": "h100-80gb"}
     with pytest.raises(ValueError):
         cfg.pool_slots("a100-80gb", gpus=1, mig_profile="1g.10gb")
     with pytest.raises(KeyError, match="profiles: 1g.10gb"):
@@ -98,8 +98,8 @@ BAD_CASES = {
     "unknown tier key": (_set("tiers.1.preempts", ["best-effort-training"]), "tiers[1].preempts", "allowed keys: name, priority"),
     "duplicate team": (_set("teams.3.name", "nlp"), "teams[3].name", "duplicate team name 'nlp' (also teams[0])"),
     "duplicate namespace": (_set("teams.3.namespace", "team-nlp"), "teams[3].namespace", "already used by teams[0]"),
-    "unknown product in quota": (_set("teams.2.quota.h100-80gb", 8), "teams[2].quota.h100-80gb", "defined products: a100-80gb"),
-    "unknown product in capacity": (_set("capacity.h100-80gb", 8), "capacity.h100-80gb", "defined products: a100-80gb"),
+    "unknown product in quota": (_set("teams.2.quota.b200", 8), "teams[2].quota.b200", "defined products: a100-80gb"),
+    "unknown product in capacity": (_set("capacity.b200", 8), "capacity.b200", "defined products: a100-80gb"),
     "unknown MIG profile": (_set(('teams', 4, 'mig_quota', 'a100-80gb', '1g.5gb'), 2), "teams[4].mig_quota.a100-80gb.1g.5gb", "its profiles: 1g.10gb"),
     "unknown tier name": (_set("tiers.0.name", "gold"), "tiers[0].name", "'production-training', 'inference' or 'best-effort-training'"),
     "unknown tier reference": (_set("teams.3.tiers", ["interactive", "platinum"]), "teams[3].tiers[1]", "defined tiers: interactive"),

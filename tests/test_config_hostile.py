@@ -55,7 +55,7 @@ CASES = {
     "label with spaces": (_with(_label("NVIDIA A100")).encode(), "products[0].node_label"),
     "empty label": (_with(_label("")).encode(), "products[0].node_label"),
     "300-char label": (_with(_label("A" * 300)).encode(), "products[0].node_label"),
-    "shared label": (_with(_second_product_same_label).encode(), "products[1].node_label: node_label"),
+    "shared label": (_with(_second_product_same_label).encode(), "products[2].node_label: node_label"),  # the seed has two
 }
 
 

@@ -20,8 +20,12 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 def test_seed_example_nodes():
     spec = load_spec(EXAMPLES / "cluster-seed.yaml")
     nodes = {n["metadata"]["name"]: n for n in initial_nodes(spec)}
-    assert len(nodes) == 11
+    assert len(nodes) == 12
     od, spot, mig = nodes["a100-od-0"], nodes["a100-spot-3"], nodes["a100-mig-0"]
+    h100 = nodes["h100-spot-0"]
+    assert h100["metadata"]["labels"][C.NODE_CAPACITY_TYPE_KARPENTER] == "spot"
+    assert h100["metadata"]["labels"][C.NODE_GPU_PRODUCT] == "NVIDIA-H100-80GB-HBM3"
+    assert h100["status"]["capacity"][C.RESOURCE_GPU] == "8" and h100["spec"]["taints"] == spot["spec"]["taints"]
     assert od["status"]["capacity"][C.RESOURCE_GPU] == "8"
     assert od["metadata"]["labels"][C.NODE_GPU_MEMORY] == "81920"
     assert od["metadata"]["labels"][C.NODE_MIG_STRATEGY] == "none"

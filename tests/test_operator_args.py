@@ -44,7 +44,7 @@ BAD = {
     "unknown_team": ('team="nlpp", tier="production-training", gpus_per_worker=1', "team",
                      "teams in the quota config: nlp, vision"),
     "unknown_tier": ('team="nlp", tier="gold", gpus_per_worker=1', "tier", "tiers: interactive"),
-    "unknown_product": ('team="nlp", tier="production-training", gpus_per_worker=1, gpu_products=["h100-80gb"]',
+    "unknown_product": ('team="nlp", tier="production-training", gpus_per_worker=1, gpu_products=["b200"]',
                         "gpu_products", "products: a100-80gb"),
     "unknown_profile": ('team="serving", tier="inference", mig_profile="5g.50gb"', "mig_profile",
                         "unknown MIG profile '5g.50gb'"),

@@ -131,7 +131,7 @@ BAD = {
     "negative": (lambda d: d["teams"][2]["quota"].update({"a100-80gb": -1}), "teams[2].quota.a100-80gb: must be >= 0"),
     "unknown key": (lambda d: d["teams"][0].update({"gpus": 8}), "teams[0].gpus: unknown key 'gpus'; allowed keys:"),
     "duplicate team": (lambda d: d["teams"][1].update({"name": "nlp"}), "teams[1].name: duplicate team name 'nlp'"),
-    "unknown product": (lambda d: d["teams"][1]["quota"].update({"h100-80gb": 1}), "teams[1].quota.h100-80gb: unknown GPU product"),
+    "unknown product": (lambda d: d["teams"][1]["quota"].update({"b200": 1}), "teams[1].quota.b200: unknown GPU product"),
     "unknown tier": (lambda d: d["teams"][0].update({"tiers": ["gold"]}), "teams[0].tiers[0]: unknown tier 'gold'"),
     "above capacity": (lambda d: d.update({"capacity": {"a100-80gb": 16}}), "capacity.a100-80gb: the teams' guaranteed quotas sum to 40 GPUs"),
 }
