@@ -90,7 +90,9 @@ class TaintToleration:
                 )
                 reasons.append("" if bad is None else f"untolerated taint {bad.key}")
             reason = np.array(reasons, dtype=object).reshape(len(snap))
-            cached = (reason == "", reason)
+            ok = reason == ""
+            # no hard taint in the way: the shared all-nodes mask, which run_filters skips
+            cached = (snap.shape.every_node, "") if ok.all() else (ok, reason)
             snap.shape._mask_cache[key] = cached
         return FilterResult(*cached)
 
