@@ -160,6 +160,9 @@ def test_spot_interruption_resumes_from_checkpoint_within_the_try(platform, sqli
     assert (ti["state"], ti["try_number"]) == ("success", 1), log[-8000:]
     xcom = ti["xcom"] if isinstance(ti["xcom"], dict) else json.loads(ti["xcom"])
     assert (xcom["interruptions"], xcom["attempts"]) == (1, 2), xcom
+    # the loss is the interruption's alone (the chargeback reads the causes apart)
+    assert xcom["lost_interruption_gpu_seconds"] == xcom["lost_gpu_seconds"] > 0, xcom
+    assert xcom["lost_preemption_gpu_seconds"] == 0, xcom
     assert xcom["resumed_from_step"] and xcom["resumed_from_step"] > 0, xcom
     resumed = [json.loads(x[x.index("{"):]) for x in log.splitlines() if '"event": "resume"' in x]
     assert resumed and resumed[-1]["step"] > 0 and resumed[-1]["attempt"] == 1001, log[-8000:]
@@ -251,6 +254,7 @@ def test_production_preempts_the_teams_best_effort_gang(platform, kube_cluster, 
     assert again is not None, "the preempted task must resubmit and defer, not finish or fail"
     run = again.kwargs["run"]
     assert (run["try"], run["attempt"], run["preemptions"], run["interruptions"]) == (1, 1001, 1, 0)
+    assert run["lost_preemption_gpu_seconds"] == run["lost_gpu_seconds"] and run["lost_interruption_gpu_seconds"] == 0
     assert best_ti.try_number == 1  # no retry spent
     pending = core.list_namespaced_pod("team-nlp", label_selector=f"{C.LABEL_DAG_ID}=op_be").items
     assert {p.metadata.labels[C.LABEL_ATTEMPT] for p in pending} == {"1001"}  # requeued, waits for quota

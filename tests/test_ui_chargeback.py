@@ -89,10 +89,12 @@ def test_xcom_covers_tries_whose_pods_are_gone(cfg):
     xcom = [{"team": "nlp", "product": "a100-80gb", "try": ("train", "fit", "r1", "1"), "start": T0, "end": T0 + 3600,
              "value": {"gpu_seconds": 1.0}},  # covered by its pods: not counted twice
             {"team": "nlp", "product": "a100-80gb", "try": ("train", "fit", "r0", "1"), "start": T0, "end": T0 + 1800,
-             "value": {"gpu_seconds": 4 * 1800, "lost_gpu_seconds": 600, "preemptions": 1}}]
+             "value": {"gpu_seconds": 4 * 1800, "lost_gpu_seconds": 600, "preemptions": 1,
+                       "lost_interruption_gpu_seconds": 0.0, "lost_preemption_gpu_seconds": 600}}]
     records = usage_records(cfg, pods, nodes, xcom, now=T0 + 20000)
     gone = [r for r in records if r.capacity_type == "unknown"]
-    assert len(gone) == 1 and gone[0].gpu_seconds == pytest.approx(4 * 1800) and gone[0].cause == CAUSE_PREEMPTION
+    assert sum(r.gpu_seconds for r in gone) == pytest.approx(4 * 1800)
+    assert [(r.cause, r.lost_gpu_seconds) for r in gone if r.lost_gpu_seconds] == [(CAUSE_PREEMPTION, 600)]
     od = prices_of(cfg)["a100-80gb"][0]
     row = [r for r in charge(records, prices_of(cfg), T0 - 1, T0 + 86400, "platform") if r.capacity_type == "unknown"][0]
     assert row.cost == pytest.approx((4 * 1800 - 600) / 3600 * od)  # unknown capacity is priced on-demand
@@ -104,3 +106,32 @@ def test_period_clipping_and_bad_policy():
     assert clipped(u, 0, 100) == (200, 0)  # ended at the period's end: next period
     with pytest.raises(ValueError, match="loss policy must be one of platform, spot, on-demand"):
         charge([u], {"a100-80gb": (2.0, 1.0)}, 0, 10, "team")
+
+
+def xcom_try(value: dict) -> dict:
+    return {"team": "nlp", "product": "a100-80gb", "try": ("ablation", "train", "r9", "1"), "start": T0,
+            "end": T0 + 3600, "value": value}
+
+
+@pytest.mark.parametrize("policy", ["platform", "spot", "on-demand"])
+def test_a_try_interrupted_then_preempted_keeps_both_losses(cfg, policy):
+    """The demo's ablation: one try, interrupted on spot (300 GPU-s lost), then preempted (500 GPU-s
+    lost), then finished; its pods are gone, only the operator's XCom result is left."""
+    value = {"gpu_seconds": 8 * 3600, "interruptions": 1, "preemptions": 1, "lost_gpu_seconds": 800,
+             "lost_interruption_gpu_seconds": 300, "lost_preemption_gpu_seconds": 500}
+    (row,) = charge(usage_records(cfg, [], {}, [xcom_try(value)], now=T0 + 20000), prices_of(cfg),
+                    T0 - 1, T0 + 86400, policy)
+    od, spot = prices_of(cfg)["a100-80gb"]
+    lost_rate = {"platform": 0.0, "spot": spot, "on-demand": od}[policy]
+    assert row.gpu_hours == pytest.approx(8.0)
+    assert row.lost_interruption_hours == pytest.approx(300 / 3600)
+    assert row.lost_preemption_hours == pytest.approx(500 / 3600)
+    assert row.cost == pytest.approx((8 * 3600 - 800) / 3600 * od + 800 / 3600 * lost_rate)
+
+
+def test_an_older_result_without_the_causes_is_split_by_disruptions(cfg):
+    value = {"gpu_seconds": 8 * 3600, "interruptions": 1, "preemptions": 3, "lost_gpu_seconds": 800}
+    (row,) = charge(usage_records(cfg, [], {}, [xcom_try(value)], now=T0 + 20000), prices_of(cfg),
+                    T0 - 1, T0 + 86400, "platform")
+    assert row.gpu_hours == pytest.approx(8.0)
+    assert (row.lost_interruption_hours, row.lost_preemption_hours) == pytest.approx((200 / 3600, 600 / 3600))

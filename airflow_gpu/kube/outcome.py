@@ -14,6 +14,11 @@ STATUS_FAILED = S.FAILED
 STATUS_DISRUPTED = S.DISRUPTED
 STATUS_ERROR = "error"
 
+# keys of the operator's XCom result: GPU-seconds lost since the last checkpoint, per cause, so the
+# chargeback keeps a try's interruptions and preemptions apart once its pods are gone
+LOST_GPU_SECONDS_KEYS = {S.CAUSE_INTERRUPTION: "lost_interruption_gpu_seconds",
+                         S.CAUSE_PREEMPTION: "lost_preemption_gpu_seconds"}
+
 
 @dataclass(frozen=True)
 class GangOutcome:
@@ -39,6 +44,11 @@ class GangOutcome:
     def from_payload(cls, payload: dict[str, Any]) -> "GangOutcome":
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in payload.items() if k in known})
+
+    @property
+    def disruption_kind(self) -> str:
+        """preemption, or interruption for every other disruption (one of unknown cause included)."""
+        return S.CAUSE_PREEMPTION if self.cause == S.CAUSE_PREEMPTION else S.CAUSE_INTERRUPTION
 
     @property
     def running_seconds(self) -> float:

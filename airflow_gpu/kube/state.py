@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_gpu import constants as C
+from airflow_gpu.core.chargeback import CAUSE_INTERRUPTION, CAUSE_PREEMPTION
 from airflow_gpu.kube.wire import api_time, as_dict
 
 PENDING = "pending"  # not all members bound
@@ -27,8 +28,8 @@ TERMINAL = (SUCCEEDED, FAILED, DISRUPTED)
 
 REASON_PARTIAL_LOSS = "PartialLoss"
 REASON_ALL_LOST = "AllMembersLost"
-CAUSE_PREEMPTION = "preemption"  # a scheduler took the GPUs for higher-priority work
-CAUSE_INTERRUPTION = "interruption"  # the capacity went away: spot reclaim, drain, node lost, members lost
+# CAUSE_PREEMPTION: a scheduler took the GPUs for higher-priority work; CAUSE_INTERRUPTION: the capacity
+# went away (spot reclaim, drain, node lost, members lost). The chargeback's words, defined once there.
 
 
 def disruption_cause(reason: str | None) -> str | None:

@@ -26,6 +26,8 @@ from airflow_gpu.checkpoint.backends import uri_problem
 from airflow_gpu.config import ConfigError, load_config_cached
 from airflow_gpu.config.workload import GpuTaskPlan, WorkloadError, plan_gpu_task
 from airflow_gpu.core.capacity import choose_capacity, spot_request_problem
+from airflow_gpu.core.chargeback import CAUSE_INTERRUPTION, CAUSE_PREEMPTION
+from airflow_gpu.kube.outcome import LOST_GPU_SECONDS_KEYS
 from airflow_gpu.pools.plan import pool_name
 
 CONFIG_SECTION = "airflow_gpu"
@@ -313,7 +315,7 @@ class GpuTrainingOperator(BaseOperator):
             self._finish(kube, ref, context, run)
             return self._result(run)
         if outcome.status == "disrupted":
-            kind = "preemptions" if outcome.cause == "preemption" else "interruptions"
+            kind = "preemptions" if outcome.disruption_kind == CAUSE_PREEMPTION else "interruptions"
             run[kind] += 1
             self._delete_objects(kube, ref, wait=True)  # the stop-save on SIGTERM is committed once they are gone
             step = self._newest_step(run)
@@ -461,7 +463,11 @@ class GpuTrainingOperator(BaseOperator):
         run["gpu_seconds"] += seconds * gpus
         if outcome.status == "disrupted" and outcome.started_at is not None and outcome.finished_at is not None:
             since = max(outcome.started_at, outcome.last_checkpoint_time or outcome.started_at)
-            run["lost_gpu_seconds"] += max(0.0, outcome.finished_at - since) * gpus
+            lost = max(0.0, outcome.finished_at - since) * gpus
+            run["lost_gpu_seconds"] += lost
+            # per cause, so the chargeback keeps a try's interruptions and preemptions apart once its pods are gone
+            key = LOST_GPU_SECONDS_KEYS[outcome.disruption_kind]
+            run[key] = run.get(key, 0.0) + lost
         if outcome.last_checkpoint_step is not None:
             run["last_checkpoint_step"] = outcome.last_checkpoint_step
 
@@ -475,8 +481,8 @@ class GpuTrainingOperator(BaseOperator):
             if outcome.started_at is not None and run.get("submitted"):
                 metrics.observe_queue_wait(self.team, self.tier, product, max(0.0, outcome.started_at - run["submitted"]))
             if outcome.status == "disrupted":
-                cause = "preemption" if outcome.cause == "preemption" else "interruption"
-                if cause == "interruption":
+                cause = outcome.disruption_kind
+                if cause == CAUSE_INTERRUPTION:
                     metrics.count_interruption(self.team, self.tier, product, run.get("capacity") or "unknown")
                 metrics.count_lost_gpu_seconds(self.team, self.tier, cause, max(0.0, lost_gpu_seconds))
         except Exception as exc:  # noqa: BLE001 - a metric never fails the task
@@ -556,6 +562,7 @@ class GpuTrainingOperator(BaseOperator):
         return {"checkpoint_uri": newest, "attempts": run["attempts"],
                 "interruptions": run["interruptions"], "preemptions": run["preemptions"],
                 "gpu_seconds": round(run["gpu_seconds"], 3), "lost_gpu_seconds": round(run["lost_gpu_seconds"], 3),
+                **{key: round(run.get(key, 0.0), 3) for key in LOST_GPU_SECONDS_KEYS.values()},
                 "resumed_from_step": run.get("resumed_from_step"), "gpu_product": run.get("gpu_product")}
 
 
@@ -563,7 +570,8 @@ def new_run(try_number: int, resumed_from_step: int | None = None) -> dict:
     """The RunState of a fresh try. ENV.md's attempt numbering: try_number * 1000 + relaunches, so
     AIRFLOW_GPU_ATTEMPT strictly increases across relaunches and tries."""
     return {"try": try_number, "attempt": try_number * 1000, "attempts": 0, "interruptions": 0, "preemptions": 0,
-            "gpu_seconds": 0.0, "lost_gpu_seconds": 0.0, "resumed_from_step": None,
+            "gpu_seconds": 0.0, "lost_gpu_seconds": 0.0, **dict.fromkeys(LOST_GPU_SECONDS_KEYS.values(), 0.0),
+            "resumed_from_step": None,
             "last_checkpoint_step": resumed_from_step, "started": time.time(), "gang": None, "pods": [], "uids": {}}
 
 

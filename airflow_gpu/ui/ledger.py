@@ -5,8 +5,10 @@
    DisruptionTarget condition lost the GPU-seconds since its last checkpoint (annotation), by
    preemption (PreemptionByScheduler) or interruption (every other disruption reason).
 2. The operator's XCom results in the Airflow metadata DB, for task tries whose pods are gone (pods of
-   an interrupted node are garbage-collected): gpu_seconds and lost_gpu_seconds of the try, the product
-   from the task's pool `gpu.<team>.<product>`, capacity type unknown (priced on-demand).
+   an interrupted node are garbage-collected; the operator deletes a disrupted attempt's pods and, at
+   the end, the try's): gpu_seconds of the try and the GPU-seconds it lost to interruptions and to
+   preemptions, each its own record; the product the operator reports, capacity type unknown (priced
+   on-demand).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Iterable, Mapping
 
 from airflow_gpu import constants as C
 from airflow_gpu.core.chargeback import CAPACITY_UNKNOWN, CAUSE_INTERRUPTION, CAUSE_PREEMPTION, Usage
+from airflow_gpu.kube.outcome import LOST_GPU_SECONDS_KEYS
 from airflow_gpu.scheduler.convert import capacity_type_of, hint_time, key_of, parse_time
 
 
@@ -98,9 +101,29 @@ def usage_from_xcom(results: Iterable[Mapping], covered: set[tuple]) -> list[Usa
         gpu_seconds = float(value.get("gpu_seconds") or 0)
         if gpu_seconds <= 0:
             continue
-        end = r["end"]
-        span = max(1e-9, end - r["start"])
-        cause = CAUSE_PREEMPTION if value.get("preemptions") else CAUSE_INTERRUPTION if value.get("interruptions") else None
-        out.append(Usage(r["team"], r["product"], CAPACITY_UNKNOWN, gpu_seconds / span, r["start"], end,
-                         float(value.get("lost_gpu_seconds") or 0), cause, "/".join(map(str, r["try"]))))
+        start, end, ref = r["start"], r["end"], "/".join(map(str, r["try"]))
+        span = max(1e-9, end - start)
+        # a record per cause for its lost GPU-seconds (the same span, as many GPUs as make them up),
+        # and one for the rest: the try's totals stay whole, interruptions and preemptions apart
+        lost = lost_by_cause(value)
+        for cause, seconds in lost.items():
+            if seconds > 0:
+                out.append(Usage(r["team"], r["product"], CAPACITY_UNKNOWN, seconds / span, start, end, seconds, cause, ref))
+        rest = gpu_seconds - sum(lost.values())
+        if rest > 0:
+            out.append(Usage(r["team"], r["product"], CAPACITY_UNKNOWN, rest / span, start, end, 0.0, None, ref))
     return out
+
+
+def lost_by_cause(value: Mapping) -> dict[str, float]:
+    """GPU-seconds a try lost per cause, from the operator's XCom result. A result written before the
+    operator kept the causes apart has only the total: it is split by the number of disruptions of
+    each cause (an estimate, equal losses per disruption)."""
+    if any(k in value for k in LOST_GPU_SECONDS_KEYS.values()):
+        return {cause: max(0.0, float(value.get(key) or 0)) for cause, key in LOST_GPU_SECONDS_KEYS.items()}
+    total = max(0.0, float(value.get("lost_gpu_seconds") or 0))
+    counts = {CAUSE_INTERRUPTION: int(value.get("interruptions") or 0), CAUSE_PREEMPTION: int(value.get("preemptions") or 0)}
+    n = sum(counts.values())
+    if not n:  # lost work with no disruption counted: the operator only loses work to disruptions
+        return {CAUSE_INTERRUPTION: total, CAUSE_PREEMPTION: 0.0} if total else {}
+    return {cause: total * c / n for cause, c in counts.items()}
