@@ -19,6 +19,7 @@ from airflow_gpu.config import load_config
 from airflow_gpu.devtools.airflow_rows import insert_task_instances
 from airflow_gpu.devtools.airflow_stack import AirflowStack
 from airflow_gpu.devtools.gangs import api_client, create_gang, ensure_namespace, pod_manifest
+from airflow_gpu.ui.queue import NOTE_IN_AIRFLOW
 
 pytestmark = pytest.mark.slow
 
@@ -119,6 +120,9 @@ def test_queue_for_admin(stack):
     assert by_dag["nlp_sweep"]["link"].endswith(DB_TASK_LINK) and by_dag["nlp_sweep"]["run_id"] == DB_RUN_ID
     assert by_dag["nlp_sweep"]["team"] == "nlp" and by_dag["nlp_sweep"]["gpus"] == 8
     assert by_dag["nlp_sweep"]["waiting_seconds"] >= 600
+    # no estimated start without saying why
+    assert all(w["estimate_note"] for w in q["waiting"] if w["estimated_start"] is None)
+    assert by_dag["nlp_sweep"]["estimate_note"] == NOTE_IN_AIRFLOW
     pools = {t["pool"]: t for t in q["teams"]}
     assert pools["gpu.nlp.preemptible"]["queued"] == 8 * 7 and pools["gpu.vision.guaranteed"]["queued"] == 7
     (run,) = q["running"]
@@ -191,10 +195,19 @@ def test_page_in_airflow_ui_headless_chromium(stack, tmp_path):
             link = frame.locator("#waiting a", has_text="nlp_sweep.trial_1")
             assert link.get_attribute("href").endswith(DB_TASK_LINK) and link.get_attribute("target") == "_top"
             assert DB_RUN_ID in text and "vision_batch.score" in text
+            assert NOTE_IN_AIRFLOW in text and "as of " in text
+            # GPUs first in the pools, slots in brackets: nlp's preemptible pool has 8 GPUs (56 slots) queued
+            assert "8 (56)" in frame.inner_text("#teams")
+            page.screenshot(path=str(shot), full_page=True)
+            # the team filter keeps one team's rows
+            frame.select_option("#team", "vision")
+            assert {c.strip() for c in frame.locator("#waiting tbody td:nth-child(4)").all_inner_texts()} == {"vision"}
+            assert frame.locator("#running tbody tr").count() == 0
+            frame.select_option("#team", "")
+            assert frame.locator("#waiting tbody tr").count() == 4
             nodes = frame.locator("canvas#nodes")
             assert (nodes.get_attribute("data-nodes"), nodes.get_attribute("data-gpus-used")) == ("6", "8")
             assert nodes.bounding_box()["height"] > 10  # drawn, not an empty canvas
-            page.screenshot(path=str(shot), full_page=True)
         finally:
             browser.close()
     assert shot.stat().st_size > 10_000

@@ -44,7 +44,7 @@ def _settings() -> service.Settings:
     try:
         return service.Settings.from_airflow()
     except ValueError as exc:
-        raise HTTPException(500, f"[airflow_gpu] loss_policy: {exc}")
+        raise HTTPException(500, str(exc))
 
 
 def _epoch(value: str | None, default: float, name: str) -> float:
@@ -81,7 +81,7 @@ def _report(user, session, since, until, policy, team) -> list[dict]:
     now = time.time()
     lo, hi = _epoch(since, now - 30 * 86400, "since"), _epoch(until, now, "until")
     try:
-        rows = service.chargeback(session, _settings(), lo, hi, policy)
+        rows = service.chargeback(session, _settings(), lo, hi, policy, view_of=QUEUE.view_of)
     except service.NotConfigured as exc:
         raise HTTPException(503, str(exc))
     except ValueError as exc:

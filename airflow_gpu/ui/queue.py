@@ -29,6 +29,12 @@ from airflow_gpu.scheduler.state import Memo, build_world
 from airflow_gpu.ui.ledger import try_key
 
 ESTIMATE_LIMIT = 25  # estimated starts for the first N waiting gangs of the cluster's queue (cost bound)
+# why a waiting row has no estimated start (its estimate_note)
+NOTE_NOT_ESTIMATED = "not estimated: only the first {limit} gangs in the cluster's queue are"
+NOTE_NO_END = "after running work that has no expected duration"
+NOTE_NEVER = "would not fit even if every running gang ended"
+NOTE_INCOMPLETE = "its gang is incomplete"
+NOTE_IN_AIRFLOW = "no pods yet: Airflow holds the task"
 
 
 @dataclass
@@ -117,7 +123,8 @@ def build(inputs: Inputs, now: float | None = None, estimate_limit: int = ESTIMA
             continue
         teams.append({"team": parts[0], "tier_class": parts[1], "pool": p.pool, "slots": p.slots, "occupied": p.occupied,
                       "deferred": p.deferred, "queued": p.queued, "gpus": p.slots / SLOTS_PER_GPU,
-                      "occupied_gpus": p.occupied / SLOTS_PER_GPU, "team_name": p.team_name})
+                      "occupied_gpus": p.occupied / SLOTS_PER_GPU, "deferred_gpus": p.deferred / SLOTS_PER_GPU,
+                      "queued_gpus": p.queued / SLOTS_PER_GPU, "team_name": p.team_name})
     tis = {(t.dag_id, t.task_id, t.run_id, str(t.try_number)): t for t in inputs.tasks}
     seen: set[tuple] = set()
     waiting = []
@@ -128,20 +135,21 @@ def build(inputs: Inputs, now: float | None = None, estimate_limit: int = ESTIMA
         labels = (pod.get("metadata") or {}).get("labels") or {}
         key = try_key(labels)
         seen.add(key)
-        est = None
+        est, note = None, NOTE_NOT_ESTIMATED.format(limit=estimate_limit)
         if pos < estimate_limit:
             res = estimate_start(world.snapshot, gang, world.running, profile, now)
-            est = None if res is None else (None if math.isinf(res.start) else res.start)
+            est = None if res is None or math.isinf(res.start) else res.start
+            note = NOTE_NEVER if res is None else NOTE_NO_END if est is None else ""
         waiting.append(_waiting_row(key, gang.team, gang.tier, _gpus(gang.members),
                                     sorted({p for m in gang.members for p in m.gpu_products}),
                                     now - (gang.created_at or now), unit.annotation(C.ANNOTATION_WAIT_REASON) or
-                                    "not tried by the scheduler yet", est, pos + 1, inputs.base_url, unit.key))
+                                    "not tried by the scheduler yet", est, pos + 1, inputs.base_url, unit.key, note))
     for unit, reason in world.incomplete:
         labels = ((unit.pods or [{}])[0].get("metadata") or {}).get("labels") or {}
         key = try_key(labels)
         seen.add(key)
         waiting.append(_waiting_row(key, labels.get(C.LABEL_TEAM) or "", labels.get(C.LABEL_TIER) or "", 0, [], 0,
-                                    reason, None, None, inputs.base_url, unit.key))
+                                    reason, None, None, inputs.base_url, unit.key, NOTE_INCOMPLETE))
     full = {t["pool"]: t for t in teams}
     order = sorted((t for k, t in tis.items() if k not in seen and t.state in ("scheduled", "queued")),
                    key=lambda t: (-t.priority_weight, t.queued_at or now))
@@ -152,19 +160,20 @@ def build(inputs: Inputs, now: float | None = None, estimate_limit: int = ESTIMA
                   if pool and pool["occupied"] + t.pool_slots > pool["slots"] else "waiting for an Airflow executor slot")
         waiting.append(_waiting_row((t.dag_id, t.task_id, t.run_id, str(t.try_number)), parts[0], "",
                                     t.pool_slots / SLOTS_PER_GPU, [], now - (t.queued_at or now), reason,
-                                    None, None, inputs.base_url, ""))
+                                    None, None, inputs.base_url, "", NOTE_IN_AIRFLOW))
     _positions(waiting)
     running = [_running_row(world.running_units[r.gang.name], r, world, now, inputs.base_url) for r in world.running]
     return {"generated_at": now, "teams": teams, "waiting": waiting, "running": running,
             "cluster": cluster_picture(world, pending_gangs)}
 
 
-def _waiting_row(key, team, tier, gpus, products, waited, reason, est, cluster_pos, base_url, gang) -> dict:
+def _waiting_row(key, team, tier, gpus, products, waited, reason, est, cluster_pos, base_url, gang, note) -> dict:
+    """note: why there is no estimated start (empty when there is one)."""
     dag_id, task_id, run_id, _ = key or (None, None, None, None)
     return {"dag_id": dag_id, "task_id": task_id, "run_id": run_id, "team": team, "tier": tier, "gang": gang,
             "gpus": round(gpus, 3), "products": products, "waiting_seconds": round(max(0.0, waited), 1),
             "cluster_position": cluster_pos, "position": None, "reason": reason, "estimated_start": est,
-            "link": ti_link(base_url, dag_id, run_id, task_id) if dag_id else None}
+            "estimate_note": note, "link": ti_link(base_url, dag_id, run_id, task_id) if dag_id else None}
 
 
 def _positions(waiting: list[dict]) -> None:

@@ -31,15 +31,27 @@ class Settings:
     quota_config: str | None
     loss_policy: str = POLICY_PLATFORM
     base_url: str = ""
+    # the api-server keeps a watch of the cluster (ui.watch); False: it lists the cluster for each build
+    # of the queue instead (no long-lived watch per api-server worker, or RBAC without the watch verb)
+    cluster_watch: bool = True
 
     @classmethod
     def from_airflow(cls) -> "Settings":
         from airflow.configuration import conf
 
+        from airflow.exceptions import AirflowConfigException
+
+        def option(name, read):  # a bad value is a ValueError naming the option
+            try:
+                return read()
+            except (ValueError, AirflowConfigException) as exc:
+                raise ValueError(f"[{SECTION}] {name}: {exc}") from None
+
         return cls(conf.get(SECTION, "kubeconfig", fallback=None) or None,
                    conf.get(SECTION, "quota_config", fallback=None) or None,
-                   check_policy(conf.get(SECTION, "loss_policy", fallback=POLICY_PLATFORM)),
-                   conf.get("api", "base_url", fallback="") or "")
+                   option("loss_policy", lambda: check_policy(conf.get(SECTION, "loss_policy", fallback=POLICY_PLATFORM))),
+                   conf.get("api", "base_url", fallback="") or "",
+                   option("cluster_watch", lambda: conf.getboolean(SECTION, "cluster_watch", fallback=True)))
 
     def config(self):
         if not self.quota_config:
@@ -61,7 +73,10 @@ def _view(settings: Settings):
 
 
 def watched_view(settings: Settings):
-    """The cluster from the process's watch of it (ui.watch), not listed per request."""
+    """The cluster from the process's watch of it (ui.watch), not listed per request; listed now
+    when the settings turn the watch off."""
+    if not settings.cluster_watch:
+        return _view(settings)
     try:
         return watch.cluster_watch(_kubeconfig(settings)).view()
     except watch.NotSynced as exc:
@@ -112,7 +127,7 @@ class SharedQueue:
         return self._get(session, settings)[3]
 
     def _get(self, session, settings: "Settings") -> tuple:
-        key = (settings.kubeconfig, settings.quota_config, settings.base_url)
+        key = (settings.kubeconfig, settings.quota_config, settings.base_url, settings.cluster_watch)
         with self._lock:
             built = self._built
             if built is None or built[1] != key or time.monotonic() - built[0] > self.max_age:
@@ -135,13 +150,14 @@ def visible(data: dict, teams: set[str] | None) -> dict:
 
 
 def chargeback(session, settings: Settings, since: float, until: float, policy: str | None = None,
-               now: float | None = None) -> list[dict]:
+               now: float | None = None, view_of=None) -> list[dict]:
+    """view_of(settings): the cluster (default: listed now; the api-server passes its watch)."""
     now = time.time() if now is None else now
     cfg = settings.config()
     if cfg is None:
         raise NotConfigured("[airflow_gpu] quota_config is not set: chargeback needs the price table "
                             "(AIRFLOW__AIRFLOW_GPU__QUOTA_CONFIG)")
-    view = _view(settings)
+    view = (view_of or _view)(settings)
     records = usage_records(cfg, list(view.pods.values()), view.nodes,
                             sources.read_xcom_results(session, since, until) if session is not None else [], now)
     rows = charge(records, prices_of(cfg), since, min(until, now), policy or settings.loss_policy)
