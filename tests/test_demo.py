@@ -33,4 +33,12 @@ def test_demo_runs_the_seed_scenario_through_airflow(tmp_path):
     assert 0 < report["gpu_utilization_pct"] < 100
     assert {"nlp", "research", "serving"} <= set(report["chargeback"])
     assert all(c["gpu_hours"] > 0 for c in report["chargeback"].values())
+    # every try's pods are gone: the ledger is the operator's XCom results, interruptions and preemptions apart
+    results = [t["result"] for t in report["tasks"].values() if isinstance(t.get("result"), dict)]
+    for cause in ("interruption", "preemption"):
+        booked = sum(c[f"lost_{cause}_hours"] for c in report["chargeback"].values())
+        assert booked == pytest.approx(sum(r[f"lost_{cause}_gpu_seconds"] for r in results) / 3600, abs=1e-4)
+    ablation_result = report["tasks"]["nlp_ablation.ablation"]["result"]
+    assert ablation_result["lost_interruption_gpu_seconds"] > 0 and ablation_result["lost_preemption_gpu_seconds"] > 0
+    assert report["chargeback"]["nlp"]["lost_interruption_hours"] > 0 and report["chargeback"]["nlp"]["lost_preemption_hours"] > 0
     assert "password" in result.stdout and "/airflow-gpu/" in result.stdout  # the UI's URL and login
