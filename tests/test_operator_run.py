@@ -163,6 +163,10 @@ def test_spot_interruption_resumes_from_checkpoint_within_the_try(platform, sqli
     # the loss is the interruption's alone (the chargeback reads the causes apart)
     assert xcom["lost_interruption_gpu_seconds"] == xcom["lost_gpu_seconds"] > 0, xcom
     assert xcom["lost_preemption_gpu_seconds"] == 0, xcom
+    # both attempts ran on spot (a relaunch stays on spot below max_interruptions, before the last try)
+    (spot,) = xcom["usage_by_capacity"].values()
+    assert list(xcom["usage_by_capacity"]) == ["spot"] and spot["gpu_seconds"] == xcom["gpu_seconds"], xcom
+    assert spot["lost_interruption_gpu_seconds"] == xcom["lost_interruption_gpu_seconds"], xcom
     assert xcom["resumed_from_step"] and xcom["resumed_from_step"] > 0, xcom
     resumed = [json.loads(x[x.index("{"):]) for x in log.splitlines() if '"event": "resume"' in x]
     assert resumed and resumed[-1]["step"] > 0 and resumed[-1]["attempt"] == 1001, log[-8000:]
@@ -255,6 +259,7 @@ def test_production_preempts_the_teams_best_effort_gang(platform, kube_cluster, 
     run = again.kwargs["run"]
     assert (run["try"], run["attempt"], run["preemptions"], run["interruptions"]) == (1, 1001, 1, 0)
     assert run["lost_preemption_gpu_seconds"] == run["lost_gpu_seconds"] and run["lost_interruption_gpu_seconds"] == 0
+    assert run["usage_by_capacity"]["on-demand"]["lost_preemption_gpu_seconds"] == run["lost_preemption_gpu_seconds"]
     assert best_ti.try_number == 1  # no retry spent
     pending = core.list_namespaced_pod("team-nlp", label_selector=f"{C.LABEL_DAG_ID}=op_be").items
     assert {p.metadata.labels[C.LABEL_ATTEMPT] for p in pending} == {"1001"}  # requeued, waits for quota

@@ -115,18 +115,35 @@ def xcom_try(value: dict) -> dict:
 
 @pytest.mark.parametrize("policy", ["platform", "spot", "on-demand"])
 def test_a_try_interrupted_then_preempted_keeps_both_losses(cfg, policy):
-    """The demo's ablation: one try, interrupted on spot (300 GPU-s lost), then preempted (500 GPU-s
-    lost), then finished; its pods are gone, only the operator's XCom result is left."""
+    """The demo's ablation: one try, interrupted on spot (2 GPU-h used, 300 GPU-s lost), then on
+    on-demand preempted (500 GPU-s lost) and finished (6 GPU-h in all there); its pods are gone, only
+    the operator's XCom result is left."""
+    value = {"gpu_seconds": 8 * 3600, "interruptions": 1, "preemptions": 1, "lost_gpu_seconds": 800,
+             "lost_interruption_gpu_seconds": 300, "lost_preemption_gpu_seconds": 500,
+             "usage_by_capacity": {
+                 "spot": {"gpu_seconds": 2 * 3600, "lost_interruption_gpu_seconds": 300, "lost_preemption_gpu_seconds": 0},
+                 "on-demand": {"gpu_seconds": 6 * 3600, "lost_interruption_gpu_seconds": 0,
+                               "lost_preemption_gpu_seconds": 500}}}
+    rows = {r.capacity_type: r for r in charge(usage_records(cfg, [], {}, [xcom_try(value)], now=T0 + 20000),
+                                               prices_of(cfg), T0 - 1, T0 + 86400, policy)}
+    od, spot = prices_of(cfg)["a100-80gb"]
+    lost_rate = {"platform": 0.0, "spot": spot, "on-demand": od}[policy]
+    assert set(rows) == {"spot", "on-demand"}
+    assert (rows["spot"].gpu_hours, rows["on-demand"].gpu_hours) == pytest.approx((2.0, 6.0))
+    assert (rows["spot"].lost_interruption_hours, rows["spot"].lost_preemption_hours) == pytest.approx((300 / 3600, 0))
+    assert (rows["on-demand"].lost_interruption_hours, rows["on-demand"].lost_preemption_hours) == \
+        pytest.approx((0, 500 / 3600))
+    assert rows["spot"].cost == pytest.approx((2 * 3600 - 300) / 3600 * spot + 300 / 3600 * lost_rate)
+    assert rows["on-demand"].cost == pytest.approx((6 * 3600 - 500) / 3600 * od + 500 / 3600 * lost_rate)
+
+
+def test_a_result_with_the_causes_but_no_capacity_types(cfg):
     value = {"gpu_seconds": 8 * 3600, "interruptions": 1, "preemptions": 1, "lost_gpu_seconds": 800,
              "lost_interruption_gpu_seconds": 300, "lost_preemption_gpu_seconds": 500}
     (row,) = charge(usage_records(cfg, [], {}, [xcom_try(value)], now=T0 + 20000), prices_of(cfg),
-                    T0 - 1, T0 + 86400, policy)
-    od, spot = prices_of(cfg)["a100-80gb"]
-    lost_rate = {"platform": 0.0, "spot": spot, "on-demand": od}[policy]
-    assert row.gpu_hours == pytest.approx(8.0)
-    assert row.lost_interruption_hours == pytest.approx(300 / 3600)
-    assert row.lost_preemption_hours == pytest.approx(500 / 3600)
-    assert row.cost == pytest.approx((8 * 3600 - 800) / 3600 * od + 800 / 3600 * lost_rate)
+                    T0 - 1, T0 + 86400, "platform")
+    assert row.capacity_type == "unknown" and row.gpu_hours == pytest.approx(8.0)
+    assert (row.lost_interruption_hours, row.lost_preemption_hours) == pytest.approx((300 / 3600, 500 / 3600))
 
 
 def test_an_older_result_without_the_causes_is_split_by_disruptions(cfg):

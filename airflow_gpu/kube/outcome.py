@@ -15,9 +15,11 @@ STATUS_DISRUPTED = S.DISRUPTED
 STATUS_ERROR = "error"
 
 # keys of the operator's XCom result: GPU-seconds lost since the last checkpoint, per cause, so the
-# chargeback keeps a try's interruptions and preemptions apart once its pods are gone
+# chargeback keeps a try's interruptions and preemptions apart once its pods are gone; and the same
+# per capacity type of its attempts: {capacity type: {"gpu_seconds", <the lost keys>}}
 LOST_GPU_SECONDS_KEYS = {S.CAUSE_INTERRUPTION: "lost_interruption_gpu_seconds",
                          S.CAUSE_PREEMPTION: "lost_preemption_gpu_seconds"}
+USAGE_BY_CAPACITY = "usage_by_capacity"
 
 
 @dataclass(frozen=True)

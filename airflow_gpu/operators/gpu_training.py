@@ -26,8 +26,8 @@ from airflow_gpu.checkpoint.backends import uri_problem
 from airflow_gpu.config import ConfigError, load_config_cached
 from airflow_gpu.config.workload import GpuTaskPlan, WorkloadError, plan_gpu_task
 from airflow_gpu.core.capacity import choose_capacity, spot_request_problem
-from airflow_gpu.core.chargeback import CAUSE_INTERRUPTION, CAUSE_PREEMPTION
-from airflow_gpu.kube.outcome import LOST_GPU_SECONDS_KEYS
+from airflow_gpu.core.chargeback import CAPACITY_UNKNOWN, CAUSE_INTERRUPTION, CAUSE_PREEMPTION
+from airflow_gpu.kube.outcome import LOST_GPU_SECONDS_KEYS, USAGE_BY_CAPACITY
 from airflow_gpu.pools.plan import pool_name
 
 CONFIG_SECTION = "airflow_gpu"
@@ -458,16 +458,22 @@ class GpuTrainingOperator(BaseOperator):
         return f"{base}/rank-0" if base else None  # WorkloadSpec.checkpoint_uri_of(0)
 
     def _account(self, run: dict, outcome) -> None:
+        """The try's GPU-seconds and those lost since the last checkpoint, in total, per cause and per
+        capacity type of the attempt (the chargeback prices a try from them once its pods are gone)."""
         gpus = float(run.get("gpus") or 0)
-        seconds = outcome.running_seconds
-        run["gpu_seconds"] += seconds * gpus
+        used = outcome.running_seconds * gpus
+        # the capacity type this attempt was launched on (its pods are pinned to it)
+        part = run.setdefault(USAGE_BY_CAPACITY, {}).setdefault(
+            run.get("capacity") or CAPACITY_UNKNOWN, {"gpu_seconds": 0.0, **dict.fromkeys(LOST_GPU_SECONDS_KEYS.values(), 0.0)})
+        run["gpu_seconds"] += used
+        part["gpu_seconds"] += used
         if outcome.status == "disrupted" and outcome.started_at is not None and outcome.finished_at is not None:
             since = max(outcome.started_at, outcome.last_checkpoint_time or outcome.started_at)
             lost = max(0.0, outcome.finished_at - since) * gpus
             run["lost_gpu_seconds"] += lost
-            # per cause, so the chargeback keeps a try's interruptions and preemptions apart once its pods are gone
             key = LOST_GPU_SECONDS_KEYS[outcome.disruption_kind]
             run[key] = run.get(key, 0.0) + lost
+            part[key] += lost
         if outcome.last_checkpoint_step is not None:
             run["last_checkpoint_step"] = outcome.last_checkpoint_step
 
@@ -563,6 +569,8 @@ class GpuTrainingOperator(BaseOperator):
                 "interruptions": run["interruptions"], "preemptions": run["preemptions"],
                 "gpu_seconds": round(run["gpu_seconds"], 3), "lost_gpu_seconds": round(run["lost_gpu_seconds"], 3),
                 **{key: round(run.get(key, 0.0), 3) for key in LOST_GPU_SECONDS_KEYS.values()},
+                USAGE_BY_CAPACITY: {cap: {k: round(v, 3) for k, v in part.items()}
+                                    for cap, part in run.get(USAGE_BY_CAPACITY, {}).items()},
                 "resumed_from_step": run.get("resumed_from_step"), "gpu_product": run.get("gpu_product")}
 
 

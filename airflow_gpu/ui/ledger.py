@@ -6,9 +6,9 @@
    preemption (PreemptionByScheduler) or interruption (every other disruption reason).
 2. The operator's XCom results in the Airflow metadata DB, for task tries whose pods are gone (pods of
    an interrupted node are garbage-collected; the operator deletes a disrupted attempt's pods and, at
-   the end, the try's): gpu_seconds of the try and the GPU-seconds it lost to interruptions and to
-   preemptions, each its own record; the product the operator reports, capacity type unknown (priced
-   on-demand).
+   the end, the try's): the try's GPU-seconds and those it lost to interruptions and to preemptions,
+   per capacity type of its attempts, each its own record; the product the operator reports. A result
+   written before the operator kept the capacity types has capacity type unknown (priced on-demand).
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from typing import Iterable, Mapping
 
 from airflow_gpu import constants as C
 from airflow_gpu.core.chargeback import CAPACITY_UNKNOWN, CAUSE_INTERRUPTION, CAUSE_PREEMPTION, Usage
-from airflow_gpu.kube.outcome import LOST_GPU_SECONDS_KEYS
+from airflow_gpu.kube.outcome import LOST_GPU_SECONDS_KEYS, USAGE_BY_CAPACITY
 from airflow_gpu.scheduler.convert import capacity_type_of, hint_time, key_of, parse_time
+
+KNOWN_CAPACITY = (C.CAPACITY_SPOT, C.CAPACITY_ON_DEMAND)
 
 
 def try_key(labels: Mapping[str, str]) -> tuple | None:
@@ -98,20 +100,24 @@ def usage_from_xcom(results: Iterable[Mapping], covered: set[tuple]) -> list[Usa
         if r["try"] in covered:
             continue
         value = r["value"] or {}
-        gpu_seconds = float(value.get("gpu_seconds") or 0)
-        if gpu_seconds <= 0:
-            continue
         start, end, ref = r["start"], r["end"], "/".join(map(str, r["try"]))
         span = max(1e-9, end - start)
-        # a record per cause for its lost GPU-seconds (the same span, as many GPUs as make them up),
-        # and one for the rest: the try's totals stay whole, interruptions and preemptions apart
-        lost = lost_by_cause(value)
-        for cause, seconds in lost.items():
-            if seconds > 0:
-                out.append(Usage(r["team"], r["product"], CAPACITY_UNKNOWN, seconds / span, start, end, seconds, cause, ref))
-        rest = gpu_seconds - sum(lost.values())
-        if rest > 0:
-            out.append(Usage(r["team"], r["product"], CAPACITY_UNKNOWN, rest / span, start, end, 0.0, None, ref))
+        # per capacity type of the try's attempts (an older result: the whole try, capacity unknown);
+        # in each, a record per cause for its lost GPU-seconds (the try's span, as many GPUs as make them
+        # up) and one for the rest: the totals stay whole, interruptions and preemptions apart
+        parts = value.get(USAGE_BY_CAPACITY) or {CAPACITY_UNKNOWN: value}
+        for capacity, part in parts.items():
+            capacity = capacity if capacity in KNOWN_CAPACITY else CAPACITY_UNKNOWN
+            gpu_seconds = float(part.get("gpu_seconds") or 0)
+            if gpu_seconds <= 0:
+                continue
+            lost = lost_by_cause(part)
+            for cause, seconds in lost.items():
+                if seconds > 0:
+                    out.append(Usage(r["team"], r["product"], capacity, seconds / span, start, end, seconds, cause, ref))
+            rest = gpu_seconds - sum(lost.values())
+            if rest > 0:
+                out.append(Usage(r["team"], r["product"], capacity, rest / span, start, end, 0.0, None, ref))
     return out
 
 
