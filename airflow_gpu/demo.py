@@ -387,22 +387,30 @@ class Demo:
         live = [r for r in self.gang_pods(dag_id, task_id) if r.gone is None and r.disruption is None]
         return len(live) >= workers and all(r.bound for r in live)
 
-    def rank0_step(self, dag_id: str, task_id: str) -> int:
-        """The newest checkpointed step in the log of the running rank 0, 0 before the first."""
+    def rank0_events(self, dag_id: str, task_id: str, event: str) -> list[dict]:
+        """The trainer's JSON lines of kind `event` (train_numpy: start, resume, epoch, ...) in the log of
+        the newest running rank 0; [] before it logs any."""
         from kubernetes import client
 
         rank0 = [r for r in self.gang_pods(dag_id, task_id) if r.name.endswith("-0") and r.bound and r.gone is None
                  and r.disruption is None]
         if not rank0:
-            return 0
+            return []
         try:
             text = client.CoreV1Api(self.api).read_namespaced_pod_log(
                 rank0[-1].name, rank0[-1].namespace, _preload_content=False).data.decode(errors="replace")
         except Exception as exc:  # noqa: BLE001 - the container may not have started yet
             self.last_log_error = exc
-            return 0
-        steps = [json.loads(x).get("step", 0) for x in text.splitlines() if x.startswith('{"event": "epoch"')]
-        return max(steps, default=0)
+            return []
+        prefix = f'{{"event": "{event}"'
+        return [json.loads(x) for x in text.splitlines() if x.startswith(prefix)]
+
+    def rank0_step(self, dag_id: str, task_id: str) -> int:
+        """The newest checkpointed step in the log of the running rank 0, 0 before the first."""
+        return max((e.get("step", 0) for e in self.rank0_events(dag_id, task_id, "epoch")), default=0)
+
+    def try_number(self, dag_id: str, task_id: str) -> int:
+        return next(ti["try_number"] for ti in self.task_instances(dag_id) if ti["task_id"] == task_id)
 
     def story(self) -> None:
         self.step("1. Best-effort work on spot (team nlp's ablation, 2 x 4 GPUs; team research's sweep, 3 x 2 GPUs)")
@@ -420,6 +428,17 @@ class Demo:
         self.pump(until=lambda: self.gang_bound(ABLATION, "ablation", 2) and
                   {r.attempt for r in self.gang_pods(ABLATION, "ablation")} - first,
                   what="the ablation resubmitted by its operator (same try)", timeout=180)
+        began: dict[str, list[dict]] = {}
+
+        def began_training() -> bool:  # the trainer's first line: resume (from a checkpoint) or start
+            began.update({e: self.rank0_events(ABLATION, "ablation", e) for e in ("resume", "start")})
+            return any(began.values())
+
+        self.pump(until=began_training, what="the resubmitted ablation reading its checkpoint", timeout=120)
+        where = (f"from checkpoint step {began['resume'][-1]['step']}" if began["resume"]
+                 else "from the start (no checkpoint found)")
+        self.say(f"[green]resumed[/green] {ABLATION}.ablation {where}, in Airflow try "
+                 f"{self.try_number(ABLATION, 'ablation')}: the interruption spent no retry")
 
         self.step("3. Production arrives: nlp's fine-tune takes the team's quota back by preemption")
         self.trigger(FINETUNE, "nlp, production-training, 2 x 4 GPUs on spot (opt-in), checkpointed; then eval on a MIG slice")
