@@ -42,7 +42,7 @@ CLOCK_SKEW = 300.0  # a checkpoint time this far in the future is refused (the w
 WATCH_CLIENT_SLACK = 30  # seconds the client waits beyond the server's end of a watch
 # How long an event waits after the trigger started (module docstring). The worker's supervisor reports
 # the deferring task process's exit at its next wake-up, up to [workers] min_heartbeat_interval (5 s)
-# later, then the executor and a scheduler loop pass it on: drained 1.0-6.1 s after "Pausing task as
+# later, then the executor and a scheduler loop pass it on: drained 0.2-6.1 s after "Pausing task as
 # DEFERRED" on the loaded 2-core test machine. The margin covers a slow scheduler loop; the cost is paid only by
 # gangs that end sooner than that after their deferral (training runs for minutes).
 SETTLE_MARGIN_SECONDS = 10.0
