@@ -42,7 +42,6 @@ DAGS = REPO_ROOT / "dags"
 BUCKET = "airflow-gpu-demo"
 S3_SECRET = "s3-credentials"
 ABLATION, FINETUNE, SWEEP = "nlp_ablation", "finetune_pipeline", "sweep_best_effort"
-SETTLE_SECONDS = 8.0  # how long a deferral runs before the story disrupts it (see Demo.deferred_for)
 DEMO_DAGS = (ABLATION, FINETUNE, SWEEP)
 TERMINAL_RUN_STATES = ("success", "failed")
 
@@ -236,7 +235,6 @@ class Demo:
         self.started = _now()
         self.stack = ExitStack()
         self.runs: dict[str, str] = {}  # dag_id -> run_id
-        self._deferred_since: dict[tuple[str, str], float] = {}  # (dag_id, task_id) -> first seen deferred
         self.interrupted_node: str | None = None
 
     # infrastructure ----------------------------------------------------------------------------
@@ -342,17 +340,6 @@ class Demo:
         run_id = AirflowApi.quote(self.runs[dag_id])
         return self.rest.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
 
-    def deferred_for(self, dag_id: str, task_id: str, seconds: float) -> bool:
-        """Has the task been deferred for `seconds`? Airflow 3.3 marks a try up_for_retry when a trigger
-        event lands before the scheduler has processed the executor's "success" of the deferring
-        process; real trainings run for minutes, the demo's story waits for the deferral to settle."""
-        states = {ti["task_id"]: ti["state"] for ti in self.task_instances(dag_id)}
-        if states.get(task_id) != "deferred":
-            self._deferred_since.pop((dag_id, task_id), None)
-            return False
-        since = self._deferred_since.setdefault((dag_id, task_id), time.monotonic())
-        return time.monotonic() - since >= seconds
-
     def xcom(self, dag_id: str, task_id: str, map_index: int = -1):
         run_id = AirflowApi.quote(self.runs[dag_id])
         entry = self.rest.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/"
@@ -400,29 +387,36 @@ class Demo:
         live = [r for r in self.gang_pods(dag_id, task_id) if r.gone is None and r.disruption is None]
         return len(live) >= workers and all(r.bound for r in live)
 
-    def rank0_step(self, dag_id: str, task_id: str) -> int:
-        """The newest checkpointed step in the log of the running rank 0, 0 before the first."""
+    def rank0_events(self, dag_id: str, task_id: str, event: str) -> list[dict]:
+        """The trainer's JSON lines of kind `event` (train_numpy: start, resume, epoch, ...) in the log of
+        the newest running rank 0; [] before it logs any."""
         from kubernetes import client
 
         rank0 = [r for r in self.gang_pods(dag_id, task_id) if r.name.endswith("-0") and r.bound and r.gone is None
                  and r.disruption is None]
         if not rank0:
-            return 0
+            return []
         try:
             text = client.CoreV1Api(self.api).read_namespaced_pod_log(
                 rank0[-1].name, rank0[-1].namespace, _preload_content=False).data.decode(errors="replace")
         except Exception as exc:  # noqa: BLE001 - the container may not have started yet
             self.last_log_error = exc
-            return 0
-        steps = [json.loads(x).get("step", 0) for x in text.splitlines() if x.startswith('{"event": "epoch"')]
-        return max(steps, default=0)
+            return []
+        prefix = f'{{"event": "{event}"'
+        return [json.loads(x) for x in text.splitlines() if x.startswith(prefix)]
+
+    def rank0_step(self, dag_id: str, task_id: str) -> int:
+        """The newest checkpointed step in the log of the running rank 0, 0 before the first."""
+        return max((e.get("step", 0) for e in self.rank0_events(dag_id, task_id, "epoch")), default=0)
+
+    def try_number(self, dag_id: str, task_id: str) -> int:
+        return next(ti["try_number"] for ti in self.task_instances(dag_id) if ti["task_id"] == task_id)
 
     def story(self) -> None:
         self.step("1. Best-effort work on spot (team nlp's ablation, 2 x 4 GPUs; team research's sweep, 3 x 2 GPUs)")
         self.trigger(ABLATION, "nlp, best-effort-training, 2 workers x 4 GPUs, checkpointed every epoch, spot")
         self.trigger(SWEEP, "research, best-effort-training, 3 mapped gangs x 2 GPUs, spot")
-        self.pump(until=lambda: self.gang_bound(ABLATION, "ablation", 2) and self.rank0_step(ABLATION, "ablation") > 0
-                  and self.deferred_for(ABLATION, "ablation", SETTLE_SECONDS),
+        self.pump(until=lambda: self.gang_bound(ABLATION, "ablation", 2) and self.rank0_step(ABLATION, "ablation") > 0,
                   what="the ablation bound and past its first checkpoint", timeout=240)
 
         self.step("2. The cloud takes a spot node back under the ablation, mid-training")
@@ -434,8 +428,17 @@ class Demo:
         self.pump(until=lambda: self.gang_bound(ABLATION, "ablation", 2) and
                   {r.attempt for r in self.gang_pods(ABLATION, "ablation")} - first,
                   what="the ablation resubmitted by its operator (same try)", timeout=180)
-        self.pump(until=lambda: self.deferred_for(ABLATION, "ablation", SETTLE_SECONDS),
-                  what="the resubmitted ablation deferred again", timeout=120)
+        began: dict[str, list[dict]] = {}
+
+        def began_training() -> bool:  # the trainer's first line: resume (from a checkpoint) or start
+            began.update({e: self.rank0_events(ABLATION, "ablation", e) for e in ("resume", "start")})
+            return any(began.values())
+
+        self.pump(until=began_training, what="the resubmitted ablation reading its checkpoint", timeout=120)
+        where = (f"from checkpoint step {began['resume'][-1]['step']}" if began["resume"]
+                 else "from the start (no checkpoint found)")
+        self.say(f"[green]resumed[/green] {ABLATION}.ablation {where}, in Airflow try "
+                 f"{self.try_number(ABLATION, 'ablation')}: the interruption spent no retry")
 
         self.step("3. Production arrives: nlp's fine-tune takes the team's quota back by preemption")
         self.trigger(FINETUNE, "nlp, production-training, 2 x 4 GPUs on spot (opt-in), checkpointed; then eval on a MIG slice")

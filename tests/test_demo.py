@@ -4,6 +4,7 @@ scheduler, the local cluster and SeaweedFS; asserts on the demo's --report JSON.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -42,3 +43,5 @@ def test_demo_runs_the_seed_scenario_through_airflow(tmp_path):
     assert ablation_result["lost_interruption_gpu_seconds"] > 0 and ablation_result["lost_preemption_gpu_seconds"] > 0
     assert report["chargeback"]["nlp"]["lost_interruption_hours"] > 0 and report["chargeback"]["nlp"]["lost_preemption_hours"] > 0
     assert "password" in result.stdout and "/airflow-gpu/" in result.stdout  # the UI's URL and login
+    # the terminal tells the resumption as it happens: the step from rank 0's log, the Airflow try
+    assert re.search(r"resumed nlp_ablation\.ablation from checkpoint step [1-9]\d*, in Airflow try 1", result.stdout), tail

@@ -76,8 +76,10 @@ def run_dag(db, kube_cluster, seaweedfs, dag_id: str, args: str, timeout: float 
     folder.mkdir(exist_ok=True)
     (folder / f"{dag_id}.py").write_text(DAG.format(dag_id=dag_id, args=args))
     conn = json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(kube_cluster.kubeconfig)}})
+    # dag.test() runs the trigger inline, with no scheduler and no executor: no race to settle for
     env = db.env(AIRFLOW_CONN_KUBERNETES_DEFAULT=conn, AIRFLOW__AIRFLOW_GPU__CONFIG_FILE=str(SEED),
-                 AIRFLOW__LOGGING__LOGGING_LEVEL="INFO", **seaweedfs.env(), **(extra_env or {}))
+                 AIRFLOW__AIRFLOW_GPU__DEFERRAL_SETTLE_SECONDS="0", AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",
+                 **seaweedfs.env(), **(extra_env or {}))
     proc = subprocess.Popen([sys.executable, "-c", RUN, str(folder), dag_id], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -214,6 +216,7 @@ def test_production_preempts_the_teams_best_effort_gang(platform, kube_cluster, 
 
     monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(
         {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kube_cluster.kubeconfig)}}))
+    monkeypatch.setenv("AIRFLOW__AIRFLOW_GPU__DEFERRAL_SETTLE_SECONDS", "0")  # the trigger runs here, no scheduler
     core, bucket = platform["core"], platform["bucket"]
 
     def make(task_id, tier, **kw):

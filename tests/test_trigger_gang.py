@@ -17,6 +17,7 @@ from airflow_gpu.devtools import gangs as G
 from airflow_gpu.kube import TaskInstanceRef, WorkloadSpec, build
 from airflow_gpu.kube import state as S
 from airflow_gpu.kube.outcome import GangOutcome, outcome_of
+from airflow_gpu.operators.gpu_training import deferral_settle_setting
 from airflow_gpu.provider import get_provider_info
 from airflow_gpu.triggers.gang import CLASSPATH, USER_AGENT, GangTrigger, checkpoint_hint
 
@@ -50,7 +51,7 @@ def trigger_for(m, uids, kubeconfig, **kw) -> GangTrigger:
     kwargs = dict(namespace=m.pods[0]["metadata"]["namespace"], gang_name=m.name,
                   pod_names=[p["metadata"]["name"] for p in m.pods], attempt=1000, pod_uids=uids,
                   group={"group": res.group, "version": res.version, "plural": res.plural},
-                  config_file=str(kubeconfig), poll_interval=1.0)
+                  config_file=str(kubeconfig), poll_interval=1.0, settle_seconds=0)  # no Airflow scheduler here
     kwargs.update(kw)
     trigger = GangTrigger(**kwargs)
     classpath, data = trigger.serialize()  # what the triggerer stores is what runs
@@ -98,6 +99,20 @@ def test_registered_and_serialisable():
     assert "kube_config" not in json.dumps(data)  # a path, never the credentials it holds
 
 
+def test_settle_seconds_is_bounded(monkeypatch):
+    for bad in (-1, 301, float("nan"), "10", True):
+        with pytest.raises(ValueError, match="settle_seconds: must be"):
+            GangTrigger("ns", "g", ["g-0"], settle_seconds=bad)
+    assert GangTrigger("ns", "g", ["g-0"]).settle_seconds == 15.0  # Airflow's min_heartbeat_interval 5 s + 10
+    option = "AIRFLOW__AIRFLOW_GPU__DEFERRAL_SETTLE_SECONDS"
+    monkeypatch.setenv(option, "2.5")
+    assert deferral_settle_setting() == 2.5
+    for bad in ("-1", "ten", "inf"):
+        monkeypatch.setenv(option, bad)
+        with pytest.raises(ValueError, match=rf"\[airflow_gpu\] deferral_settle_seconds \(env {option}\): must be"):
+            deferral_settle_setting()
+
+
 def test_checkpoint_hint_is_bounded():
     now = 1_800_000_000.0
     assert checkpoint_hint({"step": 1200, "time": now - 5}, now) == (1200, now - 5)
@@ -128,6 +143,20 @@ def test_success_through_a_kubernetes_connection(api, gpu_scheduler, kube_cluste
     out = first_event(trigger_for(m, uids, None, config_file=None, kubernetes_conn_id="kube_local"), 90)
     assert out.status == S.SUCCEEDED, out
     assert out.exit_codes == {n: 0 for n in uids} and out.started_at and out.running_seconds >= 1.5
+    cleanup(api, m)
+
+
+def test_an_early_event_waits_for_the_deferral_to_settle(api, gpu_scheduler, kube_cluster):
+    """A gang that ends right after the deferral: its event is held until settle_seconds after the
+    trigger started (Airflow 3.3's executor-event race, triggers/gang.py), and is unchanged."""
+    m, uids = submit(api, "settle", annotations={C.ANNOTATION_SIM_DURATION: "0"})
+    G.wait_until(lambda: len(client.CoreV1Api(api).list_namespaced_pod(
+        NS, label_selector=f"{C.LABEL_GANG}={m.name}", field_selector="status.phase=Succeeded").items) == len(m.pods),
+        60, what="gang done before its trigger starts")
+    t0 = time.monotonic()
+    out = first_event(trigger_for(m, uids, kube_cluster.kubeconfig, settle_seconds=4), 90)
+    held = time.monotonic() - t0
+    assert out.status == S.SUCCEEDED and held >= 4, (out, held)
     cleanup(api, m)
 
 

@@ -33,6 +33,7 @@ from airflow_gpu.pools.plan import pool_name
 CONFIG_SECTION = "airflow_gpu"
 CONFIG_OPTION = "config_file"  # [airflow_gpu] config_file, env AIRFLOW__AIRFLOW_GPU__CONFIG_FILE
 CAPACITY_LABELS_OPTION = "capacity_labels"  # [airflow_gpu] capacity_labels: karpenter | eks | gke
+SETTLE_OPTION = "deferral_settle_seconds"  # [airflow_gpu] deferral_settle_seconds (triggers/gang.py)
 DERIVED = ("pool", "pool_slots", "priority_weight", "weight_rule")
 DERIVED_MESSAGE = ("is derived from team and tier (the team's pool for the tier class, the GPU demand in 1/7-GPU "
                    "slots, the tier's priority with weight_rule 'absolute'); remove it")
@@ -70,6 +71,25 @@ def capacity_labels_setting() -> str:
     `[airflow_gpu] capacity_labels`, default karpenter. One value per Airflow deployment: it follows
     the cluster, not the DAG."""
     return _setting(CAPACITY_LABELS_OPTION) or "karpenter"
+
+
+def deferral_settle_setting() -> float:
+    """`[airflow_gpu] deferral_settle_seconds`: how long GangTrigger holds an event after the deferral
+    (triggers/gang.py says why); its default when unset. A bad value is an error naming the option."""
+    from airflow_gpu.triggers.gang import default_settle_seconds, settle_problem
+
+    raw = _setting(SETTLE_OPTION)
+    if raw is None:
+        return default_settle_seconds()
+    try:
+        value = float(raw)
+    except ValueError:
+        value = raw
+    problem = settle_problem(value)
+    if problem:
+        raise ValueError(f"[{CONFIG_SECTION}] {SETTLE_OPTION} (env AIRFLOW__{CONFIG_SECTION.upper()}__"
+                         f"{SETTLE_OPTION.upper()}): {problem}")
+    return value
 
 
 def plan_arguments(task_id: str, config_file, team, tier, workers, gpus_per_worker, mig_profile, gpu_products):
@@ -446,7 +466,8 @@ class GpuTrainingOperator(BaseOperator):
             label_selector=_attempt_selector(ref, run["attempt"]), kubernetes_conn_id=self.kubernetes_conn_id,
             poll_interval=self.poll_interval, checkpoint_status_uri=self._status_uri(ref),
             # marked failed / cleared while deferred: the trigger deletes the task instance's objects
-            cleanup_selector=ref.selector(), cleanup_grace_period=self.termination_grace_period)
+            cleanup_selector=ref.selector(), cleanup_grace_period=self.termination_grace_period,
+            settle_seconds=deferral_settle_setting())
         timeout = None
         if self.execution_timeout is not None and context["ti"].start_date is not None:
             started = context["ti"].start_date

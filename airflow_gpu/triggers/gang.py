@@ -9,6 +9,13 @@ payload is a `kube.outcome.GangOutcome` classified by `kube.gang_state`.
 The cluster is reached like KubernetesPodTrigger does: the provider's AsyncKubernetesHook through
 `kubernetes_conn_id`, or a kubeconfig file (`config_file`) read on the triggerer, so no credentials
 are serialised into the trigger row.
+
+The event is held until the deferral has settled (`settle_seconds` after the trigger started): Airflow
+3.3's scheduler fails a try ("finished with state success, but the task instance's state attribute is
+queued/running", apache/airflow#66374, #71580, #72716) when a trigger event resumes the task before the
+scheduler has drained the executor's "success" of the worker that deferred. The task would then be
+up_for_retry: a preemption or a spot interruption right after a deferral would cost the DAG author a
+retry and the try's counters.
 """
 
 from __future__ import annotations
@@ -33,6 +40,13 @@ USER_AGENT = "airflow-gpu-gang-trigger"  # names this component in the API serve
 MAX_CHECKPOINT_STEP = 10**15
 CLOCK_SKEW = 300.0  # a checkpoint time this far in the future is refused (the writer's clock is off)
 WATCH_CLIENT_SLACK = 30  # seconds the client waits beyond the server's end of a watch
+# How long an event waits after the trigger started (module docstring). The worker's supervisor reports
+# the deferring task process's exit at its next wake-up, up to [workers] min_heartbeat_interval (5 s)
+# later, then the executor and a scheduler loop pass it on: drained 0.2-6.1 s after "Pausing task as
+# DEFERRED" on the loaded 2-core test machine. The margin covers a slow scheduler loop; the cost is paid only by
+# gangs that end sooner than that after their deferral (training runs for minutes).
+SETTLE_MARGIN_SECONDS = 10.0
+MAX_SETTLE_SECONDS = 300.0
 _RELIST = object()  # a watch ended in a way that needs a fresh list (410 Gone, error)
 
 
@@ -51,6 +65,22 @@ def checkpoint_hint(status: Any, now: float) -> tuple[int, float] | None:
     return step, float(when)
 
 
+def default_settle_seconds() -> float:
+    """[workers] min_heartbeat_interval + SETTLE_MARGIN_SECONDS (15 s with Airflow's defaults)."""
+    from airflow.configuration import conf
+
+    return float(conf.getint("workers", "min_heartbeat_interval", fallback=5)) + SETTLE_MARGIN_SECONDS
+
+
+def settle_problem(seconds: Any) -> str | None:
+    """What is wrong with a deferral settle time, None when it is usable."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+        return f"must be a number of seconds (got {seconds!r})"
+    if not 0 <= seconds <= MAX_SETTLE_SECONDS:
+        return f"must be between 0 and {MAX_SETTLE_SECONDS:g} seconds (got {seconds!r})"
+    return None
+
+
 def checkpoint_annotations(hint: tuple[int, float]) -> dict[str, str]:
     step, when = hint
     return {C.ANNOTATION_LAST_CHECKPOINT_STEP: str(step), C.ANNOTATION_LAST_CHECKPOINT_TIME: f"{when:.3f}"}
@@ -64,7 +94,8 @@ class GangTrigger(BaseTrigger):
     object, None when the backend has none. checkpoint_status_uri: the store whose status.json is
     mirrored (rank 0's); S3 credentials come from the triggerer's environment or pod identity.
     poll_interval: the least time between two fresh lists after a watch failed (the watch itself
-    does not poll). watch_timeout: how long one watch request lasts before it is resumed."""
+    does not poll). watch_timeout: how long one watch request lasts before it is resumed. settle_seconds:
+    the least time between the trigger's start and its event (module docstring; None: the default)."""
 
     def __init__(
         self,
@@ -88,12 +119,17 @@ class GangTrigger(BaseTrigger):
         api_failure_timeout: float = 600.0,
         cleanup_selector: str | None = None,
         cleanup_grace_period: int | None = None,
+        settle_seconds: float | None = None,
     ):
         super().__init__()
         if not pod_names:
             raise ValueError("pod_names: give the names of the gang's pods")
         if poll_interval <= 0 or watch_timeout < 1 or checkpoint_mirror_interval <= 0:
             raise ValueError("poll_interval, watch_timeout and checkpoint_mirror_interval must be > 0")
+        settle_seconds = default_settle_seconds() if settle_seconds is None else settle_seconds
+        problem = settle_problem(settle_seconds)
+        if problem:
+            raise ValueError(f"settle_seconds: {problem}")
         self.namespace = namespace
         self.gang_name = gang_name
         self.pod_names = list(pod_names)
@@ -113,6 +149,7 @@ class GangTrigger(BaseTrigger):
         self.api_failure_timeout = float(api_failure_timeout)
         self.cleanup_selector = cleanup_selector
         self.cleanup_grace_period = cleanup_grace_period
+        self.settle_seconds = float(settle_seconds)
         # watch state (not serialised)
         self._pods: dict[str, dict] = {}
         self._group_obj: dict | None = None
@@ -143,6 +180,7 @@ class GangTrigger(BaseTrigger):
             "api_failure_timeout": self.api_failure_timeout,
             "cleanup_selector": self.cleanup_selector,
             "cleanup_grace_period": self.cleanup_grace_period,
+            "settle_seconds": self.settle_seconds,
         }
 
     # --- the cluster ---------------------------------------------------------------------------
@@ -162,6 +200,10 @@ class GangTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         self.log.info("Waiting for gang %s/%s (%d pods, attempt %s)", self.namespace, self.gang_name,
                       len(self.pod_names), self.attempt)
+        # measured on the triggerer's own clock from here: the trigger starts after the deferral was
+        # recorded, so this never holds less than settle_seconds after it (a restarted triggerer holds
+        # an early event again, harmlessly)
+        started = time.monotonic()
         try:
             async with self._hook().get_conn() as api:
                 api.user_agent = USER_AGENT
@@ -174,6 +216,11 @@ class GangTrigger(BaseTrigger):
                                   reason=f"{type(exc).__name__}: {exc}", finished_at=time.time())
         self.log.info("Gang %s/%s: %s", self.namespace, self.gang_name, outcome.status +
                       (f" ({outcome.reason})" if outcome.reason else ""))
+        hold = self.settle_seconds - (time.monotonic() - started)
+        if hold > 0:
+            self.log.info("Gang %s/%s: the event waits %.1fs for the deferral to settle (Airflow 3.3 would "
+                          "otherwise spend a retry on it)", self.namespace, self.gang_name, hold)
+            await asyncio.sleep(hold)
         yield TriggerEvent(outcome.to_payload())
 
     async def _wait(self, api) -> GangOutcome:
