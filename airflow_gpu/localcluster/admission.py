@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from airflow_gpu.localcluster import errors, quota, serviceaccounts, workloadspec
+from airflow_gpu.localcluster import errors, quota, security, serviceaccounts, workloadspec
 from airflow_gpu.localcluster.podutil import quantity
 from airflow_gpu.localcluster.resources import ResourceType
 from airflow_gpu.localcluster.schema import crd_causes
@@ -215,6 +215,7 @@ def _pod_causes(pod: dict) -> list[tuple[str, str, str]]:
         causes.append(("spec.terminationGracePeriodSeconds", "FieldValueInvalid",
                        f"Invalid value: {grace}: must be greater than or equal to 0"))
     causes += volume_causes(spec)
+    causes += security.causes(spec)
     return causes
 
 
