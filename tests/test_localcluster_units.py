@@ -151,3 +151,50 @@ def test_store_log_compacts_and_reloads(tmp_path):
     assert again.load()
     assert {(e.obj["metadata"]["name"], e.obj["metadata"]["resourceVersion"]) for e in again.entries("/configmaps")} == live
     assert again.rv == rv and len(live) == 200
+
+
+def test_pods_share_the_injected_volume_and_intern_strings(tmp_path):
+    """Every pod's kube-api-access volume is one read-only object in memory and repeated strings are
+    interned, whatever path the pod took into the store (create, patch, a replayed log); the JSON served
+    is the same as for plain copies, and the shared value cannot be changed through one pod."""
+    from airflow_gpu.localcluster.admission import share_pod_values
+    from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
+    from airflow_gpu.localcluster.serviceaccounts import INJECTED_PROJECTED, namespace_created
+    from airflow_gpu.localcluster.store import Store, decode, encode
+
+    def build():
+        store = Store(tmp_path, share={"/pods": share_pod_values})
+        return store, ObjectAPI(store, Registry())
+
+    store, objects = build()
+    store.load()
+    registry = objects.registry
+    objects.create(registry.by_key("/namespaces"), {"metadata": {"name": "n"}})
+    namespace_created(objects, "n", "CA")
+    body = b'{"metadata": {"name": "%s", "labels": {"team": "vision-research"}}, "spec": {"containers": ' \
+           b'[{"name": "main", "image": "ghcr.io/example/trainer:1.0"}]}}'
+    for name in ("a", "b"):
+        objects.create(registry.by_key("/pods"), decode(body % name.encode()), "n")
+    a, b = store.get("/pods", "n", "a"), store.get("/pods", "n", "b")
+    assert a["spec"]["volumes"][0]["projected"] is b["spec"]["volumes"][0]["projected"] is INJECTED_PROJECTED
+    assert a["spec"]["containers"][0]["image"] is b["spec"]["containers"][0]["image"]
+    assert a["metadata"]["labels"]["team"] is b["metadata"]["labels"]["team"]
+    assert decode(encode(a)) == deep_copy(a) and encode(a).count(b'"serviceAccountToken"') == 1
+    with pytest.raises(TypeError, match="read-only"):
+        a["spec"]["volumes"][0]["projected"]["defaultMode"] = 0o600
+    with pytest.raises(TypeError, match="read-only"):
+        a["spec"]["volumes"][0]["projected"]["sources"].append({})
+    copied = deep_copy(a)["spec"]["volumes"][0]["projected"]
+    copied["defaultMode"] = 0o600  # a copy is plain and writable; the shared value is unchanged
+    assert type(copied) is dict and INJECTED_PROJECTED["defaultMode"] == 0o644
+    objects.patch(registry.by_key("/pods"), "n", "a", {"metadata": {"labels": {"team": "vision-research", "x": "1"}}},
+                  "application/merge-patch+json")
+    patched = store.get("/pods", "n", "a")
+    assert patched["spec"]["volumes"][0]["projected"] is INJECTED_PROJECTED
+    assert patched["metadata"]["labels"]["team"] is b["metadata"]["labels"]["team"]
+    store.flush()
+    store.close()
+    again, _ = build()
+    assert again.load()
+    replayed = again.get("/pods", "n", "b")
+    assert replayed["spec"]["volumes"][0]["projected"] is INJECTED_PROJECTED and replayed == b

@@ -218,20 +218,35 @@ def test_pod_failure_policy_ignores_disruptions_and_fails_on_exit_code(kube_clus
     assert err.value.status == 422 and "podFailurePolicy" in json.loads(err.value.body)["message"]
 
 
+def pdb_status(policy, ns: str, name: str, **want):
+    """The budget's status once the disruption controller has observed its generation and shows `want`."""
+    def ready():
+        pdb = policy.read_namespaced_pod_disruption_budget(name, ns)
+        s = pdb.status
+        if s is None or s.observed_generation != pdb.metadata.generation:
+            return None
+        return s if all(getattr(s, k) == v for k, v in want.items()) else None
+    return wait_until(ready, 10, what=f"pdb {name} status {want}")
+
+
+def evict(core, ns: str, name: str):
+    return core.create_namespaced_pod_eviction(name, ns, {"metadata": {"name": name, "namespace": ns}})
+
+
+HOLD = "example.com/hold"  # a finalizer of the test's own: the evicted pod stays terminating until removed
+
+
 def test_eviction_honours_pod_disruption_budget(kube_cluster, api, ns):
     apps, core, policy = client.AppsV1Api(api), client.CoreV1Api(api), client.PolicyV1Api(api)
     apps.create_namespaced_deployment(ns, deployment("serve", 3))
     kube_cluster.kubectl("rollout", "status", "deployment/serve", "-n", ns, "--timeout=30s")
     kube_cluster.kubectl("create", "poddisruptionbudget", "serve", "-n", ns, "--selector=app=serve",
                          "--min-available=3")
-    wait_until(lambda: (policy.read_namespaced_pod_disruption_budget("serve", ns).status or
-                        client.V1PodDisruptionBudgetStatus(current_healthy=0, desired_healthy=0, disruptions_allowed=0,
-                                                           expected_pods=0)).current_healthy == 3, 10,
-               what="pdb status")
+    pdb_status(policy, ns, "serve", current_healthy=3)
     pods = core.list_namespaced_pod(ns).items
-    victim = pods[0].metadata.name
+    victim, second = pods[0].metadata.name, pods[1].metadata.name
     with pytest.raises(ApiException) as err:
-        core.create_namespaced_pod_eviction(victim, ns, {"metadata": {"name": victim, "namespace": ns}})
+        evict(core, ns, victim)
     body = json.loads(err.value.body)
     assert err.value.status == 429 and body["reason"] == "TooManyRequests"
     assert body["details"]["causes"][0] == {"reason": "DisruptionBudget",
@@ -239,24 +254,72 @@ def test_eviction_honours_pod_disruption_budget(kube_cluster, api, ns):
     table = kube_cluster.kubectl("get", "pdb", "serve", "-n", ns).stdout.split("\n")
     assert table[1].split()[:4] == ["serve", "3", "N/A", "0"]
     policy.patch_namespaced_pod_disruption_budget("serve", ns, {"spec": {"minAvailable": 2}})
+    pdb_status(policy, ns, "serve", disruptions_allowed=1)
     nodes = [n.metadata.name for n in core.list_node().items]
-    for node in nodes:  # the replacement pod stays Pending: the budget is used up after one eviction
+    for node in nodes:  # the replacement pod stays Pending
         kube_cluster.kubectl("cordon", node)
+    core.patch_namespaced_pod(victim, ns, {"metadata": {"finalizers": [HOLD]}})
     try:
-        core.create_namespaced_pod_eviction(victim, ns, {"metadata": {"name": victim, "namespace": ns}})
-        second = pods[1].metadata.name
-        with pytest.raises(ApiException) as err:
-            core.create_namespaced_pod_eviction(second, ns, {"metadata": {"name": second, "namespace": ns}})
+        evict(core, ns, victim)
+        with pytest.raises(ApiException) as err:  # the eviction took the budget's only disruption
+            evict(core, ns, second)
         assert err.value.status == 429
-        status = wait_until(lambda: (lambda s: s if s.current_healthy == 2 and s.disruptions_allowed == 0 else None)(
-            policy.read_namespaced_pod_disruption_budget("serve", ns).status), 10, what="pdb status after eviction")
-        assert status.desired_healthy == 2 and status.expected_pods == 3
+        # An integer minAvailable counts the selected pods themselves (disruption controller,
+        # getExpectedPodCount): the terminating victim and its Pending replacement are both expected.
+        held = pdb_status(policy, ns, "serve", expected_pods=4)
+        assert (held.current_healthy, held.desired_healthy, held.disruptions_allowed) == (2, 2, 0)
+        assert not held.disrupted_pods  # the victim is being deleted: no longer an announced eviction
+        assert core.read_namespaced_pod(victim, ns).metadata.deletion_timestamp is not None
+        core.patch_namespaced_pod(victim, ns, {"metadata": {"finalizers": None}})
+        wait_until(lambda: victim not in {p.metadata.name for p in core.list_namespaced_pod(ns).items}, 10,
+                   what="victim gone")
+        gone = pdb_status(policy, ns, "serve", expected_pods=3)
+        assert (gone.current_healthy, gone.desired_healthy, gone.disruptions_allowed) == (2, 2, 0)
+        assert sum(p.status.phase == "Pending" for p in core.list_namespaced_pod(ns).items) == 1
     finally:
         for node in nodes:
             kube_cluster.kubectl("uncordon", node)
     kube_cluster.kubectl("rollout", "status", "deployment/serve", "-n", ns, "--timeout=30s")
-    second = pods[1].metadata.name
-    core.create_namespaced_pod_eviction(second, ns, {"metadata": {"name": second, "namespace": ns}})
+    pdb_status(policy, ns, "serve", current_healthy=3, disruptions_allowed=1)
+    evict(core, ns, second)
+
+
+def test_pdb_scales_from_controllers(kube_cluster, api, ns):
+    """maxUnavailable and percentages count the controllers' scale: a Deployment's replicas, however many
+    ReplicaSets hold its pods mid-rollout. A Job has no scale subresource: such a budget fails safe."""
+    apps, core, policy = client.AppsV1Api(api), client.CoreV1Api(api), client.PolicyV1Api(api)
+    batch = client.BatchV1Api(api)
+    apps.create_namespaced_deployment(ns, deployment("web", 2, surge=2))
+    kube_cluster.kubectl("rollout", "status", "deployment/web", "-n", ns, "--timeout=30s")
+    kube_cluster.kubectl("create", "pdb", "web", "-n", ns, "--selector=app=web", "--max-unavailable=1")
+    pdb_status(policy, ns, "web", expected_pods=2, desired_healthy=1, current_healthy=2, disruptions_allowed=1)
+    nodes = [n.metadata.name for n in core.list_node().items]
+    for node in nodes:  # the new ReplicaSet's pods stay Pending: the rollout holds two ReplicaSets of 2
+        kube_cluster.kubectl("cordon", node)
+    try:
+        kube_cluster.kubectl("rollout", "restart", "deployment/web", "-n", ns)
+        wait_until(lambda: sorted(rs.spec.replicas for rs in apps.list_namespaced_replica_set(ns).items) == [2, 2],
+                   10, what="two ReplicaSets of 2")
+        wait_until(lambda: len(core.list_namespaced_pod(ns).items) == 4, 10, what="4 pods")
+        pdb_status(policy, ns, "web", expected_pods=2, desired_healthy=1, current_healthy=2, disruptions_allowed=1)
+    finally:
+        for node in nodes:
+            kube_cluster.kubectl("uncordon", node)
+    kube_cluster.kubectl("rollout", "status", "deployment/web", "-n", ns, "--timeout=30s")
+    batch.create_namespaced_job(ns, job("crunch", "import time; time.sleep(60)", parallelism=2, completions=2))
+    wait_until(lambda: len(core.list_namespaced_pod(ns, label_selector="job-name=crunch").items) == 2, 10,
+               what="job pods")
+    kube_cluster.kubectl("create", "pdb", "crunch", "-n", ns, "--selector=job-name=crunch", "--min-available=50%")
+    failed = wait_until(lambda: condition_any(policy.read_namespaced_pod_disruption_budget("crunch", ns),
+                                              "DisruptionAllowed", "SyncFailed"), 10, what="SyncFailed")
+    assert failed.status == "False" and failed.message == "jobs.batch does not implement the scale subresource"
+    assert policy.read_namespaced_pod_disruption_budget("crunch", ns).status.disruptions_allowed == 0
+    batch.delete_namespaced_job("crunch", ns, propagation_policy="Background")
+
+
+def condition_any(obj, ctype: str, reason: str):
+    return next((c for c in (obj.status and obj.status.conditions) or [] if c.type == ctype and c.reason == reason),
+                None)
 
 
 def test_node_leases_and_heartbeats(kube_cluster, api):

@@ -115,9 +115,10 @@ class KubeCluster:
 def start_kube_cluster(tmp_dir: Path, spec: str | Path | dict | None = None, token: str | None = None,
                        bookmark_seconds: float = 1.0, timeout: float = 60.0,
                        env: dict[str, str] | None = None, audit: bool = False,
-                       fsync: bool = False) -> Iterator[KubeCluster]:
+                       fsync: bool = False, launcher: tuple[str, ...] = ()) -> Iterator[KubeCluster]:
     """Start `airflow-gpu cluster up` in tmp_dir; yields a KubeCluster; stops it (and its pods) by PID.
-    fsync: `--fsync` (every answered write is fdatasync'ed first)."""
+    fsync: `--fsync` (every answered write is fdatasync'ed first). launcher: a command line the cluster
+    runs under (e.g. setpriv dropping a capability); it must exec the cluster so the PID is its."""
     tmp_dir = Path(tmp_dir)
     tmp_dir.mkdir(parents=True, exist_ok=True)
     if spec is None:
@@ -131,7 +132,7 @@ def start_kube_cluster(tmp_dir: Path, spec: str | Path | dict | None = None, tok
     for stale in ("cluster.json", "kubeconfig"):  # from an earlier run on the same state dir
         (state_dir / stale).unlink(missing_ok=True)
     port = free_port()
-    argv = [sys.executable, "-m", "airflow_gpu", "cluster", "up", "--spec", str(spec_path), "--port", str(port),
+    argv = [*launcher, sys.executable, "-m", "airflow_gpu", "cluster", "up", "--spec", str(spec_path), "--port", str(port),
             "--state-dir", str(state_dir), "--bookmark-seconds", str(bookmark_seconds)]
     if audit:  # every request as an audit.k8s.io Event: KubeCluster.audit_events()
         argv += ["--audit-log", str(state_dir / "audit.log")]

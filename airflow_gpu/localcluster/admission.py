@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import re
 
-from airflow_gpu.localcluster import errors, quota, serviceaccounts, workloadspec
+from airflow_gpu.localcluster import errors, quota, security, serviceaccounts, workloadspec
 from airflow_gpu.localcluster.podutil import quantity
 from airflow_gpu.localcluster.resources import ResourceType
 from airflow_gpu.localcluster.schema import crd_causes
+from airflow_gpu.localcluster.serviceaccounts import INJECTED_PROJECTED
+from airflow_gpu.localcluster.shared import intern_strings
 from airflow_gpu.localcluster.volumes import volume_causes
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -213,6 +215,7 @@ def _pod_causes(pod: dict) -> list[tuple[str, str, str]]:
         causes.append(("spec.terminationGracePeriodSeconds", "FieldValueInvalid",
                        f"Invalid value: {grace}: must be greater than or equal to 0"))
     causes += volume_causes(spec)
+    causes += security.causes(spec)
     return causes
 
 
@@ -262,6 +265,25 @@ def validate_pod_update(old: dict, new: dict) -> None:
 
 
 # --- admission plugins ------------------------------------------------------------------------
+def share_pod_values(pod: dict, old: dict | None) -> None:
+    """The store's hook for pods: a spec, labels or annotations that are new (not carried over from
+    the stored version) get their strings interned, and an injected kube-api-access volume that arrived as a copy
+    (an update, a patch, the log replayed at start) points at the one shared INJECTED_PROJECTED again."""
+    spec, meta = pod.get("spec"), pod.get("metadata")
+    if isinstance(spec, dict) and (old is None or spec is not old.get("spec")):
+        for vol in spec.get("volumes") or ():
+            projected = vol.get("projected")
+            if projected is not None and projected is not INJECTED_PROJECTED and projected == INJECTED_PROJECTED:
+                vol["projected"] = INJECTED_PROJECTED
+        intern_strings(spec)
+    if isinstance(meta, dict):
+        old_meta = (old or {}).get("metadata") or {}
+        for field in ("labels", "annotations"):
+            values = meta.get(field)
+            if isinstance(values, dict) and values is not old_meta.get(field):
+                intern_strings(values)
+
+
 def admit_create(store, rt: ResourceType, obj: dict) -> None:
     meta = obj["metadata"]
     name = meta.get("name", "")

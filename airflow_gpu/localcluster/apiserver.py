@@ -26,7 +26,7 @@ from airflow_gpu.localcluster.schema import decode_object
 from airflow_gpu.localcluster.selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
 from airflow_gpu.localcluster.store import Store, decode, encode
 from airflow_gpu.localcluster.streaming import stream_log, stream_watch
-from airflow_gpu.localcluster.workloads import disruption_check
+from airflow_gpu.localcluster.workloads import evict_pod
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ class APIServer:
         if sub == "binding" and method == "POST":
             return self.binding(ns, name, req.json())
         if sub == "eviction" and method == "POST":
-            return self.eviction(ns, name, req.json())
+            return self.eviction(ns, name, req.json(), req.query)
         if sub == "scale":
             return self.scale(req, rt, ns, name)
         if sub in podstream.SUBRESOURCES:  # served over WebSocket only (see podstream)
@@ -378,18 +378,20 @@ class APIServer:
         self.objects.bind(ns, name, body["target"]["name"], uid)
         return json_response(errors.status_success(201), 201)
 
-    def eviction(self, ns: str, name: str, body) -> Response:
+    def eviction(self, ns: str, name: str, body, query: dict) -> Response:
         if not isinstance(body, dict):
             raise errors.bad_request("an Eviction must be a JSON object")
         opts = body.get("deleteOptions") or {}
         if not isinstance(opts, dict):
             raise errors.bad_request("Eviction deleteOptions must be a JSON object")
         _check_grace(opts.get("gracePeriodSeconds"))
+        if (body.get("metadata") or {}).get("name", name) != name:
+            raise errors.bad_request("name in URL does not match name in Eviction object")
         pod = self.store.get("/pods", ns, name)
         if pod is None:
             raise errors.not_found("pods", name)
-        disruption_check(self.store, pod)
-        self.objects.evict(ns, name, opts.get("gracePeriodSeconds"))
+        evict_pod(self.objects, pod, opts.get("gracePeriodSeconds"),
+                  dry_run=query.get("dryRun") == "All" or opts.get("dryRun") == ["All"])
         return json_response(errors.status_success(201), 201)
 
     def scale(self, req: Request, rt: ResourceType, ns: str, name: str) -> Response:

@@ -27,6 +27,7 @@ import yaml
 
 from airflow_gpu import constants as C
 from airflow_gpu.localcluster import errors, upgrades
+from airflow_gpu.localcluster.admission import share_pod_values
 from airflow_gpu.localcluster.apiserver import APIServer
 from airflow_gpu.localcluster.audit import AuditLog
 from airflow_gpu.localcluster.controllers import Controllers
@@ -117,7 +118,8 @@ class LocalCluster:
             self.tls = self.incluster_tls
         self._sock, self.port = _bind(self.port)
         self._incluster_sock, self.incluster_port = _bind(self.incluster_port)
-        self.store = Store(self.state_dir, history_size=self.spec.watch_history, fsync=self.fsync)
+        self.store = Store(self.state_dir, history_size=self.spec.watch_history, fsync=self.fsync,
+                           share={"/pods": share_pod_values})
         restored = self.store.load()
         self.registry = Registry()
         self.registry.sync_crds(self.store.values(CRD_KEY))

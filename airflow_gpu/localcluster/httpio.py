@@ -47,10 +47,20 @@ class Request:
 
     def json(self):
         body = self._parse()
-        problem = tree_problem(body, MAX_BODY_VALUES, MAX_BODY_DEPTH)
-        if problem:
-            raise errors.request_too_large(f"the request body expands to {problem}")
+        if not self._json_within_bounds(body):
+            problem = tree_problem(body, MAX_BODY_VALUES, MAX_BODY_DEPTH)
+            if problem:
+                raise errors.request_too_large(f"the request body expands to {problem}")
         return body
+
+    def _json_within_bounds(self, body) -> bool:
+        """Whether a JSON body is within the bounds without walking it: JSON has no aliases, so it holds
+        fewer values than bytes and nests no deeper than its opening brackets (those inside strings only
+        make this answer no more often). Saves the walk for nearly every request (a pod: ~20 brackets)."""
+        raw = self.body  # what _parse decoded as JSON (also under a YAML content type)
+        return (isinstance(body, (dict, list)) and "protobuf" not in self.headers.get("content-type", "")
+                and raw.lstrip()[:1] in (b"{", b"[")
+                and len(raw) <= MAX_BODY_VALUES and raw.count(b"{") + raw.count(b"[") <= MAX_BODY_DEPTH)
 
     def _parse(self):
         ctype = self.headers.get("content-type", "application/json").split(";")[0].strip()

@@ -93,6 +93,10 @@ class MountPlan:
     workdir: Path
     binds: list[Bind] = field(default_factory=list)
     shm_is_volume: bool = False
+    read_only_root: bool = False  # readOnlyRootFilesystem: the root and the working dir, not the volumes
+    # (path, mode): host directories a non-root container must traverse to reach its interpreter (such
+    # as a 0700 /root holding pyenv), opened in its copy-on-write root only (the host is untouched)
+    traversable: list[tuple[str, int]] = field(default_factory=list)
 
     def prepare(self) -> None:
         """In the parent: the overlay's directories, inside the pod directory."""
@@ -128,7 +132,8 @@ class MountPlan:
                f"lowerdir=/,upperdir={self.rootfs / 'upper'},workdir={self.rootfs / 'work'}")
         for sub in ("proc", "sys", "dev"):
             _mount(f"/{sub}", f"{merged}/{sub}", None, MS_BIND | MS_REC)
-        _mount("tmpfs", f"{merged}{self.hidden_dir}", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700,size=1m")
+        # 0711: a container running as another user can still reach its pod directory, not list its neighbours
+        _mount("tmpfs", f"{merged}{self.hidden_dir}", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0711,size=1m")
         os.makedirs(f"{merged}{self.pod_dir}", exist_ok=True)
         _mount(str(self.pod_dir), f"{merged}{self.pod_dir}", None, MS_BIND)
         if not self.shm_is_volume:
@@ -145,7 +150,30 @@ class MountPlan:
             _mount(bind.source, bind.target, None, MS_BIND | MS_REC)
             if bind.read_only:
                 _mount(None, bind.target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_REC)
+        for path, mode in self.traversable:  # copies up the directory's inode only
+            os.chmod(path, mode)
+        if self.read_only_root:  # the volumes are mounts of their own and stay writable
+            _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+            _mount(None, str(self.pod_dir), None, MS_REMOUNT | MS_BIND | MS_RDONLY)
         os.chdir(str(self.workdir))
+
+
+def traversable_for_others(paths: list[str]) -> list[tuple[str, int]]:
+    """(directory, mode with o+x) for each ancestor of `paths` (symlinks followed) that other users
+    cannot traverse on the host."""
+    out: dict[str, int] = {}
+    for path in paths:
+        for candidate in {path, os.path.realpath(path)}:
+            parent = os.path.dirname(candidate)
+            while parent and parent != "/":
+                try:
+                    mode = os.stat(parent).st_mode & 0o7777
+                except OSError:
+                    break
+                if not mode & 0o001:
+                    out[parent] = mode | 0o011
+                parent = os.path.dirname(parent)
+    return list(out.items())
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:

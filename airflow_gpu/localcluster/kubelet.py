@@ -16,11 +16,12 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from airflow_gpu import constants as C
-from airflow_gpu.localcluster import errors
+from airflow_gpu.localcluster import errors, security
 from airflow_gpu.localcluster.containerlog import LogReader, LogWriter
 from airflow_gpu.localcluster.events import Recorder
 from airflow_gpu.localcluster import isolation
@@ -30,6 +31,7 @@ from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
 from airflow_gpu.localcluster.podenv import VAR_REF, PodEnv
 from airflow_gpu.localcluster.podutil import is_terminal, now_iso, pod_requests, set_condition
 from airflow_gpu.localcluster.store import Store
+from airflow_gpu.localcluster.serviceaccounts import TOKEN_MOUNT_PATH
 from airflow_gpu.localcluster.volumes import PodVolumes, VolumeError
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ class ContainerRun:
     reason: str | None = None  # terminated reason other than Completed/Error (StartError)
     message: str | None = None
     last_state: dict | None = None
+    waiting: tuple[str, str] | None = None  # (reason, message) of a container that cannot be created
 
 
 @dataclass
@@ -228,6 +231,8 @@ class Kubelet:
             status["state"] = {"running": {"startedAt": c.started_at}}
         elif c.exit_code is not None:
             status["state"] = {"terminated": self._terminated_state(c)}
+        elif c.waiting:
+            status["state"] = {"waiting": {"reason": c.waiting[0], "message": c.waiting[1]}}
         else:
             status["state"] = {"waiting": {"reason": "PodInitializing" if not c.init else "ContainerCreating"}}
         if c.last_state:
@@ -343,12 +348,26 @@ class Kubelet:
             except asyncio.TimeoutError:
                 pass
 
-    def _mount_plan(self, run: PodRun, c: ContainerRun) -> MountPlan:
+    def _mount_plan(self, run: PodRun, c: ContainerRun, who: security.Identity, program: str, env: dict) -> MountPlan:
         binds = PodVolumes.binds(c.spec, run.volume_paths)
+        traversable = []
+        if who.uid not in (None, 0):  # its interpreter must be reachable, as in an image
+            found = shutil.which(program, path=env.get("PATH")) if not os.path.isabs(program) else program
+            traversable = isolation.traversable_for_others([p for p in (found, sys.executable) if p])
         plan = MountPlan(run.workdir / ".rootfs" / f"{c.name}-{c.restarts}", run.workdir, self.state_dir, run.workdir,
-                         binds, shm_is_volume=any(b.target.rstrip("/") == "/dev/shm" for b in binds))
+                         binds, shm_is_volume=any(b.target.rstrip("/") == "/dev/shm" for b in binds),
+                         read_only_root=who.read_only_root, traversable=traversable)
         plan.prepare()
         return plan
+
+    async def _config_error(self, run: PodRun, c: ContainerRun, pod: dict, message: str) -> None:
+        """A container the kubelet will not create (CreateContainerConfigError): it waits, the pod stays
+        Pending, until the pod is deleted."""
+        c.waiting = ("CreateContainerConfigError", message)
+        self.events.pod(pod, "Warning", "Failed", f"Error: {message}", field_path=f"spec.containers{{{c.name}}}")
+        self._refresh_statuses(run)
+        await run.terminated.wait()
+        c.done.set()
 
     def _start_error(self, run: PodRun, c: ContainerRun, pod: dict, log: LogWriter, message: str) -> None:
         log.close()
@@ -398,20 +417,31 @@ class Kubelet:
         image = c.spec.get("image", "")
         self.events.pod(pod, "Normal", "Pulled", f'Container image "{image}" already present on machine',
                         field_path=f"spec.containers{{{c.name}}}")
+        refused = security.non_root_problem(pod, c.spec)
+        if refused:
+            return await self._config_error(run, c, pod, refused)
         c.started_at = now_iso()
         log = LogWriter(c.log_path)
         pumps = []
         if command:
             plan = None
+            who = security.identity(pod, c.spec)
             if self.isolation_problem:
                 return self._start_error(run, c, pod, log, "failed to create task for container: the container's "
                                          f"filesystem cannot be confined: {self.isolation_problem}; {ISOLATION_FIX}")
+            if who.argv() and (security.SETPRIV is None or os.geteuid() != 0):
+                return self._start_error(run, c, pod, log, "failed to create task for container: its securityContext "
+                                         "(user, groups, capabilities or no_new_privs) needs the cluster to run as root "
+                                         "with util-linux's setpriv")
             if self.isolation == "mountns":
-                plan = self._mount_plan(run, c)
-            elif c.spec.get("volumeMounts"):
-                return self._start_error(run, c, pod, log, "failed to create task for container: volumeMounts need "
-                                         "podIsolation: mountns (with podIsolation: none there is no way to show a "
-                                         "volume at its mountPath)")
+                plan = self._mount_plan(run, c, who, command[0], env)
+            elif [m for m in c.spec.get("volumeMounts") or [] if m.get("mountPath") != TOKEN_MOUNT_PATH] \
+                    or who.read_only_root:
+                # the injected service-account token alone is left out (nothing can show it at its path):
+                # such a pod runs, without in-cluster credentials
+                return self._start_error(run, c, pod, log, "failed to create task for container: volumeMounts and "
+                                         "readOnlyRootFilesystem need podIsolation: mountns (with podIsolation: none "
+                                         "the container sees the host's filesystem)")
 
             def child_setup():
                 _die_with_parent()
@@ -421,7 +451,8 @@ class Kubelet:
                 # as the runtime's exec reports it (under dumb-init it would only be a failed exit)
                 return self._start_error(run, c, pod, log, f'failed to create task for container: exec: '
                                                            f'"{command[0]}": executable file not found in $PATH')
-            argv = isolation.container_argv(command) if plan is not None else command
+            argv = who.argv() + command  # dumb-init, in the PID namespace, runs setpriv, which runs the command
+            argv = isolation.container_argv(argv) if plan is not None else argv
             try:
                 c.proc = await asyncio.create_subprocess_exec(
                     *argv, cwd=str(run.workdir), env=env, stdin=asyncio.subprocess.DEVNULL,

@@ -32,7 +32,7 @@ import termios
 from typing import Callable
 from urllib.parse import parse_qs, unquote
 
-from airflow_gpu.localcluster import errors, isolation
+from airflow_gpu.localcluster import errors, isolation, security
 from airflow_gpu.localcluster.spdyforward import TUNNEL_PROTOCOL, SpdyPortForward
 from airflow_gpu.localcluster.upgrades import SPDY_EXTENSION
 from airflow_gpu.localcluster.errors import ApiError
@@ -211,7 +211,9 @@ class PodStreams:
     # --- exec -----------------------------------------------------------------------------------
     async def _exec(self, session: Session, pod: dict, run, c, command: list[str], flag: dict) -> None:
         env = self.kubelet.env.build(run, c, pod)
-        argv = [VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), a) for a in command]
+        # as the container's own processes: its user, groups, capabilities (securityContext)
+        argv = security.identity(pod, c.spec).argv() + [VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), a)
+                                                        for a in command]
         master = None
         if self.kubelet.isolation == "mountns" and c.proc is not None:
             # a confined container: the command joins its namespaces and root (its volumes, its writes,

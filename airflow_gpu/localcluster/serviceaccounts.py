@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from airflow_gpu.localcluster import errors
+from airflow_gpu.localcluster.shared import freeze
 
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 API_AUDIENCES = (ISSUER,)  # kube-apiserver's --api-audiences default to the issuer
@@ -195,6 +196,14 @@ def namespace_created(objects, namespace: str, ca_pem: str | None) -> None:
             "data": {"ca.crt": ca_pem}}, namespace, admit=False)
 
 
+INJECTED_PROJECTED = freeze({"defaultMode": 0o644, "sources": [
+    {"serviceAccountToken": {"expirationSeconds": INJECTED_TOKEN_SECONDS, "path": "token"}},
+    {"configMap": {"name": ROOT_CA_CONFIGMAP, "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+    {"downwardAPI": {"items": [{"path": "namespace",
+                                "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+]})
+
+
 def admit_pod(store, pod: dict) -> None:
     """The ServiceAccount admission plugin."""
     spec, meta = pod["spec"], pod["metadata"]
@@ -213,12 +222,7 @@ def admit_pod(store, pod: dict) -> None:
     if any(m.get("mountPath") == TOKEN_MOUNT_PATH for c in containers for m in c.get("volumeMounts") or []):
         return  # the pod mounts its own token there
     volume = "kube-api-access-" + "".join(random.choices(NAME_CHARS, k=5))
-    spec.setdefault("volumes", []).append({"name": volume, "projected": {"defaultMode": 0o644, "sources": [
-        {"serviceAccountToken": {"expirationSeconds": INJECTED_TOKEN_SECONDS, "path": "token"}},
-        {"configMap": {"name": ROOT_CA_CONFIGMAP, "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
-        {"downwardAPI": {"items": [{"path": "namespace",
-                                    "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
-    ]}})
+    spec.setdefault("volumes", []).append({"name": volume, "projected": INJECTED_PROJECTED})
     for c in containers:
         c.setdefault("volumeMounts", []).append({"name": volume, "mountPath": TOKEN_MOUNT_PATH, "readOnly": True})
 

@@ -114,7 +114,11 @@ Listener = Callable[[str, str, dict, "dict | None"], None]  # (event type, resou
 
 class Store:
     def __init__(self, state_dir: Path | None = None, history_size: int = 20_000,
-                 compact_bytes: int = 64 * 1024 * 1024, fsync: bool = False):
+                 compact_bytes: int = 64 * 1024 * 1024, fsync: bool = False,
+                 share: dict[str, Callable[[dict, dict | None], None]] | None = None):
+        # resource key -> hook(new object, stored version or None) that points the values an object
+        # repeats from others at one shared copy (shared.py)
+        self.share = share or {}
         self.rv = 0
         self.objects: dict[str, dict[tuple[str, str], Entry]] = defaultdict(dict)
         self.history: list[Event] = []
@@ -164,6 +168,8 @@ class Store:
             raise errors.already_exists(plural or key, meta["name"], group)
         rv = self._next_rv()
         meta["resourceVersion"] = str(rv)
+        if key in self.share:
+            self.share[key](obj, None)
         entry = Entry(obj)
         self.objects[key][ident] = entry
         self._record(rv, key, "ADDED", entry, None, ident)
@@ -180,6 +186,8 @@ class Store:
             raise errors.conflict(plural or key, meta["name"], group)
         rv = self._next_rv()
         meta["resourceVersion"] = str(rv)
+        if key in self.share:
+            self.share[key](obj, current.obj)
         entry = Entry(obj)
         self.objects[key][ident] = entry
         self._record(rv, key, "MODIFIED", entry, current.obj, ident)
@@ -360,6 +368,8 @@ class Store:
             gone_obj["metadata"] = {**old.obj["metadata"], "resourceVersion": str(rv)}
             self._remember(Event(rv, key, "DELETED", Entry(gone_obj), old.obj))
         else:
+            if key in self.share:
+                self.share[key](obj, old.obj if old else None)
             entry = Entry(obj)
             self.objects[key][(ns, name)] = entry
             if rv <= self.compacted_rv:  # part of a snapshot, not history

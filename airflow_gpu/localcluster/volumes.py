@@ -111,6 +111,7 @@ class PodVolumes:
             source = vol[kind] or {}
             if kind == "emptyDir":
                 target.mkdir(parents=True, exist_ok=True)  # kept across container restarts, as a real emptyDir
+                target.chmod(0o777)  # as the kubelet makes it: writable whatever user the containers run as
             else:
                 files = self._files(kind, source, run, pod, vol["name"])
                 if files is not None:

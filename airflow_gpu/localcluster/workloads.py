@@ -1,7 +1,7 @@
 """Workload controllers of kube-controller-manager, scaled down: ReplicaSet, Deployment (rolling update
 with maxSurge/maxUnavailable, Recreate, revisions, history limit), Job (completions, parallelism,
 backoffLimit, podFailurePolicy, suspend, activeDeadlineSeconds, Indexed completion) and the disruption
-controller's PodDisruptionBudget status, which the Eviction API checks (disruption_check).
+controller's PodDisruptionBudget status, which the Eviction API checks and takes from (evict_pod).
 
 Each controller reconciles one object at a time from the store's current state (no informer lag), so
 there are no "expectations" to track: a pod created in one sync is seen by the next. Syncs are
@@ -17,6 +17,7 @@ import asyncio
 import datetime as dt
 import hashlib
 import logging
+from dataclasses import dataclass
 
 from airflow_gpu import constants as C
 from airflow_gpu.localcluster import errors
@@ -684,96 +685,218 @@ class Workloads:
 
     # --- PodDisruptionBudget --------------------------------------------------------------------
     def _sync_pdb(self, ns: str, name: str) -> None:
+        """The disruption controller's trySync: numbers from every pod the selector matches, the
+        evictions the Eviction API announced in status.disruptedPods counted as gone until their pod is
+        deleted (or DELETION_TIMEOUT passes); on a failed count, failSafe (no disruption allowed)."""
         pdb = self.store.get(PDB_KEY, ns, name)
         if pdb is None:
             return
-        numbers = pdb_numbers(self.store, pdb)
-        status = {"observedGeneration": pdb["metadata"].get("generation", 1), **numbers}
-        old_status = pdb.get("status") or {}
-        conditions = deep_copy(old_status.get("conditions") or [])
-        if numbers["disruptionsAllowed"] > 0:
-            _set_condition(conditions, "DisruptionAllowed", "True", "SufficientPods", "", update_time=False)
-        else:
-            _set_condition(conditions, "DisruptionAllowed", "False", "InsufficientPods", "", update_time=False)
-        for cond in conditions:
-            cond.setdefault("observedGeneration", status["observedGeneration"])
+        old = pdb.get("status") or {}
+        conditions = deep_copy(old.get("conditions") or [])
+        try:
+            numbers = pdb_numbers(self.registry, self.store, pdb)
+        except PdbCountError as exc:
+            status = {**old, "disruptionsAllowed": 0}
+            _set_pdb_condition(conditions, "False", "SyncFailed", str(exc), old.get("observedGeneration", 0))
+            status["conditions"] = conditions
+            if status != old:
+                self.events.record(pdb, "Warning", "CalculateExpectedPodCountFailed",
+                                   f"Failed to calculate the number of expected pods: {exc}", "controllermanager")
+            self._write_status(PDB_KEY, pdb, status)
+            return
+        now = dt.datetime.now(dt.timezone.utc)
+        disrupted, recheck = _disrupted_pods(numbers.pods, old.get("disruptedPods") or {}, now)
+        healthy = sum(1 for p in numbers.pods if p["metadata"]["name"] not in disrupted and pod_ready(p))
+        allowed = healthy - numbers.desired if numbers.expected > 0 and healthy > numbers.desired else 0
+        generation = pdb["metadata"].get("generation", 1)
+        status = {"currentHealthy": healthy, "desiredHealthy": numbers.desired, "disruptionsAllowed": allowed,
+                  "expectedPods": numbers.expected, "observedGeneration": generation}
+        if disrupted:
+            status["disruptedPods"] = disrupted
+        _set_pdb_condition(conditions, *_allowed_condition(allowed), generation)
         status["conditions"] = conditions
         self._write_status(PDB_KEY, pdb, status)
+        if recheck is not None:
+            self._later((recheck - now).total_seconds(), PDB_KEY, ns, name)
 
 
-# --- Eviction API: PodDisruptionBudgets ---------------------------------------------------------
+# --- PodDisruptionBudgets: the disruption controller's numbers and the Eviction API -------------
+DELETION_TIMEOUT = dt.timedelta(minutes=2)  # disruption.DeletionTimeout: an announced eviction's pod
+# that is still not being deleted by then counts again
+MAX_DISRUPTED_PODS = 2000  # eviction.MaxDisruptedPodSize: announced evictions the controller has not seen
+
+
+class PdbCountError(Exception):
+    """getExpectedScale failed (a controller without a scale, or none found): the budget fails safe."""
+
+
+@dataclass(frozen=True)
+class PdbNumbers:
+    pods: list[dict]
+    expected: int
+    desired: int
+
+
 def _pdb_pods(store, pdb: dict) -> list[dict]:
+    """getPodsForPdb: every pod the selector matches, terminating and terminal ones included (a nil
+    selector selects nothing, an empty one everything)."""
     selector = (pdb.get("spec") or {}).get("selector")
     if selector is None:
-        return []  # policy/v1: a nil selector selects nothing
+        return []
     return [p for p in store.values(POD_KEY, pdb["metadata"]["namespace"])
-            if not is_terminal(p) and label_selector_object_matches(selector, p["metadata"].get("labels"))]
+            if label_selector_object_matches(selector, p["metadata"].get("labels"))]
 
 
-def _expected_pods(store, pods: list[dict]) -> int:
-    """As the disruption controller: the scale of the pods' controllers (ReplicaSet, Job parallelism),
-    plus the pods that have none."""
-    seen: dict[str, int] = {}
-    loose = 0
+def _controller_scale(registry, store, ns: str, ref: dict) -> tuple[str, int] | None:
+    """The finders of the disruption controller: a ReplicaSet's Deployment, else the controller's own
+    scale subresource; None when the controller object is gone."""
+    group = ref.get("apiVersion", "").rpartition("/")[0]
+    if ref.get("kind") == "ReplicaSet" and group in ("apps", "extensions"):
+        rs = store.get(RS_KEY, ns, ref["name"])
+        if rs is None or rs["metadata"]["uid"] != ref.get("uid"):
+            return None
+        owner = next((r for r in rs["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
+        if owner is not None and owner.get("kind") == "Deployment":
+            deploy = store.get(DEPLOY_KEY, ns, owner["name"])
+            if deploy is not None and deploy["metadata"]["uid"] == owner.get("uid"):
+                return deploy["metadata"]["uid"], (deploy.get("spec") or {}).get("replicas", 1)
+        return rs["metadata"]["uid"], (rs.get("spec") or {}).get("replicas", 1)
+    rt = registry.by_kind(ref.get("apiVersion", ""), ref.get("kind", ""))
+    if rt is None:
+        raise PdbCountError(f'no matches for kind "{ref.get("kind")}" in version "{ref.get("apiVersion")}"')
+    if "scale" not in rt.subresources:
+        raise PdbCountError(f"{rt.plural}.{rt.group} does not implement the scale subresource"
+                            if rt.group else f"{rt.plural} does not implement the scale subresource")
+    owner_obj = store.get(rt.key, ns, ref["name"])
+    if owner_obj is None or owner_obj["metadata"]["uid"] != ref.get("uid"):
+        return None
+    return owner_obj["metadata"]["uid"], (owner_obj.get("spec") or {}).get("replicas", 1)
+
+
+def _expected_scale(registry, store, pods: list[dict]) -> int:
+    """getExpectedScale: the sum of the scales of the pods' controllers; pods without a controller are
+    not counted (the real controller only warns about them)."""
+    scales: dict[str, int] = {}
     for pod in pods:
         ref = next((r for r in pod["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
-        if ref is None or ref.get("kind") not in ("ReplicaSet", "Job"):
-            loose += 1
+        if ref is None or ref.get("uid") in scales:
             continue
-        key = RS_KEY if ref["kind"] == "ReplicaSet" else JOB_KEY
-        owner = store.get(key, pod["metadata"]["namespace"], ref["name"])
-        if owner is None:
-            loose += 1
-            continue
-        field = "replicas" if key == RS_KEY else "parallelism"
-        seen[owner["metadata"]["uid"]] = (owner.get("spec") or {}).get(field, 1)
-    return sum(seen.values()) + loose
+        found = _controller_scale(registry, store, pod["metadata"]["namespace"], ref)
+        if found is None:
+            raise PdbCountError(f'found no controllers for pod "{pod["metadata"]["name"]}"')
+        scales[found[0]] = found[1]
+    return sum(scales.values())
 
 
-def pdb_numbers(store, pdb: dict) -> dict:
+def pdb_numbers(registry, store, pdb: dict) -> PdbNumbers:
+    """getExpectedPodCount. An integer minAvailable counts the matching pods themselves, so a pod being
+    evicted and its pending replacement are both expected until the first is gone; maxUnavailable and a
+    percentage minAvailable scale from the controllers. Neither set (policy/v1 has no default): 0, 0."""
     spec = pdb.get("spec") or {}
     pods = _pdb_pods(store, pdb)
-    healthy = sum(1 for p in pods if pod_ready(p))
     if spec.get("maxUnavailable") is not None:
-        expected = _expected_pods(store, pods)
-        desired = max(0, expected - int_or_percent(spec["maxUnavailable"], expected, True))
-    elif isinstance(spec.get("minAvailable"), str) and str(spec["minAvailable"]).endswith("%"):
-        expected = _expected_pods(store, pods)
-        desired = int_or_percent(spec["minAvailable"], expected, True)
+        expected = _expected_scale(registry, store, pods)
+        desired = max(0, expected - _scaled(spec["maxUnavailable"], expected))
+    elif isinstance(spec.get("minAvailable"), int):
+        expected, desired = len(pods), spec["minAvailable"]
+    elif spec.get("minAvailable") is not None:
+        expected = _expected_scale(registry, store, pods)
+        desired = _scaled(spec["minAvailable"], expected)
     else:
-        expected = len(pods)
-        desired = int_or_percent(spec.get("minAvailable", 1 if spec.get("maxUnavailable") is None else 0),
-                                 expected, True)
-    return {"currentHealthy": healthy, "desiredHealthy": desired, "expectedPods": expected,
-            "disruptionsAllowed": max(0, healthy - desired)}
+        expected = desired = 0
+    return PdbNumbers(pods, expected, desired)
 
 
-def disruption_check(store, pod: dict) -> None:
-    """Raise 429 TooManyRequests when evicting `pod` would violate its PodDisruptionBudget."""
-    if is_terminal(pod) or pod["metadata"].get("deletionTimestamp"):
-        return
-    ns = pod["metadata"]["namespace"]
-    labels = pod["metadata"].get("labels")
-    budgets = [b for b in store.values(PDB_KEY, ns) if (b.get("spec") or {}).get("selector") is not None
-               and label_selector_object_matches(b["spec"]["selector"], labels)]
-    if not budgets:
-        return
-    if len(budgets) > 1:
-        raise errors.ApiError(500, "InternalError", "This pod has more than one PodDisruptionBudget, which the "
-                                                    "eviction subresource does not support.", {})
-    pdb = budgets[0]
-    numbers = pdb_numbers(store, pdb)
-    if not pod_ready(pod):  # unhealthyPodEvictionPolicy IfHealthyBudget (default) / AlwaysAllow
+def _scaled(value, total: int) -> int:
+    try:
+        return int_or_percent(value, total, True)
+    except ValueError as exc:
+        raise PdbCountError(str(exc)) from None
+
+
+def _disrupted_pods(pods: list[dict], announced: dict, now: dt.datetime) -> tuple[dict, dt.datetime | None]:
+    """buildDisruptedPodMap: announced evictions whose pod exists, is not yet being deleted and was
+    announced less than DELETION_TIMEOUT ago; and when the earliest of them expires."""
+    kept, recheck = {}, None
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        if pod["metadata"].get("deletionTimestamp") or name not in announced:
+            continue
+        since = parse_time(announced[name])
+        if since is None or since + DELETION_TIMEOUT < now:
+            continue
+        kept[name] = announced[name]
+        recheck = min(recheck or since + DELETION_TIMEOUT, since + DELETION_TIMEOUT)
+    return kept, recheck
+
+
+def _allowed_condition(allowed: int) -> tuple[str, str, str]:
+    return ("True", "SufficientPods", "") if allowed > 0 else ("False", "InsufficientPods", "")
+
+
+def _set_pdb_condition(conditions: list, status: str, reason: str, message: str, generation: int) -> None:
+    """apimeta.SetStatusCondition for DisruptionAllowed: the transition time moves only with status."""
+    _set_condition(conditions, "DisruptionAllowed", status, reason, message, update_time=False)
+    for cond in conditions:
+        if cond["type"] == "DisruptionAllowed":
+            cond["observedGeneration"] = generation
+
+
+def _too_many_requests(message: str, retry_after: int = 0) -> errors.ApiError:
+    details: dict = {"causes": [{"reason": "DisruptionBudget", "message": message}]}
+    if retry_after:
+        details["retryAfterSeconds"] = retry_after
+    return errors.ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.",
+                           details)
+
+
+def evict_pod(objects: ObjectAPI, pod: dict, grace: int | None, dry_run: bool) -> None:
+    """The Eviction API (pkg/registry/core/pod/storage/eviction.go) on the budget's stored status, as the
+    real one: pods that are Pending, terminal or already terminating are deleted without a budget; an
+    unready pod goes if the budget is healthy (IfHealthyBudget) or always (AlwaysAllow); otherwise the
+    budget must be observed at its generation and allow a disruption, which is taken (disruptionsAllowed
+    decremented, the pod announced in disruptedPods) before the pod is deleted."""
+    store, meta = objects.store, pod["metadata"]
+    phase = (pod.get("status") or {}).get("phase")
+    if phase not in ("Pending", "Succeeded", "Failed") and not meta.get("deletionTimestamp"):
+        budgets = [b for b in store.values(PDB_KEY, meta["namespace"])
+                   if (b.get("spec") or {}).get("selector")  # nil or empty: matches nothing here
+                   and label_selector_object_matches(b["spec"]["selector"], meta.get("labels"))]
+        if len(budgets) > 1:
+            raise errors.ApiError(500, "InternalError", "This pod has more than one PodDisruptionBudget, which the "
+                                                        "eviction subresource does not support.", {})
+        if budgets:
+            _take_disruption(objects, budgets[0], pod, dry_run)
+    if not dry_run:
+        objects.evict(meta["namespace"], meta["name"], grace)
+
+
+def _take_disruption(objects: ObjectAPI, pdb: dict, pod: dict, dry_run: bool) -> None:
+    status, name = pdb.get("status") or {}, pdb["metadata"]["name"]
+    if not pod_ready(pod):
         policy = (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy", "IfHealthyBudget")
-        if policy == "AlwaysAllow" or numbers["currentHealthy"] >= numbers["desiredHealthy"]:
+        desired = status.get("desiredHealthy", 0)
+        if policy == "AlwaysAllow" or (status.get("currentHealthy", 0) >= desired and desired > 0):
             return
-    elif numbers["disruptionsAllowed"] > 0:
+    if status.get("observedGeneration", 0) < pdb["metadata"].get("generation", 1):
+        raise _too_many_requests(f"The disruption budget {name} is still being processed by the server.", 10)
+    announced = status.get("disruptedPods") or {}
+    if len(announced) > MAX_DISRUPTED_PODS:
+        raise errors.forbidden("poddisruptionbudget", name, "DisruptedPods map too big - too many evictions "
+                               "not confirmed by PDB controller", group="policy")
+    allowed = status.get("disruptionsAllowed", 0)
+    if allowed <= 0:
+        raise _too_many_requests(f"The disruption budget {name} needs {status.get('desiredHealthy', 0)} "
+                                 f"healthy pods and has {status.get('currentHealthy', 0)} currently")
+    if dry_run:
         return
-    name = pdb["metadata"]["name"]
-    raise errors.ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.",
-                          {"causes": [{"reason": "DisruptionBudget",
-                                       "message": f"The disruption budget {name} needs {numbers['desiredHealthy']} "
-                                                  f"healthy pods and has {numbers['currentHealthy']} currently"}]})
+    new_status = {**status, "disruptionsAllowed": allowed - 1,
+                  "disruptedPods": {**announced, pod["metadata"]["name"]: now_iso()}}
+    conditions = deep_copy(status.get("conditions") or [])
+    if allowed - 1 == 0:
+        _set_pdb_condition(conditions, *_allowed_condition(0), status.get("observedGeneration", 0))
+    new_status["conditions"] = conditions
+    objects.update_status(PDB_KEY, {**pdb, "status": new_status, "metadata": dict(pdb["metadata"])})
 
 
 # --- Indexed Jobs ------------------------------------------------------------------------------
