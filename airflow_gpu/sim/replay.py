@@ -50,6 +50,7 @@ class Platform:
     preemption: bool = True
     shares: bool = True  # GPU shares / MIG slices; False: a whole GPU for every share
     spot: bool = True
+    spot_fallback: bool = True  # tiers with spot_fallback in the config may overflow onto spot
     quotas: bool = True
     borrowing: bool = True
     checkpoints: bool = True
@@ -66,6 +67,7 @@ PLATFORMS: dict[str, Platform] = {
     "no-gang": replace(FULL, name="no-gang", gang=False),
     "no-mig": replace(FULL, name="no-mig", shares=False),
     "no-spot": replace(FULL, name="no-spot", spot=False),
+    "no-spot-fallback": replace(FULL, name="no-spot-fallback", spot_fallback=False),
     "no-borrowing": replace(FULL, name="no-borrowing", borrowing=False),
     "bestfit-placement": replace(FULL, name="bestfit-placement", policy="bestfit"),
     "interval-checkpoints": replace(FULL, name="interval-checkpoints", sigterm_checkpoint=False),
@@ -77,6 +79,7 @@ class TierRule:
     priority: int
     preemptible: bool
     spot_eligible: bool
+    spot_fallback: bool = False  # core.capacity: checkpointable work may overflow onto spot (on-demand first)
 
 
 @dataclass(frozen=True)
@@ -170,9 +173,10 @@ def _unit_gangs(job: Job, platform: Platform, tiers: dict[str, TierRule],
     worker = job.worker if platform.shares else whole_gpus(job.worker)
     checkpointable = job.checkpointable and platform.checkpoints
     eligible = platform.spot and is_spot_eligible(rule.spot_eligible, checkpointable)
+    fallback = platform.spot and platform.spot_fallback and rule.spot_fallback and checkpointable
     priority = 0 if platform.queue == "fifo" else rule.priority
     members = tuple(replace(worker, name=f"{job.name}/w{i}") for i in range(job.workers))
-    members = confine_to_eligible_capacity(members, eligible)
+    members = confine_to_eligible_capacity(members, eligible, fallback)
     common = dict(team=job.team, tier=job.tier, priority=priority, preemptible=rule.preemptible,
                   checkpointable=checkpointable, spot_eligible=eligible, created_at=job.submit,
                   topology=TopologyRequirement(TopologyLevel.CLIQUE, hard=False),
