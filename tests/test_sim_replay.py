@@ -135,6 +135,27 @@ def test_best_effort_takes_spot_first_and_production_overflows_onto_spot():
     assert pinned.jobs["prod2"].first_start == 10 + 5000  # waits for on-demand while half of spot0 idles
 
 
+def test_a_reclaiming_gang_binds_its_plan_before_its_older_victim_can_return():
+    """Team b's older sweep borrows a's half of the node; a's sweep (same priority) reclaims it. The
+    nomination holds the freed GPUs for a, as the scheduler's held plan does: the victim, first in
+    the queue by age, must not take them back (it did, and a preempted it again, over and over)."""
+    jobs = [_job("b-sweep", "b", "best-effort-training", 8, 1, 0, 10_000),
+            _job("a-sweep", "a", "best-effort-training", 4, 1, 100, 1000)]
+    r = replay(_setting(jobs, [_node("n0")]), PLATFORMS["full"])
+    assert r.preemptions == 1
+    assert r.jobs["a-sweep"].first_start == 100
+    assert [a.outcome for a in r.attempts if a.job.name == "b-sweep"] == ["preempted", "finished"]
+
+
+def test_gpus_no_team_is_guaranteed_are_lent_to_the_cohort():
+    """Guarantees cover a quarter of the node: the rest is the cohort's to borrow, not idle for good."""
+    jobs = [_job("big", "a", "best-effort-training", 8, 1, 0, 1000)]
+    r = replay(_setting(jobs, [_node("n0")], {"a": 0.125, "b": 0.125}), PLATFORMS["full"])
+    assert r.jobs["big"].first_start == 0
+    assert replay(_setting(jobs, [_node("n0")], {"a": 0.125, "b": 0.125}),
+                  PLATFORMS["no-borrowing"]).jobs["big"].first_start is None  # beyond its guarantee
+
+
 def test_naive_partial_gangs_hold_gpus_while_full_gangs_start_whole():
     # a 2 x 8-GPU gang behind a one-node job on two nodes: placed one by one, its first worker
     # holds a node for nothing until the other ends; the gang platform holds nothing while it waits
