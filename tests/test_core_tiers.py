@@ -20,7 +20,11 @@ def test_known_tier_sets_priority_preemptible_and_confines_to_on_demand_without_
     members = (PodRequest("w0", gpus=1),)
     best_effort = TierPolicy(priority=100, preemptible=True, spot_eligible=True)
     d = decide(best_effort, members, checkpointable=True)
-    assert (d.priority, d.preemptible, d.spot_eligible, d.members) == (100, True, True, members)
+    assert (d.priority, d.preemptible, d.spot_eligible) == (100, True, True)
+    assert d.members[0].capacity_types == (C.CAPACITY_SPOT, C.CAPACITY_ON_DEMAND)  # spot first
+    production = TierPolicy(priority=1000, preemptible=False, spot_eligible=False, spot_fallback=True)
+    assert decide(production, members, True).members[0].capacity_types == (C.CAPACITY_ON_DEMAND, C.CAPACITY_SPOT)
+    assert decide(production, members, False).members[0].capacity_types == (C.CAPACITY_ON_DEMAND,)
     d = decide(best_effort, members, checkpointable=False)
     assert not d.spot_eligible and d.members[0].capacity_types == (C.CAPACITY_ON_DEMAND,)
     assert decide(best_effort, members, True, priority=7).priority == 7  # spec.priority wins
@@ -46,8 +50,10 @@ def test_config_adapter(repo_root):
     policies = cfg.tier_policies()
     for tier in cfg.tiers:
         assert policies[tier.name] == TierPolicy(tier.priority, tier.preemptible, tier.spot_eligible,
-                                                 preempts=tier.preemption_policy != "Never")
+                                                 preempts=tier.preemption_policy != "Never",
+                                                 spot_fallback=tier.spot_fallback)
         assert tier.priority_class_name == priority_class_name(tier.name)
+    assert policies["production-training"].spot_fallback and not policies["best-effort-training"].spot_fallback
 
 
 def test_preemption_rules_of_the_tiers(repo_root):

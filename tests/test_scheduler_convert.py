@@ -99,7 +99,7 @@ def test_gang_team_tier_priority_and_products_from_config(repo_root):
         "nlp", "best-effort-training", 1000, True, True, True)
     assert g.topology.level is TopologyLevel.RACK and g.topology.hard
     assert g.members[0].gpu_products == ("NVIDIA-A100-SXM4-80GB",)  # quota product -> node label
-    assert g.members[0].capacity_types == ()  # checkpointable best-effort may use spot
+    assert g.members[0].capacity_types == ("spot", "on-demand")  # checkpointable best-effort: spot first
     pg["metadata"]["annotations"][C.ANNOTATION_CHECKPOINTABLE] = "false"
     assert gang_from_k8s("team-nlp/train", pg, pods, ctx).members[0].capacity_types == ("on-demand",)
     pg["metadata"]["annotations"][C.ANNOTATION_TOPOLOGY] = "galaxy"
@@ -117,7 +117,10 @@ def test_a_pod_that_selects_spot_keeps_it_on_a_tier_that_defaults_to_on_demand(r
     assert gang_from_k8s("team-nlp/ft", pg, [spot], ctx).members[0].capacity_types == ("spot",)
     spot["spec"]["nodeSelector"] = {C.NODE_GKE_SPOT: "true"}
     assert gang_from_k8s("team-nlp/ft", pg, [spot], ctx).members[0].capacity_types == ("spot",)
-    spot["spec"]["nodeSelector"] = {"kubernetes.io/os": "linux"}  # no capacity choice: the tier's default
+    spot["spec"]["nodeSelector"] = {"kubernetes.io/os": "linux"}  # no capacity choice: the tier's default,
+    # on-demand first and spot when on-demand is full (spot_fallback in seed-quotas.yaml)
+    assert gang_from_k8s("team-nlp/ft", pg, [spot], ctx).members[0].capacity_types == ("on-demand", "spot")
+    pg["metadata"]["annotations"][C.ANNOTATION_CHECKPOINTABLE] = "false"  # no checkpoint: never spot
     assert gang_from_k8s("team-nlp/ft", pg, [spot], ctx).members[0].capacity_types == ("on-demand",)
 
 

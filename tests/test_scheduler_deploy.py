@@ -162,7 +162,8 @@ def test_example_gang_manifest_validates_and_converts(shared_dir):
     cfg = load_config(REPO / "examples" / "seed-quotas.yaml")
     gang = gang_from_k8s("team-nlp/finetune", pg, pods, ConversionContext.from_config(cfg))
     assert (gang.team, gang.tier, len(gang.members), gang.members[0].gpus) == ("nlp", "production-training", 2, 4)
-    assert gang.members[0].capacity_types == ("on-demand",) and pg["spec"]["minMember"] == len(pods)
+    # checkpointable production: on-demand first, spot when on-demand is full (spot_fallback)
+    assert gang.members[0].capacity_types == ("on-demand", "spot") and pg["spec"]["minMember"] == len(pods)
 
 
 def _render(path: Path) -> list[dict]:

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,47 @@ def test_production_preempts_best_effort_and_the_victim_resumes_from_its_checkpo
     assert naive.jobs["prod"].first_start == 10_000  # FIFO, no preemption: it waits for the sweep
     interval = replay(_setting(jobs, [_node("n0")], teams), PLATFORMS["interval-checkpoints"])
     assert [a.kept for a in interval.attempts if a.job.name == "be"][0] == 600  # last periodic checkpoint
+
+
+def test_best_effort_takes_spot_first_and_production_overflows_onto_spot():
+    """One on-demand and one spot node. Best-effort arrives first and takes the spot node (spot first),
+    so production finds the on-demand node free; a second production job, with on-demand full, runs
+    on spot (its tier's spot_fallback) instead of waiting behind the first: without the fallback it
+    waits for the on-demand node while the spot node idles."""
+    from airflow_gpu.constants import CAPACITY_SPOT
+
+    nodes = [_node("od0"), replace(_node("spot0"), capacity_type=CAPACITY_SPOT)]
+    jobs = [_job("be", "a", "best-effort-training", 4, 1, 0, 3000),
+            _job("prod1", "a", "production-training", 8, 1, 10, 5000),
+            _job("prod2", "a", "production-training", 4, 1, 20, 1000)]
+    setting = _setting(jobs, nodes, {"a": 1.0, "b": 0.0}, SpotModel(share=0.0, interruptions_per_node_day=0.0))
+    full = replay(setting, PLATFORMS["full"])
+    where = {a.job.name: {p.node for _, _, p in a.holds} for a in full.attempts}
+    assert where == {"be": {"spot0"}, "prod1": {"od0"}, "prod2": {"spot0"}}
+    assert full.jobs["prod1"].first_start == 10 and full.jobs["prod2"].first_start == 20  # nobody waits
+    pinned = replay(setting, PLATFORMS["no-spot-fallback"])
+    assert pinned.jobs["prod2"].first_start == 10 + 5000  # waits for on-demand while half of spot0 idles
+
+
+def test_a_reclaiming_gang_binds_its_plan_before_its_older_victim_can_return():
+    """Team b's older sweep borrows a's half of the node; a's sweep (same priority) reclaims it. The
+    nomination holds the freed GPUs for a, as the scheduler's held plan does: the victim, first in
+    the queue by age, must not take them back (it did, and a preempted it again, over and over)."""
+    jobs = [_job("b-sweep", "b", "best-effort-training", 8, 1, 0, 10_000),
+            _job("a-sweep", "a", "best-effort-training", 4, 1, 100, 1000)]
+    r = replay(_setting(jobs, [_node("n0")]), PLATFORMS["full"])
+    assert r.preemptions == 1
+    assert r.jobs["a-sweep"].first_start == 100
+    assert [a.outcome for a in r.attempts if a.job.name == "b-sweep"] == ["preempted", "finished"]
+
+
+def test_gpus_no_team_is_guaranteed_are_lent_to_the_cohort():
+    """Guarantees cover a quarter of the node: the rest is the cohort's to borrow, not idle for good."""
+    jobs = [_job("big", "a", "best-effort-training", 8, 1, 0, 1000)]
+    r = replay(_setting(jobs, [_node("n0")], {"a": 0.125, "b": 0.125}), PLATFORMS["full"])
+    assert r.jobs["big"].first_start == 0
+    assert replay(_setting(jobs, [_node("n0")], {"a": 0.125, "b": 0.125}),
+                  PLATFORMS["no-borrowing"]).jobs["big"].first_start is None  # beyond its guarantee
 
 
 def test_naive_partial_gangs_hold_gpus_while_full_gangs_start_whole():

@@ -108,6 +108,9 @@ class Tier(_Strict):
     priority: Annotated[StrictInt, Field(ge=-MAX_USER_PRIORITY, le=MAX_USER_PRIORITY)]
     preemptible: StrictBool  # may be chosen as a preemption victim
     spot_eligible: StrictBool  # may run on spot capacity (checkpointable and retriable work only)
+    # not spot-eligible, yet its checkpointable work may take spot capacity when no on-demand room is
+    # left (placed on-demand first): DESIGN.md's production "spot only if allowed and slack remains"
+    spot_fallback: StrictBool = False
     preemption_policy: Literal["PreemptLowerPriority", "Never"] = "PreemptLowerPriority"
     description: str = ""
 
@@ -198,7 +201,8 @@ class QuotaConfig(_Strict):
 
     def tier_policies(self) -> dict[str, TierPolicy]:
         """The one adapter from this file to core's tier rule: tier name -> core.tiers.TierPolicy."""
-        return {t.name: TierPolicy(t.priority, t.preemptible, t.spot_eligible, t.preemption_policy != "Never")
+        return {t.name: TierPolicy(t.priority, t.preemptible, t.spot_eligible, t.preemption_policy != "Never",
+                                   t.spot_fallback)
                 for t in self.tiers}
 
     def node_label_aliases(self) -> dict[str, str]:

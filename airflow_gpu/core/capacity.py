@@ -14,12 +14,22 @@ def is_spot_eligible(tier_allows_spot: bool, checkpointable: bool) -> bool:
     return tier_allows_spot and checkpointable
 
 
-def confine_to_eligible_capacity(members: tuple[PodRequest, ...], spot_eligible: bool) -> tuple[PodRequest, ...]:
-    """Work that cannot resume never goes to spot, whatever its pods tolerate: members without an
-    explicit capacity type are pinned to on-demand. Eligible gangs are left as asked."""
+def confine_to_eligible_capacity(members: tuple[PodRequest, ...], spot_eligible: bool,
+                                 spot_fallback: bool = False) -> tuple[PodRequest, ...]:
+    """The capacity types each member accepts, in preference order (placement's CapacityPreference
+    score takes the first listed type first). Members with an explicit capacity type keep it.
+    - spot-eligible work: spot first, then on-demand (DESIGN.md: best-effort "spot first"), so it
+      leaves on-demand capacity to the work that may run nowhere else;
+    - `spot_fallback` (checkpointable work of a tier that allows spot only when on-demand is full:
+      DESIGN.md's production "spot only if allowed and slack remains"): on-demand first, then spot;
+    - anything else never goes to spot: pinned to on-demand."""
     if spot_eligible:
-        return members
-    return tuple(m if m.capacity_types else replace(m, capacity_types=(CAPACITY_ON_DEMAND,)) for m in members)
+        order = (CAPACITY_SPOT, CAPACITY_ON_DEMAND)
+    elif spot_fallback:
+        order = (CAPACITY_ON_DEMAND, CAPACITY_SPOT)
+    else:
+        order = (CAPACITY_ON_DEMAND,)
+    return tuple(m if m.capacity_types else replace(m, capacity_types=order) for m in members)
 
 
 # --- the operator's `spot` argument ---------------------------------------------------------------

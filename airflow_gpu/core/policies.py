@@ -22,6 +22,7 @@ from airflow_gpu.core.plugins.filters import default_filters
 from airflow_gpu.core.plugins.scores import (
     BestFitGpu,
     BestFitScore,
+    CapacityPreference,
     DotProductScore,
     GpuClusteringScore,
     GpuPackingScore,
@@ -43,6 +44,8 @@ BASELINES = ("random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd
 # spread: kube-scheduler's default spreading (LeastAllocated), the naive platform of the replay
 SPREAD_POLICY = "spread"
 POLICIES = BASELINES + (DEFAULT_POLICY, SPREAD_POLICY)
+# CapacityPreference scores 0..100 like every plugin; this weight puts it above all of them together
+CAPACITY_PREFERENCE_WEIGHT = 10.0
 # the anchors' policy labels (../shared/anchors/fgd_gpu_allocation.csv)
 ANCHOR_LABELS = {
     "random": "01-Random",
@@ -72,8 +75,12 @@ def make_profile(
     `tie_rank` orders nodes among equal scores (None: node list order).
     prefer_products adds a score for the pod's GPU product preference order; the simulator turns
     it off because the trace's gpu_spec is an unordered accept list (the artifact has no such score).
+    Every profile takes a pod's preferred capacity type first (CapacityPreference); on clusters
+    without spot nodes, or for pods with one capacity type, it changes nothing.
     """
     profile = _make_profile(name, typical, rng, tie_rank)
+    # every policy takes a pod's preferred capacity type first (spot first for spot-eligible work)
+    profile.scores = profile.scores + ((CapacityPreference(), CAPACITY_PREFERENCE_WEIGHT),)
     if prefer_products:
         profile.scores = profile.scores + ((GpuProductPreference(), 1.0),)
     return profile

@@ -24,6 +24,7 @@ class TierPolicy:
     preemptible: bool = True
     spot_eligible: bool = False
     preempts: bool = True  # False: its PriorityClass says preemptionPolicy: Never (waits, never evicts)
+    spot_fallback: bool = False  # not spot-eligible, but checkpointable work may overflow onto spot
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def decide(
         priority=priority if priority is not None else policy.priority,
         preemptible=policy.preemptible,
         spot_eligible=spot,
-        members=confine_to_eligible_capacity(members, spot),
+        members=confine_to_eligible_capacity(members, spot, policy.spot_fallback and checkpointable),
     )
 
 

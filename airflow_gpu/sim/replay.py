@@ -36,6 +36,7 @@ from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.sim.workload import Job, mark_spot, whole_gpus
 
 FINISHED, PREEMPTED, INTERRUPTED, FAILED = "finished", "preempted", "interrupted", "failed"
+UNASSIGNED = "(unassigned)"  # the quota book's lender of the GPUs no team is guaranteed
 NEVER = 1e15  # back-off of a gang that did not fit: until room appears (Backoff.reset)
 
 
@@ -50,6 +51,7 @@ class Platform:
     preemption: bool = True
     shares: bool = True  # GPU shares / MIG slices; False: a whole GPU for every share
     spot: bool = True
+    spot_fallback: bool = True  # tiers with spot_fallback in the config may overflow onto spot
     quotas: bool = True
     borrowing: bool = True
     checkpoints: bool = True
@@ -66,6 +68,7 @@ PLATFORMS: dict[str, Platform] = {
     "no-gang": replace(FULL, name="no-gang", gang=False),
     "no-mig": replace(FULL, name="no-mig", shares=False),
     "no-spot": replace(FULL, name="no-spot", spot=False),
+    "no-spot-fallback": replace(FULL, name="no-spot-fallback", spot_fallback=False),
     "no-borrowing": replace(FULL, name="no-borrowing", borrowing=False),
     "bestfit-placement": replace(FULL, name="bestfit-placement", policy="bestfit"),
     "interval-checkpoints": replace(FULL, name="interval-checkpoints", sigterm_checkpoint=False),
@@ -77,6 +80,7 @@ class TierRule:
     priority: int
     preemptible: bool
     spot_eligible: bool
+    spot_fallback: bool = False  # core.capacity: checkpointable work may overflow onto spot (on-demand first)
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,12 @@ def quota_book(setting: Setting, nodes: list[Node], platform: Platform) -> Quota
         nominal = {p: math.floor(c * share * 1000) / 1000 for p, c in per_product.items()}
         borrow = dict(per_product) if platform.borrowing else {}
         teams[team] = TeamQuota.from_gpus(team, nominal, borrow)
+    # GPUs no team is guaranteed belong to the cohort as a lender with no work of its own (Kueue: a
+    # ClusterQueue that only lends), so borrowers may use them; without it they would idle for good
+    rest = {p: c - sum(t.nominal.get((p, None), 0) for t in teams.values()) / GPU_MILLI for p, c in per_product.items()}
+    rest = {p: math.floor(r * 1000) / 1000 for p, r in rest.items() if r >= 0.001}
+    if rest and platform.borrowing:
+        teams[UNASSIGNED] = TeamQuota.from_gpus(UNASSIGNED, rest, {})
     return QuotaBook(teams, borrowed_priority=setting.borrowed_priority)
 
 
@@ -170,9 +180,10 @@ def _unit_gangs(job: Job, platform: Platform, tiers: dict[str, TierRule],
     worker = job.worker if platform.shares else whole_gpus(job.worker)
     checkpointable = job.checkpointable and platform.checkpoints
     eligible = platform.spot and is_spot_eligible(rule.spot_eligible, checkpointable)
+    fallback = platform.spot and platform.spot_fallback and rule.spot_fallback and checkpointable
     priority = 0 if platform.queue == "fifo" else rule.priority
     members = tuple(replace(worker, name=f"{job.name}/w{i}") for i in range(job.workers))
-    members = confine_to_eligible_capacity(members, eligible)
+    members = confine_to_eligible_capacity(members, eligible, fallback)
     common = dict(team=job.team, tier=job.tier, priority=priority, preemptible=rule.preemptible,
                   checkpointable=checkpointable, spot_eligible=eligible, created_at=job.submit,
                   topology=TopologyRequirement(TopologyLevel.CLIQUE, hard=False),
@@ -204,7 +215,7 @@ class _Cycle:
 
     def run(self, snap: Snapshot, pending: list[Gang], running: list[RunningGang], usage: QuotaUsage | None,
             now: float):
-        """-> (admitted [(gang, placements, borrowed)], victims [unit names]). `usage`: the quota
+        """-> (admitted [(gang, placements, borrowed)], plans [PreemptionPlan]). `usage`: the quota
         usage of `running`, kept up to date by the replay (what CycleState.build would count)."""
         state = CycleState(snap, self.quota, usage, running, snap.shape.node_product)
         result = schedule_cycle(state, pending, self.profile, now, self.policy, self.backoff, self.no_plan, self.hold)
@@ -214,8 +225,7 @@ class _Cycle:
         if result.admitted or result.preemptions:  # the running set changes: plans may exist now
             self.no_plan.reset()
         admitted = [(d.gang, d.placements, d.borrowed) for d in result.admitted]
-        victims = [v.gang.name for p in result.preemptions for v in p.victims]
-        return admitted, victims
+        return admitted, result.preemptions
 
     def room_appeared(self) -> None:
         self.backoff.reset()
@@ -527,22 +537,28 @@ class Replay:
             self._room_appeared()
 
     def _cycles(self, now: float) -> None:
-        for _ in range(4):  # victims stop at once; the preemptor binds in the next cycle
+        for _ in range(4):  # victims stop at once and the preemptor binds its plan; then another cycle
             if not self.pending:
                 break
             if self.fifo is not None:
-                admitted, victims = self.fifo.run(self.snap), []
+                admitted, plans = self.fifo.run(self.snap), []
             else:
-                admitted, victims = self.cycle.run(self.snap, list(self.pending.values()), self._running(now),
-                                                   self.usage, now)
+                admitted, plans = self.cycle.run(self.snap, list(self.pending.values()), self._running(now),
+                                                 self.usage, now)
             for gang, placements, borrowed in admitted:
                 self._bind(gang, placements, borrowed, now)
-            for job in sorted({v.split("/")[0] for v in victims}):
+            for job in sorted({v.gang.name.split("/")[0] for p in plans for v in p.victims}):
                 st = self.states[job]
                 if st.attempt is not None:
                     self.preemptions += 1
                     self._release(st, now, PREEMPTED)
-            if not victims:
+            # As the scheduler does: the nomination holds the freed GPUs for the gang that asked, which
+            # binds its plan once the victims are gone. (Re-queueing it instead let an older victim of
+            # the same priority take the room back first, and preempting it again looped.)
+            for plan in plans:
+                if plan.gang.name in self.pending:
+                    self._bind(plan.gang, plan.placements, plan.borrowed, now)
+            if not plans:
                 break
         waiting = any(v > 0 for v in self.team_pending.values())
         total = self.total_milli or 1

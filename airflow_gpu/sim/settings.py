@@ -17,7 +17,7 @@ def _from_config(config: Path):
     from airflow_gpu.scheduler.loop import preemption_policy_from_config
 
     cfg = load_config(config)
-    tiers = {t.name: TierRule(t.priority, t.preemptible, t.spot_eligible) for t in cfg.tiers}
+    tiers = {t.name: TierRule(t.priority, t.preemptible, t.spot_eligible, t.spot_fallback) for t in cfg.tiers}
     preemptible = [t.priority for t in cfg.tiers if t.preemptible]
     prices = {}
     for p in cfg.products:

@@ -158,3 +158,21 @@ class GpuProductPreference:
         rank = {p: i for i, p in enumerate(pod.gpu_products)}
         by_id = np.array([rank.get(p, k) for p in snap.shape.products] + [k], dtype=np.int64)
         return MAX_NODE_SCORE * (k - by_id[snap.shape.product_id[nodes]]) // k
+
+
+class CapacityPreference:
+    """A pod that accepts several capacity types (PodRequest.capacity_types, in preference order:
+    core.capacity sets spot first for spot-eligible work, on-demand first for work that may only
+    overflow onto spot) scores 100 on nodes of the first type, 0 elsewhere; one type or none: no
+    preference. Profiles weigh it above every other score (a preference, not a tie-break)."""
+
+    name = "CapacityPreference"
+
+    def score(self, snap: Snapshot, pod: PodRequest, nodes: np.ndarray) -> np.ndarray:
+        if len(pod.capacity_types) < 2:
+            return np.zeros(len(nodes), dtype=np.int64)
+        first = pod.capacity_types[0]
+        shape = snap.shape
+        of_type = shape.cached_mask(("capacity-preference", first),
+                                    lambda: np.array([n.capacity_type == first for n in shape.nodes], dtype=bool))
+        return of_type[nodes] * MAX_NODE_SCORE

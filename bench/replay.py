@@ -1,0 +1,68 @@
+"""Queueing replay of the openb default trace (149 days), every platform of one run (target: < 60 s
+in all). Per platform: wall clock, CPU time (time.process_time) and a hash of the events rows
+(write_events' CSV), so an optimisation can show the decisions did not change. The load average is
+printed because wall clock on a shared machine is inflated by other work.
+
+    python -m bench replay [--capacity 0.005] [--seed 42] [--platforms naive,full] [--profile FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
+
+
+def events_hash(result) -> str:
+    from airflow_gpu.sim.replay_report import write_events
+
+    with tempfile.TemporaryDirectory() as d:
+        path = write_events(result, Path(d))
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def main(argv: list[str] | None = None) -> None:
+    from airflow_gpu.sim.replay import PLATFORMS, replay
+    from airflow_gpu.sim.replay_report import summarize
+    from airflow_gpu.sim.settings import openb_setting
+
+    ap = argparse.ArgumentParser(prog="python -m bench replay")
+    ap.add_argument("--capacity", type=float, default=0.005)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--platforms", default=",".join(PLATFORMS))
+    ap.add_argument("--traces", type=Path, default=TRACES)
+    ap.add_argument("--profile", type=Path, help="cProfile each platform to FILE.<platform>")
+    args = ap.parse_args(sys.argv[2:] if argv is None and len(sys.argv) > 1 and sys.argv[1] == "replay" else argv or [])
+    setting = openb_setting(args.traces / "openb_node_list_gpu_node.csv", args.traces / "openb_pod_list_default.csv",
+                            args.capacity, args.seed)
+    print(f"openb default, capacity {args.capacity}, seed {args.seed}: {sum(n.gpu_count for n in setting.nodes)} GPUs, "
+          f"{len(setting.jobs)} jobs; load average {os.getloadavg()[0]:.2f}", flush=True)
+    wall_all = cpu_all = 0.0
+    for name in args.platforms.split(","):
+        w0, c0 = time.perf_counter(), time.process_time()
+        if args.profile:
+            import cProfile
+
+            prof = cProfile.Profile()
+            r = prof.runcall(replay, setting, PLATFORMS[name])
+            prof.dump_stats(f"{args.profile}.{name}")
+        else:
+            r = replay(setting, PLATFORMS[name])
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        wall_all, cpu_all = wall_all + wall, cpu_all + cpu
+        s = summarize(r)
+        prod = s["queue_wait_seconds"].get("production-training", {}).get("p95")
+        print(f"{name:22s} wall {wall:7.1f} s  cpu {cpu:7.1f} s  events {events_hash(r)}  "
+              f"useful {s['useful_gpu_utilization_pct']:.2f} %  prod p95 {prod}  preemptions {s['preemptions']}  "
+              f"load {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"{'all':22s} wall {wall_all:7.1f} s  cpu {cpu_all:7.1f} s")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
