@@ -32,8 +32,6 @@ class ResourceFit:
         cpu_ok = snap.cpu_free >= pod.cpu_milli
         mem_ok = snap.mem_free >= pod.memory_mib
         ok = gpu_ok & cpu_ok & mem_ok
-        if ok.all():
-            return FilterResult(ok, "")
         gpu_reason = f"insufficient {RESOURCE_MIG_PREFIX}{pod.mig_profile}" if pod.mig_profile else REASON_GPU
 
         def reason():  # GPU first: on a GPU cluster "no GPU" is the actionable part of the message
