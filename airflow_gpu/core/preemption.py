@@ -166,35 +166,35 @@ def attempts(state: CycleState, gang: Gang, now: float,
     keys: set[QuotaKey] = {k for d in product_demands(state, gang) for k in d}
     own, others = [], []
     lender: dict[str, bool] = {}  # team -> in the preemptor's cohort and borrowing on `keys` now
-    for rg in state.running:
-        if rg.gang.name == gang.name or not rg.gang.preemptible or rg.gang.tier in policy.non_preemptible_tiers:
+    name, team_of, priority = gang.name, gang.team, gang.priority
+    shielded = policy.non_preemptible_tiers
+    for rg in state.running:  # every running gang (tens of thousands at scale): plain locals
+        g = rg.gang
+        if g.name == name or not g.preemptible or g.tier in shielded:
             continue
-        team = rg.gang.team
-        if book is None or team == gang.team:
-            if by_priority and effective_priority(rg, book) < gang.priority:
+        team = g.team
+        if book is None or team == team_of:
+            if by_priority and effective_priority(rg, book) < priority:
                 own.append(rg)
             continue
         borrows = lender.get(team)
         if borrows is None:
-            borrows = lender[team] = same_cohort(book, team, gang.team) and state.borrowing(team, keys)
+            borrows = lender[team] = same_cohort(book, team, team_of) and state.borrowing(team, keys)
         if not borrows:
             continue
         if reclaim:
             others.append(rg)
-        elif threshold is not None and by_priority and rg.gang.priority < gang.priority \
-                and rg.gang.priority <= threshold:
+        elif threshold is not None and by_priority and g.priority < priority and g.priority <= threshold:
             others.append(rg)
-    order = victim_order(gang, now)
-    rank = {id(rg): order(rg) for rg in own + others}  # each key computed once (tens of thousands)
-    own.sort(key=lambda rg: rank[id(rg)])
-    everyone = tuple(sorted(own + others, key=lambda rg: rank[id(rg)]))
+    # one sort (each key computed once); the own team's list is its subsequence (the keys are unique)
+    everyone = tuple(sorted(own + others, key=victim_order(gang, now)))
     if not others:
-        return [Attempt(tuple(own), True)] if own else []
+        return [Attempt(everyone, True)] if own else []
     if threshold is not None:
         return [Attempt(everyone, True)]
     out = [Attempt(everyone, False)]
     if own:
-        out.append(Attempt(tuple(own), True))
+        out.append(Attempt(tuple(rg for rg in everyone if rg.gang.team == team_of), True))
     return out
 
 
@@ -483,11 +483,11 @@ def _narrowed(tries: list[Attempt], room: RoomEstimate) -> list[Attempt]:
     the flavor that needs preemption), then with all. Otherwise a borrower on nodes the gang may not
     use (spot, for work that must stay on-demand) could be taken first, and the borrowing team would
     then no longer borrow: the gang would wait forever behind the borrower it could have displaced."""
-    shape = room.snap.shape
-    eligible = room.eligible.tolist()
+    rows = room.snap.shape.rows
+    eligible = set(np.flatnonzero(room.eligible).tolist())
     out = []
     for a in tries:
-        useful = tuple(c for c in a.candidates if any(eligible[n] for n in shape.rows(c.placements).nodes))
+        useful = tuple(c for c in a.candidates if not eligible.isdisjoint(rows(c.placements).nodes))
         if useful and len(useful) < len(a.candidates):
             out.append(Attempt(useful, a.allow_borrowing))
         out.append(a)
