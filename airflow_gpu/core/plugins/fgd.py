@@ -252,7 +252,7 @@ class FGDScore:
             entry = (np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64))
             self._cache[key] = entry
         score, gpu, ver = entry
-        stale = nodes[ver[nodes] != snap.version[nodes]]
+        stale = nodes[(ver != snap.version)[nodes]]  # one gather, not two (nodes may be most of the cluster)
         if len(stale):
             before = self.node_frag(snap)[stale]
             free = snap.gpu_free[stale]
