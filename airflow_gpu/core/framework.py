@@ -148,10 +148,11 @@ def run_filters(snap: Snapshot, pod: PodRequest, filters) -> tuple[np.ndarray, F
 
 def total_scores(snap: Snapshot, pod: PodRequest, profile: Profile, nodes: np.ndarray) -> np.ndarray:
     """Weighted sum of the profile's score plugins over node indices `nodes`."""
-    total = np.zeros(len(nodes), dtype=np.float64)
+    total = None
     for plugin, weight in profile.scores:
-        total += weight * np.asarray(plugin.score(snap, pod, nodes), dtype=np.float64)
-    return total
+        part = weight * np.asarray(plugin.score(snap, pod, nodes), dtype=np.float64)
+        total = part if total is None else total + part
+    return total if total is not None else np.zeros(len(nodes), dtype=np.float64)
 
 
 def pick_best(nodes: np.ndarray, scores: np.ndarray, tie_rank: np.ndarray | None) -> int:

@@ -252,7 +252,10 @@ class FGDScore:
             entry = (np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64))
             self._cache[key] = entry
         score, gpu, ver = entry
-        stale = nodes[(ver != snap.version)[nodes]]  # one gather, not two (nodes may be most of the cluster)
+        if 4 * len(nodes) < len(ver):  # a few nodes (the chosen one, a gang's domain): gather those
+            stale = nodes[ver[nodes] != snap.version[nodes]]
+        else:  # most of the cluster: one comparison, one gather
+            stale = nodes[(ver != snap.version)[nodes]]
         if len(stale):
             before = self.node_frag(snap)[stale]
             free = snap.gpu_free[stale]
