@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from airflow_gpu.constants import TAINT_SPOT
 from airflow_gpu.core.framework import Profile, place_pod
-from airflow_gpu.core.model import Gang, Node, Placement, PodRequest, Taint, Toleration, TopologyLevel, TopologyRequirement
+from airflow_gpu.core.model import (Gang, Node, Placement, PodRequest, RunningGang, Taint, Toleration, TopologyLevel,
+                                    TopologyRequirement)
 from airflow_gpu.core.plugins.fgd import FGDScore, FragModel, TypicalPods, final_waste_table
 from airflow_gpu.core.plugins.filters import default_filters
 from airflow_gpu.core.plugins.scores import BestFitScore, GpuPackingScore, normalize_min_max
@@ -165,6 +166,10 @@ def test_shape_rows_give_node_indices_once_per_placements_tuple():
     assert snap.shape.rows(placements) is rows  # cached while the tuple lives
     assert snap.copy().shape.rows(placements) is rows  # copies share the shape
     assert snap.shape.rows(list(placements)) == rows  # a list is read, not cached
+    gang = Gang("g", "t", "best-effort-training", 0, (PodRequest("p"),))
+    other = (Placement("s", "a", gpu_shares=((0, 500),)),)
+    assert snap.shape.rows_of([RunningGang(gang, placements, 0.0), RunningGang(gang, other, 0.0)]) == [
+        rows, snap.shape.rows(other)]
 
 
 def test_fgd_puts_a_share_where_it_fragments_least():

@@ -241,7 +241,7 @@ def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float,
     eligible_a = room.eligible
     eligible = eligible_a.tolist()  # read per placement: a list index is cheaper than numpy's
     # every candidate's placements as columns, from the shape's cached rows (no name resolved per pod)
-    rows = [snap.shape.rows(c.placements) for c in cands]
+    rows = snap.shape.rows_of(cands)
     spot = np.fromiter(chain.from_iterable(r.flat_spots for r in rows), dtype=np.int64).reshape(-1, 3)
     share = np.fromiter(chain.from_iterable(r.flat_shares for r in rows), dtype=np.int64).reshape(-1, 3)
     on = eligible_a[spot[:, 0]]
@@ -483,11 +483,11 @@ def _narrowed(tries: list[Attempt], room: RoomEstimate) -> list[Attempt]:
     the flavor that needs preemption), then with all. Otherwise a borrower on nodes the gang may not
     use (spot, for work that must stay on-demand) could be taken first, and the borrowing team would
     then no longer borrow: the gang would wait forever behind the borrower it could have displaced."""
-    rows = room.snap.shape.rows
+    rows_of = room.snap.shape.rows_of
     eligible = set(np.flatnonzero(room.eligible).tolist())
     out = []
     for a in tries:
-        useful = tuple(c for c in a.candidates if not eligible.isdisjoint(rows(c.placements).nodes))
+        useful = tuple(c for c, r in zip(a.candidates, rows_of(a.candidates)) if not eligible.isdisjoint(r.nodes))
         if useful and len(useful) < len(a.candidates):
             out.append(Attempt(useful, a.allow_borrowing))
         out.append(a)

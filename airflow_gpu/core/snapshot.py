@@ -197,6 +197,16 @@ class ClusterShape:
             self._rows[id(placements)] = (placements, rows)
         return rows
 
+    def rows_of(self, gangs) -> list[PlacementRows]:
+        """rows() of each gang's placements (RunningGang), in order: preemption asks it of every
+        candidate (thousands), so the cache is read inline."""
+        get, out = self._rows.get, []
+        for g in gangs:
+            placements = g.placements
+            hit = get(id(placements))
+            out.append(hit[1] if hit is not None and hit[0] is placements else self.rows(placements))
+        return out
+
     @cached_property
     def every_node(self) -> np.ndarray:
         """[N] all True, read only: the one mask of filters that reject nothing (run_filters skips it)."""
