@@ -18,11 +18,19 @@ top five costs (own CPU time, by function) over one cycle.
 
 `python -m bench cycle_scale` (env BENCH_CYCLE_NODES, BENCH_CYCLE_PODS, BENCH_CYCLE_GANGS,
 BENCH_CYCLE_CYCLES, BENCH_CYCLE_REBUILDS, BENCH_CYCLE_CHURN to scale it down or up).
+
+Decisions: every run prints a digest (SHA-256) of the cycle's admissions, placements, preemptions,
+wait reasons and reservation. `BENCH_CYCLE_DIGEST=1 python -m bench cycle_scale` prints only the
+digests of DIGEST_RUNS: four synthetic clusters, each run for several cycles in which the admitted
+gangs and preemption plans start, the victims and some running gangs end and the clock moves, so
+the cycles see different states. A speed change must leave every digest as it was (compare the
+output of main and the branch).
 """
 
 from __future__ import annotations
 
 import cProfile
+import hashlib
 import io
 import os
 import pstats
@@ -38,7 +46,7 @@ from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, make_profile
 from airflow_gpu.core.queue import schedule_cycle
 from airflow_gpu.core.quota import QuotaBook
-from airflow_gpu.core.snapshot import Snapshot
+from airflow_gpu.core.snapshot import OverCommitError, Snapshot
 
 NODES = int(os.environ.get("BENCH_CYCLE_NODES", 5000))
 RUNNING_PODS = int(os.environ.get("BENCH_CYCLE_PODS", 50_000))
@@ -187,6 +195,69 @@ class Cycle:
         return (t1 - t0, t2 - t1, t3 - t2, t3 - t0, time.process_time() - c0), result
 
 
+def _placements_text(placements) -> str:
+    return ";".join(f"{p.pod}@{p.node}{list(p.gpu_shares)}{p.mig_profile or ''}" for p in placements)
+
+
+def digest(result) -> str:
+    """SHA-256 of every decision of one cycle: admissions (placements, domain, borrowed), preemption
+    plans (victims, placements), wait reasons, deferrals and the reservation."""
+    lines = [f"admit {d.gang.name} {d.domain} {d.borrowed} {_placements_text(d.placements)}" for d in result.admitted]
+    lines += [f"preempt {p.gang.name} {p.victim_names} {p.lost_gpu_seconds:.3f} {p.borrowed} {p.reclaim} "
+              f"{_placements_text(p.placements)}" for p in result.preemptions]
+    lines += [f"wait {name}: {reason}" for name, reason in result.waiting.items()]
+    lines += [f"deferred {name}" for name in result.deferred]
+    res = result.reservation
+    if res is not None:
+        lines.append(f"reserve {res.gang.name} {sorted(res.nodes)} {res.start} {res.by_preemption} "
+                     f"{_placements_text(res.placements)}")
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+# (nodes, running pods, pending gangs, seed, cycles): the clusters whose decisions must not change
+DIGEST_RUNS = ((400, 4_000, 200, 1, 6), (800, 8_000, 300, 2, 6), (1_200, 12_000, 400, 3, 5), (5_000, 50_000, 1_000, 16, 3))
+
+
+def evolving_digest(nodes_n: int, pods_n: int, gangs_n: int, seed: int, cycles: int) -> tuple[str, str]:
+    """Cycles on a changing cluster: after each, the admitted gangs and the preemption plan start
+    (the victims end first), a seeded 1 % of the running gangs end, time moves on.
+    Returns (digest over every cycle, a summary of what the cycles did)."""
+    nodes = build_nodes(nodes_n)
+    running = build_running(nodes, pods_n, seed=seed)
+    pending = build_pending(gangs_n, seed=seed + 1)
+    pods = [r for rg in running for r in rg.gang.members]
+    profile = make_profile(DEFAULT_POLICY, typical=TypicalPods.from_pods(pods))
+    live = LiveState.from_nodes(nodes, quota_book(nodes_n * GPUS_PER_NODE))
+    for rg in running:
+        live.start(rg)
+    rng = np.random.default_rng(seed)
+    h = hashlib.sha256()
+    admitted = planned = 0
+    now = 7200.0
+    for _ in range(cycles):
+        result = schedule_cycle(live.cycle_state(), pending, profile, now=now)
+        h.update(digest(result).encode())
+        started = set()
+        for plan in result.preemptions:
+            for v in plan.victims:
+                live.end(v.gang.name)
+        for d in list(result.admitted) + [p for p in result.preemptions]:
+            rg = RunningGang(d.gang, d.placements, now)
+            try:
+                live.start(rg)
+                started.add(d.gang.name)
+            except OverCommitError:
+                pass
+        admitted += len(result.admitted)
+        planned += len(result.preemptions)
+        pending = [g for g in pending if g.name not in started]
+        names = sorted(live.running)
+        for k in rng.choice(len(names), size=max(1, len(names) // 100), replace=False).tolist():
+            live.end(names[k])
+        now += 60.0
+    return h.hexdigest(), f"{admitted} admitted, {planned} preemption plan(s) over {cycles} cycles"
+
+
 def _pct(values, q):
     return float(np.percentile(np.array(values) * 1000, q))
 
@@ -205,6 +276,13 @@ def top_costs(fn, n: int = 5) -> str:
 
 
 def main() -> None:
+    if os.environ.get("BENCH_CYCLE_DIGEST"):
+        for run in DIGEST_RUNS:
+            c0 = time.process_time()
+            h, what = evolving_digest(*run)
+            print(f"digest {run[0]:>5} nodes, seed {run[3]:>2}: {h[:16]}  ({what}; {time.process_time() - c0:.1f} s CPU)",
+                  flush=True)
+        return
     t = time.perf_counter()
     nodes = build_nodes()
     running = build_running(nodes)
@@ -222,7 +300,8 @@ def main() -> None:
         step, result = cycle.run()
         times.append(step)
     print(f"last cycle: {len(result.admitted)} admitted, {len(result.preemptions)} preemption plan(s), "
-          f"{len(result.waiting)} waiting, reservation: {result.reservation.gang.name if result.reservation else 'none'}")
+          f"{len(result.waiting)} waiting, reservation: {result.reservation.gang.name if result.reservation else 'none'}; "
+          f"decisions digest {digest(result)[:16]}")
     print(f"{'step':34s} {'p50 ms':>9s} {'p99 ms':>9s}")
     rows = [("rebuild: snapshot (every pod)", rebuild, 0), ("rebuild: CycleState.build (quota)", rebuild, 1),
             (f"live: deltas ({CHURN} gangs out, {CHURN} in)", times, 0), ("live: cycle_state copy", times, 1),

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from airflow_gpu.constants import TAINT_SPOT
 from airflow_gpu.core.framework import Profile, place_pod
-from airflow_gpu.core.model import Gang, Node, Placement, PodRequest, Taint, Toleration, TopologyLevel, TopologyRequirement
+from airflow_gpu.core.model import (Gang, Node, Placement, PodRequest, RunningGang, Taint, Toleration, TopologyLevel,
+                                    TopologyRequirement)
 from airflow_gpu.core.plugins.fgd import FGDScore, FragModel, TypicalPods, final_waste_table
 from airflow_gpu.core.plugins.filters import default_filters
 from airflow_gpu.core.plugins.scores import BestFitScore, GpuPackingScore, normalize_min_max
@@ -153,6 +154,24 @@ def test_gpu_packing_prefers_used_shared_gpu_then_used_node_then_empty_node():
     assert scores.tolist() == [100 - 40 // 10, 49, 33 - 4]
 
 
+def test_shape_rows_give_node_indices_once_per_placements_tuple():
+    snap = Snapshot.from_nodes([gpu_node("a", gpus=2), gpu_node("b", gpus=4)])
+    placements = (Placement("p", "b", gpu_shares=((1, 300), (3, 1000)), cpu_milli=1000, memory_mib=2048),
+                  Placement("q", "gone", gpu_shares=((0, 1000),)), Placement("r", "a", cpu_milli=500))
+    rows = snap.shape.rows(placements)
+    assert rows.spots == ((1, ((1, 300), (3, 1000)), 1000, 2048), (0, (), 500, 0))  # unknown node left out
+    assert rows.nodes == (1, 0)
+    assert rows.flat_spots == (1, 1000, 2048, 0, 500, 0)
+    assert rows.flat_shares == (1, 1, 300, 1, 3, 1000)
+    assert snap.shape.rows(placements) is rows  # cached while the tuple lives
+    assert snap.copy().shape.rows(placements) is rows  # copies share the shape
+    assert snap.shape.rows(list(placements)) == rows  # a list is read, not cached
+    gang = Gang("g", "t", "best-effort-training", 0, (PodRequest("p"),))
+    other = (Placement("s", "a", gpu_shares=((0, 500),)),)
+    assert snap.shape.rows_of([RunningGang(gang, placements, 0.0), RunningGang(gang, other, 0.0)]) == [
+        rows, snap.shape.rows(other)]
+
+
 def test_fgd_puts_a_share_where_it_fragments_least():
     # typical workload: half 500-milli shares, half whole GPUs
     typical = TypicalPods.from_pods([PodRequest(f"s{i}", gpu_milli=500) for i in range(5)]
@@ -180,6 +199,50 @@ def test_stranding_term_counts_gpus_the_free_cpu_cannot_feed():
     assert p.node == "poor"
     p, _ = place_pod(snap, cpu_pod, make_profile("fgd-lookahead", typical=typical))
     assert p.node == "rich"
+
+
+def test_frag_from_level_sums_equals_the_direct_count_bit_for_bit():
+    """FragModel counts big-enough GPUs and their milli per size level from one table gather; the
+    result must be the float the direct [K, M, G] count gives (placement depends on ties of
+    integer scores), for node states as they are and for a share's choices (FGDScore swaps the
+    chosen GPU's entry in the node's sums)."""
+    rng = np.random.default_rng(7)
+    pods = [PodRequest(f"p{i}", cpu_milli=int(rng.choice([2000, 4000, 8000])),
+                       gpu_milli=int(rng.choice([0, 190, 250, 470, 500, 810])),
+                       gpu_products=("T4",) if i % 5 == 0 else ()) for i in range(60)]
+    pods += [PodRequest(f"w{i}", cpu_milli=8000, gpus=int(rng.choice([1, 2, 4]))) for i in range(30)]
+    typical = TypicalPods.from_pods(pods)
+    nodes = [gpu_node(f"n{i}", gpus=int(rng.choice([2, 4, 8])), product=str(rng.choice(["T4", "A100"])))
+             for i in range(40)]
+    snap = Snapshot.from_nodes(nodes)
+    model = FragModel(snap.shape, typical, stranding_weight=2.0, waste_weight=6.0)
+    free = np.where(snap.shape.gpu_exists, rng.choice([0, 190, 250, 500, 530, 810, 1000], snap.gpu_free.shape), 0)
+    cpu = rng.integers(0, 64_000, len(nodes))
+    idx = np.arange(len(nodes))
+
+    def direct(free, cpu, idx):  # the count as FGD states it
+        t = typical
+        total = free.sum(axis=1)
+        ge = free[:, None, :] >= model.levels[None, :, None]
+        cnt = ge.sum(axis=2)[:, model.level_of]
+        small = (total[:, None] - (free[:, None, :] * ge).sum(axis=2))[:, model.level_of]
+        ok = model.access[idx] & (cnt >= t.count[None, :]) & (cpu[:, None] >= t.cpu[None, :])
+        frag = np.where(ok, small, total[:, None]) @ t.freq
+        frag = frag + model.stranding_weight * model.stranded(free, cpu)
+        return frag + model.waste_weight * model.final_waste[free].sum(axis=1)
+
+    assert np.array_equal(model.frag(free, cpu, idx), direct(free, cpu, idx))
+    milli = 250
+    k, g = free.shape
+    after = np.repeat(free[:, None, :], g, axis=1)
+    after[:, np.arange(g), np.arange(g)] -= milli
+    levels = model.gpu_levels
+    swapped = (model.level_sums(free)[:, None, :] - levels[free] + levels[np.maximum(free - milli, 0)]).reshape(k * g, -1)
+    fits = (free >= milli).ravel()
+    assert fits.any() and not fits.all()
+    got = model.frag(after.reshape(k * g, g), np.repeat(cpu, g), np.repeat(idx, g), swapped)
+    want = direct(after.reshape(k * g, g), np.repeat(cpu, g), np.repeat(idx, g))
+    assert np.array_equal(got[fits], want[fits])
 
 
 def test_final_waste_table_looks_ahead_over_fills_and_discounts_rare_pods():

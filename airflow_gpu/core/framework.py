@@ -61,19 +61,33 @@ class FilterDiagnosis:
     filter, as kube-scheduler reports it). Counting happens on first read: the simulator never
     reads it, a scheduler reads it only for pods that wait."""
 
-    __slots__ = ("total", "feasible", "_parts", "_reasons")
+    __slots__ = ("total", "_feasible", "_parts", "_reasons", "_ok")
 
-    def __init__(self, total: int, feasible: int, reasons=None, parts=()):
+    def __init__(self, total: int, feasible: int | None = None, reasons=None, parts=(), ok: np.ndarray | None = None):
+        """parts: (mask of the nodes a filter passes, its reason) per filter, in order; feasible
+        defaults to the nodes `ok` passes (counted when read)."""
         self.total = total
-        self.feasible = feasible
-        self._parts = parts  # (newly rejected mask, reason) per filter, in order
+        self._feasible = feasible
+        self._ok = ok
+        self._parts = parts
         self._reasons = tuple(reasons) if reasons is not None else None
+
+    @property
+    def feasible(self) -> int:
+        if self._feasible is None:
+            self._feasible = int(self._ok.sum()) if self._ok is not None else self.total
+        return self._feasible
 
     @property
     def reasons(self) -> tuple[tuple[str, int], ...]:
         if self._reasons is None:
             counts: Counter[str] = Counter()
-            for newly, reason in self._parts:
+            passing = np.ones(self.total, dtype=bool)
+            for mask, reason in self._parts:
+                newly = passing & ~mask  # attribute a node to its first failing filter only
+                if not newly.any():
+                    continue
+                passing &= mask
                 if isinstance(reason, str):
                     counts[reason] += int(newly.sum())
                 else:
@@ -116,28 +130,29 @@ class Profile:
 
 
 def run_filters(snap: Snapshot, pod: PodRequest, filters) -> tuple[np.ndarray, FilterDiagnosis]:
-    """Every filter over every node: the feasible mask, and the reasons for the rest."""
-    n = len(snap)
-    ok = np.ones(n, dtype=bool)
+    """Every filter over every node: the feasible mask (read only), and the reasons for the rest
+    (worked out only when read: most placements never read them)."""
+    ok = None
     parts = []
     every = snap.shape.every_node
     for plugin in filters:
         result = plugin.filter(snap, pod)
         if result.ok is every:  # rejects nothing
             continue
-        newly = ok & ~result.ok  # attribute a node to its first failing filter only
-        if newly.any():
-            parts.append((newly, result.reason))
-            ok &= result.ok
-    return ok, FilterDiagnosis(total=n, feasible=int(ok.sum()), parts=tuple(parts))
+        parts.append((result.ok, result.reason))
+        ok = result.ok if ok is None else ok & result.ok
+    if ok is None:
+        ok = every
+    return ok, FilterDiagnosis(total=len(snap), parts=tuple(parts), ok=ok)
 
 
 def total_scores(snap: Snapshot, pod: PodRequest, profile: Profile, nodes: np.ndarray) -> np.ndarray:
     """Weighted sum of the profile's score plugins over node indices `nodes`."""
-    total = np.zeros(len(nodes), dtype=np.float64)
+    total = None
     for plugin, weight in profile.scores:
-        total += weight * np.asarray(plugin.score(snap, pod, nodes), dtype=np.float64)
-    return total
+        part = weight * np.asarray(plugin.score(snap, pod, nodes), dtype=np.float64)
+        total = part if total is None else total + part
+    return total if total is not None else np.zeros(len(nodes), dtype=np.float64)
 
 
 def pick_best(nodes: np.ndarray, scores: np.ndarray, tie_rank: np.ndarray | None) -> int:

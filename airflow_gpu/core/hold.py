@@ -178,21 +178,22 @@ class PlacementHold:
         if pod.gpus < 2 and len(options) >= tries:
             return [o[3] for o in options]
         # several victims on one node (a multi-GPU pod, or CPU short): only where all its held pods
-        # together would do
-        n = len(snap)
+        # together would do, summed per node that holds some (not over every node of the cluster)
+        held_at, at = np.unique(node, return_inverse=True)
+        k = len(held_at)
+        gains_at = np.bincount(at, weights=gains, minlength=k)
         if pod.gpus:
-            gpu_sum = snap.whole_free_gpus() + np.bincount(node, weights=gains, minlength=n)
-            gpu_enough = gpu_sum >= pod.gpus
+            gpu_enough = snap.whole_free_gpus()[held_at] + gains_at >= pod.gpus
         else:
-            gpu_enough = np.bincount(node, weights=gains, minlength=n) + (snap.max_gpu_free() >= pod.gpu_milli) > 0
+            gpu_enough = gains_at + (snap.max_gpu_free()[held_at] >= pod.gpu_milli) > 0
         enough = (gpu_enough
-                  & (np.bincount(node, minlength=n) > 1)  # one held pod alone was tried above
-                  & (snap.cpu_free + np.bincount(node, weights=cpu, minlength=n) >= pod.cpu_milli)
-                  & (snap.mem_free + np.bincount(node, weights=mem, minlength=n) >= pod.memory_mib))
+                  & (np.bincount(at, minlength=k) > 1)  # one held pod alone was tried above
+                  & (snap.cpu_free[held_at] + np.bincount(at, weights=cpu, minlength=k) >= pod.cpu_milli)
+                  & (snap.mem_free[held_at] + np.bincount(at, weights=mem, minlength=k) >= pod.memory_mib))
         if pod.gpu_products:
-            enough &= snap.shape.product_mask(pod.gpu_products)
-        enough[node[single]] = False  # one victim does it on these nodes
-        wanted = np.flatnonzero(enough)
+            enough &= snap.shape.product_mask(pod.gpu_products)[held_at]
+        enough[np.isin(held_at, node[single])] = False  # one victim does it on these nodes
+        wanted = held_at[enough]
         if len(wanted):
             on_wanted = np.isin(node, wanted)
             order = np.argsort(node[on_wanted], kind="stable")

@@ -31,6 +31,7 @@ fits. A cheap room estimate rules out hopeless sets before a full placement is t
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -165,35 +166,35 @@ def attempts(state: CycleState, gang: Gang, now: float,
     keys: set[QuotaKey] = {k for d in product_demands(state, gang) for k in d}
     own, others = [], []
     lender: dict[str, bool] = {}  # team -> in the preemptor's cohort and borrowing on `keys` now
-    for rg in state.running:
-        if rg.gang.name == gang.name or not rg.gang.preemptible or rg.gang.tier in policy.non_preemptible_tiers:
+    name, team_of, priority = gang.name, gang.team, gang.priority
+    shielded = policy.non_preemptible_tiers
+    for rg in state.running:  # every running gang (tens of thousands at scale): plain locals
+        g = rg.gang
+        if g.name == name or not g.preemptible or g.tier in shielded:
             continue
-        team = rg.gang.team
-        if book is None or team == gang.team:
-            if by_priority and effective_priority(rg, book) < gang.priority:
+        team = g.team
+        if book is None or team == team_of:
+            if by_priority and effective_priority(rg, book) < priority:
                 own.append(rg)
             continue
         borrows = lender.get(team)
         if borrows is None:
-            borrows = lender[team] = same_cohort(book, team, gang.team) and state.borrowing(team, keys)
+            borrows = lender[team] = same_cohort(book, team, team_of) and state.borrowing(team, keys)
         if not borrows:
             continue
         if reclaim:
             others.append(rg)
-        elif threshold is not None and by_priority and rg.gang.priority < gang.priority \
-                and rg.gang.priority <= threshold:
+        elif threshold is not None and by_priority and g.priority < priority and g.priority <= threshold:
             others.append(rg)
-    order = victim_order(gang, now)
-    rank = {id(rg): order(rg) for rg in own + others}  # each key computed once (tens of thousands)
-    own.sort(key=lambda rg: rank[id(rg)])
-    everyone = tuple(sorted(own + others, key=lambda rg: rank[id(rg)]))
+    # one sort (each key computed once); the own team's list is its subsequence (the keys are unique)
+    everyone = tuple(sorted(own + others, key=victim_order(gang, now)))
     if not others:
-        return [Attempt(tuple(own), True)] if own else []
+        return [Attempt(everyone, True)] if own else []
     if threshold is not None:
         return [Attempt(everyone, True)]
     out = [Attempt(everyone, False)]
     if own:
-        out.append(Attempt(tuple(own), True))
+        out.append(Attempt(tuple(rg for rg in everyone if rg.gang.team == team_of), True))
     return out
 
 
@@ -237,63 +238,64 @@ def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float,
     than the per_level-th cheapest found: the result is the same as walking every domain."""
     snap = room.snap
     base_fit = members_per_node(snap, room.gang, room.by_set)
-    index = snap.shape.index
-    eligible = room.eligible.tolist()  # read per placement: a list index is cheaper than numpy's
-    # per candidate: its placements on eligible nodes as (node, gpu shares, cpu, mem); then the
-    # same flat (comprehensions: this runs over every placement of every candidate)
-    spots = [[(n, p.gpu_shares, p.cpu_milli, p.memory_mib) for p in c.placements if eligible[n := index[p.node]]]
-             for c in cands]
-    spot_cand = [ci for ci, sp in enumerate(spots) for _ in sp]
-    spot_node = [s[0] for sp in spots for s in sp]
-    spot_cpu = [s[2] for sp in spots for s in sp]
-    spot_mem = [s[3] for sp in spots for s in sp]
-    shares = [(s[0], g, milli) for sp in spots for s in sp for g, milli in s[1]]
-    share_node, share_gpu, share_milli = ([x[k] for x in shares] for k in range(3))
-    spot_cand_a, spot_node_a = np.array(spot_cand, dtype=np.int64), np.array(spot_node, dtype=np.int64)
+    eligible_a = room.eligible
+    eligible = eligible_a.tolist()  # read per placement: a list index is cheaper than numpy's
+    # every candidate's placements as columns, from the shape's cached rows (no name resolved per pod)
+    rows = snap.shape.rows_of(cands)
+    spot = np.fromiter(chain.from_iterable(r.flat_spots for r in rows), dtype=np.int64).reshape(-1, 3)
+    share = np.fromiter(chain.from_iterable(r.flat_shares for r in rows), dtype=np.int64).reshape(-1, 3)
+    on = eligible_a[spot[:, 0]]
+    spot_cand_a = np.repeat(np.arange(len(rows), dtype=np.int64), [len(r.nodes) for r in rows])[on]
+    spot, share = spot[on], share[eligible_a[share[:, 0]]]
+    spot_node_a = spot[:, 0]
     # the room per node with every candidate gone: no victim set inside a domain opens more
     gpu, cpu, mem = snap.gpu_free.copy(), snap.cpu_free.copy(), snap.mem_free.copy()
-    np.add.at(cpu, spot_node_a, spot_cpu)
-    np.add.at(mem, spot_node_a, spot_mem)
-    np.add.at(gpu, (np.array(share_node, dtype=np.int64), np.array(share_gpu, dtype=np.int64)), share_milli)
+    np.add.at(cpu, spot_node_a, spot[:, 1])
+    np.add.at(mem, spot_node_a, spot[:, 2])
+    np.add.at(gpu, (share[:, 0], share[:, 1]), share[:, 2])
     ceiling = room.fit_all(cpu, mem, gpu)
     # A set's cost: non-checkpointable victims first (never one while a checkpointable set would
-    # do), then the last candidate it needs in victim order, then GPU-seconds lost.
-    cost = [(not c.gang.checkpointable, c.gpu_seconds_at_risk(now)) for c in cands]
+    # do), then the last candidate it needs in victim order, then GPU-seconds lost (computed for
+    # the candidates a walk reaches only).
+    stuck_of = [not c.gang.checkpointable for c in cands]
     gpu_free, cpu_free, mem_free = snap.gpu_free, snap.cpu_free, snap.mem_free
     for level in room.levels:
         ids = room.ids(level)
         known = ids >= 0
         if level is TopologyLevel.NODE:
             open_ = ceiling >= room.want
+            spaces = base_fit
         else:
             size = int(ids.max()) + 1 if known.any() else 0
             sums = np.bincount(ids[known], weights=ceiling[known], minlength=size)
             open_ = np.zeros(len(ids), dtype=bool)
             open_[known] = sums[ids[known]] >= room.want
+            spaces = np.bincount(ids[known], weights=base_fit[known], minlength=size).astype(np.int64)
         ids_list = ids.tolist()
         by_domain = _candidates_by_domain(spot_cand_a, spot_node_a, ids, open_)
         found: list[tuple[tuple, list[int]]] = []
         bar: tuple | None = None  # (non-checkpointable count, last index) of the per_level-th best
         for d in sorted(by_domain, key=lambda d: by_domain[d][0]):
             cis = by_domain[d]
-            nodes = np.flatnonzero(ids == d)
-            space = int(base_fit[nodes].max() if level is TopologyLevel.NODE else base_fit[nodes].sum())
-            rows: dict[int, list] = {}
+            if bar is not None and (stuck_of[cis[0]], cis[0]) > bar:
+                continue  # its first candidate already costs more than per_level sets found
+            space = int(spaces[d])
+            rows_d: dict[int, list] = {}
             fits: dict[int, int] = {}
             taken: list[int] = []
             stuck = 0
             for ci in cis:
-                stuck += cost[ci][0]
+                stuck += stuck_of[ci]
                 if bar is not None and (stuck, ci) > bar:
                     break  # costs more than per_level sets found already, whatever follows
                 taken.append(ci)
                 touched = set()
-                for n, shares, cpu, mem in spots[ci]:
-                    if ids_list[n] != d:
+                for n, shares, cpu, mem in rows[ci].spots:
+                    if ids_list[n] != d or not eligible[n]:
                         continue
-                    r = rows.get(n)
+                    r = rows_d.get(n)
                     if r is None:
-                        r = rows[n] = [gpu_free[n].tolist(), int(cpu_free[n]), int(mem_free[n])]
+                        r = rows_d[n] = [gpu_free[n].tolist(), int(cpu_free[n]), int(mem_free[n])]
                     for g, milli in shares:
                         r[0][g] += milli
                     r[1] += cpu
@@ -301,13 +303,14 @@ def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float,
                     touched.add(n)
                 for n in touched:
                     before = fits.get(n, int(base_fit[n]))
-                    fits[n] = room.fit_one(*rows[n], n)
+                    fits[n] = room.fit_one(*rows_d[n], n)
                     if level is not TopologyLevel.NODE:
                         space += fits[n] - before
                 if level is TopologyLevel.NODE:
                     space = max(fits.values(), default=0)
                 if space >= room.want:
-                    key = (stuck, ci, sum(cost[i][1] for i in taken), len(taken), d)
+                    lost = sum(cands[i].gpu_seconds_at_risk(now) for i in taken)
+                    key = (stuck, ci, lost, len(taken), d)
                     found.append((key, taken))
                     if len(found) >= per_level:
                         found.sort(key=lambda kv: kv[0])
@@ -480,12 +483,11 @@ def _narrowed(tries: list[Attempt], room: RoomEstimate) -> list[Attempt]:
     the flavor that needs preemption), then with all. Otherwise a borrower on nodes the gang may not
     use (spot, for work that must stay on-demand) could be taken first, and the borrowing team would
     then no longer borrow: the gang would wait forever behind the borrower it could have displaced."""
-    index = room.snap.shape.index
-    eligible = room.eligible.tolist()
+    rows_of = room.snap.shape.rows_of
+    eligible = set(np.flatnonzero(room.eligible).tolist())
     out = []
     for a in tries:
-        useful = tuple(c for c in a.candidates if any(eligible[index[p.node]] for p in c.placements
-                                                      if p.node in index))
+        useful = tuple(c for c, r in zip(a.candidates, rows_of(a.candidates)) if not eligible.isdisjoint(r.nodes))
         if useful and len(useful) < len(a.candidates):
             out.append(Attempt(useful, a.allow_borrowing))
         out.append(a)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from airflow_gpu.core.model import GPU_MILLI, Gang, Placement, RunningGang
 
@@ -131,8 +132,16 @@ class QuotaBook:
     def team(self, name: str) -> TeamQuota | None:
         return self.teams.get(name)
 
-    def cohort_members(self, cohort: str) -> list[TeamQuota]:
-        return [t for t in self.teams.values() if t.cohort == cohort]
+    def cohort_members(self, cohort: str) -> tuple[TeamQuota, ...]:
+        return self._cohorts.get(cohort, ())
+
+    @cached_property
+    def _cohorts(self) -> dict[str, tuple[TeamQuota, ...]]:
+        """Cohort -> its teams, grouped once (every quota check of every admission reads it)."""
+        out: dict[str, list[TeamQuota]] = defaultdict(list)
+        for t in self.teams.values():
+            out[t.cohort].append(t)
+        return {c: tuple(ts) for c, ts in out.items()}
 
     def effective_priority(self, running: RunningGang) -> int:
         if running.borrowed and self.borrowed_priority is not None:

@@ -96,6 +96,18 @@ class Placements(MutableMapping):
         return Placements(self._base, dict(self._added), set(self._removed))
 
 
+@dataclass(frozen=True)
+class PlacementRows:
+    """A gang's placements with node indices (ClusterShape.rows), on the nodes the shape knows:
+    preemption planning reads every candidate's placements each cycle (tens of thousands of pods at
+    scale), and resolving node names pod by pod each time cost more than the planning itself."""
+
+    spots: tuple[tuple[int, tuple[tuple[int, int], ...], int, int], ...]  # (node, gpu shares, cpu, memory)
+    nodes: tuple[int, ...]  # the spots' nodes
+    flat_spots: tuple[int, ...]  # node, cpu, memory of every spot, one after the other (numpy reads it at once)
+    flat_shares: tuple[int, ...]  # node, GPU index, milli of every GPU share of every spot
+
+
 class OverCommitError(ValueError):
     """assume() would take more than a node has free, or forget() releases something never assumed."""
 
@@ -115,6 +127,7 @@ class ClusterShape:
     mig_profiles: tuple[str, ...]  # distinct MIG profiles over all nodes
     mig_cap: np.ndarray  # [N, P] int
     _mask_cache: dict = field(default_factory=dict)
+    _rows: dict = field(default_factory=dict)  # id(placements tuple) -> (the tuple, PlacementRows)
 
     @classmethod
     def from_nodes(cls, nodes) -> ClusterShape:
@@ -166,6 +179,33 @@ class ClusterShape:
             return self.cached_mask(("product", ()), lambda: np.ones(len(self.nodes), dtype=bool))
         ids = [self.products.index(p) for p in products if p in self.products]
         return self.cached_mask(("product", products), lambda: np.isin(self.product_id, ids))
+
+    def rows(self, placements: tuple[Placement, ...]) -> PlacementRows:
+        """`placements` (a RunningGang's tuple: immutable, so cached by identity while it lives)
+        as node-index rows; placements on nodes the shape does not know are left out."""
+        cacheable = isinstance(placements, tuple)
+        hit = self._rows.get(id(placements)) if cacheable else None
+        if hit is not None and hit[0] is placements:
+            return hit[1]
+        index = self.index
+        spots = tuple((index[p.node], p.gpu_shares, p.cpu_milli, p.memory_mib) for p in placements if p.node in index)
+        rows = PlacementRows(spots, tuple(s[0] for s in spots), tuple(x for s in spots for x in (s[0], s[2], s[3])),
+                             tuple(x for s in spots for g, milli in s[1] for x in (s[0], g, milli)))
+        if cacheable:
+            if len(self._rows) >= 250_000:  # gangs come and go: start again rather than grow without bound
+                self._rows.clear()
+            self._rows[id(placements)] = (placements, rows)
+        return rows
+
+    def rows_of(self, gangs) -> list[PlacementRows]:
+        """rows() of each gang's placements (RunningGang), in order: preemption asks it of every
+        candidate (thousands), so the cache is read inline."""
+        get, out = self._rows.get, []
+        for g in gangs:
+            placements = g.placements
+            hit = get(id(placements))
+            out.append(hit[1] if hit is not None and hit[0] is placements else self.rows(placements))
+        return out
 
     @cached_property
     def every_node(self) -> np.ndarray:

@@ -133,18 +133,29 @@ class FragModel:
         access &= (shape.gpu_count > 0)[:, None]
         self.access = access
         self.levels, self.level_of = np.unique(typical.milli, return_inverse=True)  # distinct milli sizes
+        # per free milli v (0..1000) and size level m: (v >= level m) << 32 | v when it holds, else 0;
+        # summed over a node's GPUs: how many GPUs hold level m (high half) and their free milli (low
+        # half), in one gather and one sum instead of a [K, M, G] comparison reduced twice
+        milli = np.arange(GPU_MILLI + 1, dtype=np.int64)[:, None]
+        self.gpu_levels = np.where(milli >= self.levels[None, :], (1 << _HALF) + milli, 0)  # [1001, M]
 
-    def frag(self, free: np.ndarray, cpu: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-        """Fragmentation (GPU milli) of K node states: free [K, G], cpu [K], node index [K]."""
+    def level_sums(self, free: np.ndarray) -> np.ndarray:
+        """[K, M] packed per size level: GPUs big enough (<< 32) | their free milli (free [K, G] in 0..1000)."""
+        return self.gpu_levels[free].sum(axis=1)
+
+    def frag(self, free: np.ndarray, cpu: np.ndarray, nodes: np.ndarray, sums: np.ndarray | None = None) -> np.ndarray:
+        """Fragmentation (GPU milli) of K node states: free [K, G], cpu [K], node index [K]; `sums`:
+        their level_sums when the caller has them (exact integers: the result is the same)."""
         t = self.typical
         total = free.sum(axis=1)
-        ge = free[:, None, :] >= self.levels[None, :, None]  # [K, M, G]
-        cnt = ge.sum(axis=2)[:, self.level_of]  # [K, T] GPUs big enough for t
-        small = (total[:, None] - (free[:, None, :] * ge).sum(axis=2))[:, self.level_of]  # [K, T]
+        if sums is None:
+            sums = self.level_sums(free)
+        cnt = (sums >> _HALF)[:, self.level_of]  # [K, T] GPUs big enough for t
+        small = (total[:, None] - (sums & _LOW))[:, self.level_of]  # [K, T] free milli on GPUs too small for t
         ok = self.access[nodes] & (cnt >= t.count[None, :]) & (cpu[:, None] >= t.cpu[None, :])
         frag = np.where(ok, small, total[:, None]) @ t.freq
         if self.stranding_weight and self.cpu_per_gpu_milli:
-            frag = frag + self.stranding_weight * self.stranded(free, cpu)
+            frag = frag + self.stranding_weight * self._stranded(total, cpu)
         if self.final_waste is not None:
             frag = frag + self.waste_weight * self.final_waste[free].sum(axis=1)
         return frag
@@ -152,7 +163,14 @@ class FragModel:
     def stranded(self, free: np.ndarray, cpu: np.ndarray) -> np.ndarray:
         """GPU milli the node's free CPU cannot feed at the workload's CPU-per-GPU ratio: the
         fragmentation FGD misses, because it asks whether ONE typical pod fits, not how many do."""
-        return np.maximum(0.0, free.sum(axis=1) - np.maximum(cpu, 0) / self.cpu_per_gpu_milli)
+        return self._stranded(free.sum(axis=1), cpu)
+
+    def _stranded(self, total: np.ndarray, cpu: np.ndarray) -> np.ndarray:
+        return np.maximum(0.0, total - np.maximum(cpu, 0) / self.cpu_per_gpu_milli)
+
+
+_HALF = 32  # FragModel.gpu_levels: the count of GPUs in the high half, their milli in the low one
+_LOW = (1 << _HALF) - 1
 
 
 def _score(delta: np.ndarray, divisor: float = 1000.0) -> np.ndarray:
@@ -234,7 +252,10 @@ class FGDScore:
             entry = (np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64))
             self._cache[key] = entry
         score, gpu, ver = entry
-        stale = nodes[ver[nodes] != snap.version[nodes]]
+        if 4 * len(nodes) < len(ver):  # a few nodes (the chosen one, a gang's domain): gather those
+            stale = nodes[ver[nodes] != snap.version[nodes]]
+        else:  # most of the cluster: one comparison, one gather
+            stale = nodes[(ver != snap.version)[nodes]]
         if len(stale):
             before = self.node_frag(snap)[stale]
             free = snap.gpu_free[stale]
@@ -244,7 +265,12 @@ class FGDScore:
                 fits = free >= pod.gpu_milli
                 after = np.repeat(free[:, None, :], g, axis=1)  # [K, G(choice), G]
                 after[:, np.arange(g), np.arange(g)] -= pod.gpu_milli
-                frag_after = model.frag(after.reshape(k * g, g), np.repeat(cpu_after, g), np.repeat(stale, g))
+                # level sums of every choice from the node's: the chosen GPU's entry swapped (exact;
+                # a choice that does not fit is never picked, its row only keeps the batch's shape)
+                levels = model.gpu_levels
+                sums = (model.level_sums(free)[:, None, :] - levels[free]
+                        + levels[np.maximum(free - pod.gpu_milli, 0)]).reshape(k * g, -1)
+                frag_after = model.frag(after.reshape(k * g, g), np.repeat(cpu_after, g), np.repeat(stale, g), sums)
                 delta = frag_after.reshape(k, g) - before[:, None]
                 s = np.where(fits, _score(delta, self.divisor), np.iinfo(np.int64).min)
                 score[stale] = s.max(axis=1)

@@ -32,8 +32,6 @@ class ResourceFit:
         cpu_ok = snap.cpu_free >= pod.cpu_milli
         mem_ok = snap.mem_free >= pod.memory_mib
         ok = gpu_ok & cpu_ok & mem_ok
-        if ok.all():
-            return FilterResult(ok, "")
         gpu_reason = f"insufficient {RESOURCE_MIG_PREFIX}{pod.mig_profile}" if pod.mig_profile else REASON_GPU
 
         def reason():  # GPU first: on a GPU cluster "no GPU" is the actionable part of the message
@@ -49,7 +47,7 @@ class GpuProduct:
 
     def filter(self, snap: Snapshot, pod: PodRequest) -> FilterResult:
         if not pod.gpu_products or not pod.uses_gpu:
-            return FilterResult(_all(snap), "")
+            return _passes_all(snap)
         return FilterResult(
             snap.shape.product_mask(pod.gpu_products),
             f"node(s) with another GPU product (wants {'|'.join(pod.gpu_products)})",
@@ -63,7 +61,7 @@ class NodeSelector:
 
     def filter(self, snap: Snapshot, pod: PodRequest) -> FilterResult:
         if not pod.node_selector:
-            return FilterResult(_all(snap), "")
+            return _passes_all(snap)
         wanted = tuple(sorted(pod.node_selector))
         mask = _nodes_where(snap, ("selector", wanted), lambda node: all(node.label(k) == v for k, v in wanted))
         return FilterResult(mask, REASON_NODE_SELECTOR)
@@ -104,7 +102,7 @@ class CapacityType:
 
     def filter(self, snap: Snapshot, pod: PodRequest) -> FilterResult:
         if not pod.capacity_types:
-            return FilterResult(_all(snap), "")
+            return _passes_all(snap)
         types = tuple(sorted(pod.capacity_types))
         mask = _nodes_where(snap, ("capacity", types), lambda node: node.capacity_type in types)
         return FilterResult(mask, REASON_CAPACITY_TYPE)
@@ -118,8 +116,14 @@ def _nodes_where(snap: Snapshot, cache_key: tuple, predicate) -> np.ndarray:
     )
 
 
-def _all(snap: Snapshot) -> np.ndarray:
-    return snap.shape.every_node
+def _passes_all(snap: Snapshot) -> FilterResult:
+    """The one result of a filter that rejects nothing (run_filters skips it), made once per cluster
+    shape: a placement asks every filter, and most ask nothing of a pod."""
+    cache = snap.shape._mask_cache
+    result = cache.get("passes-all")
+    if result is None:
+        result = cache["passes-all"] = FilterResult(snap.shape.every_node, "")
+    return result
 
 
 def default_filters() -> tuple:
