@@ -8,6 +8,7 @@ import pytest
 import requests
 
 from airflow_gpu.devtools.kube import start_kube_cluster
+from airflow_gpu.devtools.processes import wait_until
 
 
 def _pod(name: str, labels: dict | None = None) -> dict:
@@ -54,7 +55,11 @@ def test_audit_log_records_401s_as_unauthenticated(tmp_path):
         good = requests.get(f"{cluster.server}/api/v1/namespaces/default/pods?probe=admin", verify=verify, timeout=10,
                             headers={"authorization": "Bearer s3cret-token"})
         assert good.status_code == 200
-        events = {e["requestURI"].rsplit("=", 1)[-1]: e for e in cluster.audit_events() if "probe=" in e["requestURI"]}
+
+        def probes():  # the server writes an event at ResponseComplete, after the client has its answer
+            found = {e["requestURI"].rsplit("=", 1)[-1]: e for e in cluster.audit_events() if "probe=" in e["requestURI"]}
+            return found if len(found) == 2 else None
+        events = wait_until(probes, 10, what="both probes in the audit log")
     assert events["nobody"]["user"] == {"username": "system:anonymous", "groups": ["system:unauthenticated"]}
     assert events["nobody"]["responseStatus"]["code"] == 401
     assert events["admin"]["user"]["groups"] == ["system:masters"]
