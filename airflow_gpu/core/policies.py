@@ -79,7 +79,6 @@ def make_profile(
     without spot nodes, or for pods with one capacity type, it changes nothing.
     """
     profile = _make_profile(name, typical, rng, tie_rank)
-    # every policy takes a pod's preferred capacity type first (spot first for spot-eligible work)
     profile.scores = profile.scores + ((CapacityPreference(), CAPACITY_PREFERENCE_WEIGHT),)
     if prefer_products:
         profile.scores = profile.scores + ((GpuProductPreference(), 1.0),)

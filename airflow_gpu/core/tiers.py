@@ -75,7 +75,7 @@ def decide(
         priority=priority if priority is not None else policy.priority,
         preemptible=policy.preemptible,
         spot_eligible=spot,
-        members=confine_to_eligible_capacity(members, spot, policy.spot_fallback and checkpointable),
+        members=confine_to_eligible_capacity(members, spot, is_spot_eligible(policy.spot_fallback, checkpointable)),
     )
 
 

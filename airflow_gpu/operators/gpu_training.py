@@ -510,7 +510,7 @@ class GpuTrainingOperator(BaseOperator):
             if outcome.status == "disrupted":
                 cause = outcome.disruption_kind
                 if cause == CAUSE_INTERRUPTION:
-                    metrics.count_interruption(self.team, self.tier, product, run.get("capacity") or "unknown")
+                    metrics.count_interruption(self.team, self.tier, product, run.get("capacity") or CAPACITY_UNKNOWN)
                 metrics.count_lost_gpu_seconds(self.team, self.tier, cause, max(0.0, lost_gpu_seconds))
         except Exception as exc:  # noqa: BLE001 - a metric never fails the task
             self.log.warning("could not emit metrics: %s", exc)

@@ -180,7 +180,7 @@ def _unit_gangs(job: Job, platform: Platform, tiers: dict[str, TierRule],
     worker = job.worker if platform.shares else whole_gpus(job.worker)
     checkpointable = job.checkpointable and platform.checkpoints
     eligible = platform.spot and is_spot_eligible(rule.spot_eligible, checkpointable)
-    fallback = platform.spot and platform.spot_fallback and rule.spot_fallback and checkpointable
+    fallback = platform.spot and platform.spot_fallback and is_spot_eligible(rule.spot_fallback, checkpointable)
     priority = 0 if platform.queue == "fifo" else rule.priority
     members = tuple(replace(worker, name=f"{job.name}/w{i}") for i in range(job.workers))
     members = confine_to_eligible_capacity(members, eligible, fallback)
