@@ -3,7 +3,7 @@
     airflow-gpu simulate inflation --nodes CSV --pods CSV --policy NAME --seed N [--ratio 1.3]
                                    [--scale K] [--json] [--assignments FILE] [--bound]
     airflow-gpu simulate replay (--pods CSV --nodes CSV | --seed-scenario) [--capacity F] [--seed N]
-                                [--platforms a,b] [--json] [--events DIR] [--plots DIR] [--report FILE]
+                                [--platforms a,b] [--jobs N] [--json] [--events DIR] [--plots DIR] [--report FILE]
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ def _register_replay(modes) -> None:
     rp.add_argument("--reservation-hold", type=float, default=3600.0, metavar="S",
                     help="a reservation of unknown start holds its nodes at most S s in a row, then pauses S s "
                          "(core.queue.ReservationHold); 0: unbounded (default 3600)")
+    rp.add_argument("--jobs", type=int, default=None, metavar="N",
+                    help="replay the platforms in N processes (default: one per CPU; 1: one after another)")
     rp.add_argument("--json", action="store_true", help="print one JSON object")
     rp.add_argument("--events", type=Path, help="write <platform>.csv (every job attempt) and quota JSON here")
     rp.add_argument("--plots", type=Path, help="write utilization.png, wait_cdf.png, ablations.png here")
@@ -74,7 +76,7 @@ def _register_replay(modes) -> None:
 
 
 def _replay(args) -> int:
-    from airflow_gpu.sim.replay import PLATFORMS, replay
+    from airflow_gpu.sim.replay import PLATFORMS, replay_platforms
     from airflow_gpu.sim.replay_report import markdown, plot, summarize, write_events
     from airflow_gpu.sim.settings import DEFAULT_CONFIG, openb_setting, seed_setting
     from airflow_gpu.sim.traces import TraceError, trace_name
@@ -91,6 +93,9 @@ def _replay(args) -> int:
         return 2
     if args.duration_estimate < 0:
         print(f"--duration-estimate must be >= 0 (0: no estimate), got {args.duration_estimate}", file=sys.stderr)
+        return 2
+    if args.jobs is not None and args.jobs < 1:
+        print(f"--jobs must be >= 1 (1: one platform after another), got {args.jobs}", file=sys.stderr)
         return 2
     if args.reservation_hold < 0:
         print(f"--reservation-hold must be >= 0 (0: unbounded), got {args.reservation_hold}", file=sys.stderr)
@@ -120,17 +125,15 @@ def _replay(args) -> int:
     from dataclasses import replace as _with
 
     setting = _with(setting, duration_estimate=args.duration_estimate, reservation_hold=args.reservation_hold)
-    results = []
-    for name in names:
-        if sys.stderr.isatty():
-            from rich.progress import Progress
+    if sys.stderr.isatty():
+        from rich.progress import Progress
 
-            with Progress(transient=True) as bar:
-                task = bar.add_task(name, total=None)
-                results.append(replay(setting, PLATFORMS[name],
-                                      progress=lambda d, t: bar.update(task, completed=d, total=t)))
-        else:
-            results.append(replay(setting, PLATFORMS[name]))
+        with Progress(transient=True) as bar:
+            tasks = {name: bar.add_task(name, total=None) for name in names}
+            results = replay_platforms(setting, names, args.jobs,
+                                       progress=lambda n, d, t: bar.update(tasks[n], completed=d, total=t))
+    else:
+        results = replay_platforms(setting, names, args.jobs)
     doc = {"trace": trace, "capacity": args.capacity, "seed": args.seed, "duration_estimate": args.duration_estimate,
            "reservation_hold": args.reservation_hold,
            "nodes": len(setting.nodes), "gpus": sum(n.gpu_count for n in setting.nodes), "jobs": len(setting.jobs),
