@@ -201,8 +201,9 @@ print(json.dumps({"unshare": run.returncode, "stderr": run.stderr.strip()}), flu
 
 
 def test_seccomp_runtime_default_is_enforced_and_unconfined_is_not(kube_cluster, ns):
-    """RuntimeDefault is containerd's default profile: keyctl, unshare and odd personalities get EPERM,
-    while the same calls work outside and in an Unconfined container of the same pod spec."""
+    """RuntimeDefault is containerd's default profile: keyctl, unshare and odd personalities get EPERM
+    (also under `kubectl exec`). keyctl works in an Unconfined container of the same pod spec, unshare
+    --user outside (inside, the container's chroot refuses a user namespace whatever its profile)."""
     core = kube_cluster.core()
     runtime_default = {"seccompProfile": {"type": "RuntimeDefault"}}
     core.create_namespaced_pod(ns, pod("confined", runtime_default, script=PRIVILEGED_OPS))

@@ -36,8 +36,6 @@ MAX_ID = 2147483647
 # containerd's default capabilities for a container (pkg/oci/spec.go defaultUnixCaps, v2.3.4)
 DEFAULT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID", "SETFCAP",
                 "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE")
-
-
 CAP_SETPCAP = 8
 
 
@@ -65,7 +63,9 @@ class Identity:
     def argv(self) -> list[str]:
         """The prefix of the command line: the seccomp loader, then `setpriv` (empty when nothing changes).
         Raises seccomp.SeccompUnavailable when the profile cannot be compiled."""
-        out = seccomp.loader_argv(seccomp.runtime_default(DEFAULT_CAPS if self.caps is None else self.caps)) if self.seccomp else []
+        out = []
+        if self.seccomp:  # compiled for the container's bounding set, as containerd does
+            out = seccomp.loader_argv(seccomp.runtime_default(DEFAULT_CAPS if self.caps is None else self.caps))
         if not (self.changes_user or self.no_new_privs or self.caps is not None):
             return out
         out.append(SETPRIV)
