@@ -222,3 +222,20 @@ def test_seccomp_runtime_default_is_enforced_and_unconfined_is_not(kube_cluster,
     execd = kube_cluster.kubectl("exec", "sleeper", "-n", ns, "--", "setarch", "-R", "true", check=False)
     assert execd.returncode != 0 and "Operation not permitted" in execd.stderr  # personality(ADDR_NO_RANDOMIZE)
     core.delete_namespaced_pod("sleeper", ns, grace_period_seconds=0)
+
+
+def test_the_runtime_default_profile_follows_the_containers_capabilities():
+    """As containerd's DefaultProfile: CAP_SYS_ADMIN in the bounding set allows unshare (a user namespace
+    here, outside any chroot), the default set does not; clone3 answers ENOSYS so libc falls back."""
+    from airflow_gpu.localcluster import seccomp
+    from airflow_gpu.localcluster.security import DEFAULT_CAPS
+
+    def run(caps, *argv):
+        return subprocess.run(seccomp.loader_argv(seccomp.runtime_default(caps)) + list(argv),
+                              capture_output=True, text=True)
+    denied = run(DEFAULT_CAPS, "unshare", "--user", "true")
+    assert denied.returncode == 1 and "Operation not permitted" in denied.stderr
+    assert run((*DEFAULT_CAPS, "SYS_ADMIN"), "unshare", "--user", "true").returncode == 0
+    clone3 = run(DEFAULT_CAPS, sys.executable, "-c", "import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+                 "print(libc.syscall(435, None, 0), ctypes.get_errno())")  # clone3(NULL, 0)
+    assert clone3.stdout.split() == ["-1", "38"]  # ENOSYS
