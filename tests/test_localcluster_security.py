@@ -6,6 +6,7 @@ cannot be given."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import uuid
 
@@ -142,3 +143,99 @@ def test_accepted_profiles_are_not_refused(kube_cluster, ns):
         {"appArmorProfile": {"type": "RuntimeDefault"}}))
     assert created.spec.security_context.seccomp_profile.type == "RuntimeDefault"
     assert report(kube_cluster, ns, "accepted")["uid"] == 0
+
+
+PRIVILEGED_OPS = """
+import ctypes, errno, json, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def call(result):
+    return "ok" if result == 0 else errno.errorcode[ctypes.get_errno()]
+name = socket.gethostname().encode()
+os.makedirs("/mnt/probe", exist_ok=True)
+print(json.dumps({
+    "cap_bnd": next(l.split()[1] for l in open("/proc/self/status") if l.startswith("CapBnd:")),
+    "cap_inh": next(l.split()[1] for l in open("/proc/self/status") if l.startswith("CapInh:")),
+    "mount": call(libc.mount(b"tmpfs", b"/mnt/probe", b"tmpfs", 0, None)),  # its own mount namespace
+    "sethostname": call(libc.sethostname(name, len(name))),  # the same name: the host's stays as it is
+    "nice": call(libc.setpriority(0, 0, -1)),  # raising its priority takes CAP_SYS_NICE
+    # keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, create): needs no capability
+    "keyctl": "ok" if libc.syscall(250, 0, -3, 1) >= 0 else errno.errorcode[ctypes.get_errno()],
+}), flush=True)
+"""
+DEFAULT_CAPS_MASK = sum(1 << bit for bit in (0, 1, 4, 3, 27, 13, 6, 7, 31, 8, 10, 18, 5, 29))  # containerd's 14
+
+
+def test_every_container_gets_the_runtimes_default_capabilities(kube_cluster, ns):
+    """A container naming no capabilities has containerd's default set, as on a node: it cannot mount,
+    set the host name or raise its priority; `add` adds exactly what it names; privileged keeps them all."""
+    core = kube_cluster.core()
+    core.create_namespaced_pod(ns, pod("plain", script=PRIVILEGED_OPS))
+    core.create_namespaced_pod(ns, pod("net-admin", sc={"capabilities": {"add": ["NET_ADMIN"]}}, script=PRIVILEGED_OPS))
+    core.create_namespaced_pod(ns, pod("privileged", sc={"privileged": True}, script=PRIVILEGED_OPS))
+    plain = report(kube_cluster, ns, "plain")
+    assert int(plain["cap_bnd"], 16) == DEFAULT_CAPS_MASK and plain["cap_inh"] == "0000000000000000"
+    assert (plain["mount"], plain["sethostname"], plain["nice"]) == ("EPERM", "EPERM", "EACCES")
+    assert plain["keyctl"] == "ok"  # no seccomp profile named: Unconfined, the kubelet's default
+    net_admin = report(kube_cluster, ns, "net-admin")
+    assert int(net_admin["cap_bnd"], 16) == DEFAULT_CAPS_MASK | 1 << 12  # CAP_NET_ADMIN
+    own_bounding = next(int(l.split()[1], 16) for l in open("/proc/self/status") if l.startswith("CapBnd:"))
+    privileged = report(kube_cluster, ns, "privileged")
+    assert int(privileged["cap_bnd"], 16) == own_bounding  # the cluster's, started by this test process
+    assert (privileged["mount"], privileged["sethostname"], privileged["nice"]) == ("ok", "ok", "ok")
+
+
+def test_kubectl_exec_has_the_containers_capabilities(kube_cluster, ns):
+    core = kube_cluster.core()
+    core.create_namespaced_pod(ns, pod("sleeper", script="import time; time.sleep(60)"))
+    wait_until(lambda: core.read_namespaced_pod("sleeper", ns).status.phase == "Running", 30, 0.1, "running")
+    out = kube_cluster.kubectl("exec", "sleeper", "-n", ns, "--", "grep", "CapEff", "/proc/self/status").stdout
+    assert int(out.split()[1], 16) == DEFAULT_CAPS_MASK
+    core.delete_namespaced_pod("sleeper", ns, grace_period_seconds=0)
+
+
+UNSHARE_USER = """
+import json, subprocess
+run = subprocess.run(["unshare", "--user", "true"], capture_output=True, text=True)
+print(json.dumps({"unshare": run.returncode, "stderr": run.stderr.strip()}), flush=True)
+"""
+
+
+def test_seccomp_runtime_default_is_enforced_and_unconfined_is_not(kube_cluster, ns):
+    """RuntimeDefault is containerd's default profile: keyctl, unshare and odd personalities get EPERM
+    (also under `kubectl exec`). keyctl works in an Unconfined container of the same pod spec, unshare
+    --user outside (inside, the container's chroot refuses a user namespace whatever its profile)."""
+    core = kube_cluster.core()
+    runtime_default = {"seccompProfile": {"type": "RuntimeDefault"}}
+    core.create_namespaced_pod(ns, pod("confined", runtime_default, script=PRIVILEGED_OPS))
+    core.create_namespaced_pod(ns, pod("unconfined", runtime_default, {"seccompProfile": {"type": "Unconfined"}},
+                                       script=PRIVILEGED_OPS))
+    core.create_namespaced_pod(ns, pod("unshare", sc=runtime_default, script=UNSHARE_USER))
+    confined, unconfined = report(kube_cluster, ns, "confined"), report(kube_cluster, ns, "unconfined")
+    assert confined["keyctl"] == "EPERM" and unconfined["keyctl"] == "ok"
+    assert (confined["mount"], confined["nice"]) == ("EPERM", "EACCES")
+    unshare = report(kube_cluster, ns, "unshare")
+    assert unshare["unshare"] == 1 and "Operation not permitted" in unshare["stderr"]
+    assert subprocess.run(["unshare", "--user", "true"]).returncode == 0  # outside: allowed
+    sleeper = pod("sleeper", runtime_default, script="import time; time.sleep(60)")
+    core.create_namespaced_pod(ns, sleeper)
+    wait_until(lambda: core.read_namespaced_pod("sleeper", ns).status.phase == "Running", 30, 0.1, "running")
+    execd = kube_cluster.kubectl("exec", "sleeper", "-n", ns, "--", "setarch", "-R", "true", check=False)
+    assert execd.returncode != 0 and "Operation not permitted" in execd.stderr  # personality(ADDR_NO_RANDOMIZE)
+    core.delete_namespaced_pod("sleeper", ns, grace_period_seconds=0)
+
+
+def test_the_runtime_default_profile_follows_the_containers_capabilities():
+    """As containerd's DefaultProfile: CAP_SYS_ADMIN in the bounding set allows unshare (a user namespace
+    here, outside any chroot), the default set does not; clone3 answers ENOSYS so libc falls back."""
+    from airflow_gpu.localcluster import seccomp
+    from airflow_gpu.localcluster.security import DEFAULT_CAPS
+
+    def run(caps, *argv):
+        return subprocess.run(seccomp.loader_argv(seccomp.runtime_default(caps)) + list(argv),
+                              capture_output=True, text=True)
+    denied = run(DEFAULT_CAPS, "unshare", "--user", "true")
+    assert denied.returncode == 1 and "Operation not permitted" in denied.stderr
+    assert run((*DEFAULT_CAPS, "SYS_ADMIN"), "unshare", "--user", "true").returncode == 0
+    clone3 = run(DEFAULT_CAPS, sys.executable, "-c", "import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+                 "print(libc.syscall(435, None, 0), ctypes.get_errno())")  # clone3(NULL, 0)
+    assert clone3.stdout.split() == ["-1", "38"]  # ENOSYS

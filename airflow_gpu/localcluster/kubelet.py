@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from airflow_gpu import constants as C
-from airflow_gpu.localcluster import errors, security
+from airflow_gpu.localcluster import errors, seccomp, security
 from airflow_gpu.localcluster.containerlog import LogReader, LogWriter
 from airflow_gpu.localcluster.events import Recorder
 from airflow_gpu.localcluster import isolation
@@ -119,6 +119,11 @@ class Kubelet:
         self.isolation_problem = probe(state_dir) if isolation == "mountns" else None
         if self.isolation_problem:
             log.warning("kubelet: containers with a command will not start: %s; %s", self.isolation_problem, ISOLATION_FIX)
+        # a container naming no capabilities gets the runtime's default set only where they can be dropped
+        self.can_drop_caps = security.can_drop_capabilities()
+        if not self.can_drop_caps:
+            log.warning("kubelet: this process cannot drop capabilities (it needs CAP_SETPCAP and util-linux's "
+                        "setpriv): containers naming none run with the cluster's, not the runtime's default set")
         self.runs: dict[str, PodRun] = {}  # by pod uid
         self.unresponsive: set[str] = set()  # nodes whose kubelet does not talk to the API (NotReady fault)
         self.devices = Devices()
@@ -425,11 +430,11 @@ class Kubelet:
         pumps = []
         if command:
             plan = None
-            who = security.identity(pod, c.spec)
+            who = security.identity(pod, c.spec, self.can_drop_caps)
             if self.isolation_problem:
                 return self._start_error(run, c, pod, log, "failed to create task for container: the container's "
                                          f"filesystem cannot be confined: {self.isolation_problem}; {ISOLATION_FIX}")
-            if who.argv() and (security.SETPRIV is None or os.geteuid() != 0):
+            if who.needs_setpriv and (security.SETPRIV is None or os.geteuid() != 0):
                 return self._start_error(run, c, pod, log, "failed to create task for container: its securityContext "
                                          "(user, groups, capabilities or no_new_privs) needs the cluster to run as root "
                                          "with util-linux's setpriv")
@@ -451,7 +456,11 @@ class Kubelet:
                 # as the runtime's exec reports it (under dumb-init it would only be a failed exit)
                 return self._start_error(run, c, pod, log, f'failed to create task for container: exec: '
                                                            f'"{command[0]}": executable file not found in $PATH')
-            argv = who.argv() + command  # dumb-init, in the PID namespace, runs setpriv, which runs the command
+            try:  # dumb-init, in the PID namespace, runs the seccomp loader, setpriv, then the command
+                argv = who.argv() + command
+            except seccomp.SeccompUnavailable as exc:
+                return self._start_error(run, c, pod, log, f"failed to create task for container: seccomp "
+                                                           f"profile RuntimeDefault: {exc}")
             argv = isolation.container_argv(argv) if plan is not None else argv
             try:
                 c.proc = await asyncio.create_subprocess_exec(

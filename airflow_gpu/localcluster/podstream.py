@@ -211,8 +211,9 @@ class PodStreams:
     # --- exec -----------------------------------------------------------------------------------
     async def _exec(self, session: Session, pod: dict, run, c, command: list[str], flag: dict) -> None:
         env = self.kubelet.env.build(run, c, pod)
-        # as the container's own processes: its user, groups, capabilities (securityContext)
-        argv = security.identity(pod, c.spec).argv() + [VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), a)
+        # as the container's own processes: its user, groups, capabilities, seccomp profile (securityContext);
+        # its profile was compiled when it started
+        argv = security.identity(pod, c.spec, self.kubelet.can_drop_caps).argv() + [VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), a)
                                                         for a in command]
         master = None
         if self.kubelet.isolation == "mountns" and c.proc is not None:

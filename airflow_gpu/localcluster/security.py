@@ -9,11 +9,17 @@ Honoured (the cluster runs as root, as in CI):
   kubelet's message, the pod stays Pending.
 - readOnlyRootFilesystem: the container's copy-on-write root (and its working dir) is remounted
   read-only; volumes and /dev/shm stay writable.
-- allowPrivilegeEscalation: false -> no_new_privs. capabilities add/drop: the bounding set becomes the
-  container runtime's default set plus `add` minus `drop` (only when the container names capabilities;
-  a container without them, or privileged, keeps the cluster's capabilities).
-Accepted and not enforced (a local process has no such runtime): seccompProfile and appArmorProfile
-RuntimeDefault / Unconfined, seLinuxOptions (ignored, as by a node without SELinux), the change policies.
+- allowPrivilegeEscalation: false -> no_new_privs.
+- capabilities: every container that is not privileged runs with containerd's default bounding set
+  (DEFAULT_CAPS) plus `add` minus `drop`, named or not, and an empty inheritable set, as a node's
+  runtime gives them: a root process has exactly those, a non-root one none. privileged: true keeps all
+  the cluster's. Where the cluster cannot drop capabilities (no CAP_SETPCAP: not run as root) a
+  container naming none keeps the cluster's, and one naming some does not start.
+- seccompProfile RuntimeDefault (the container's, else the pod's): containerd's default profile
+  (seccomp.py) for the container's capabilities, also for `kubectl exec`; Unconfined, no profile
+  (the kubelet's default without SeccompDefault) and privileged containers run unconfined.
+Accepted and not enforced (a local process has no such runtime): appArmorProfile RuntimeDefault /
+Unconfined, seLinuxOptions (ignored, as by a node without SELinux), the change policies.
 Refused at admission with 422 (nothing here could apply them): sysctls, Localhost seccomp and AppArmor
 profiles, procMount Unmasked, Windows host processes.
 """
@@ -23,11 +29,14 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 
+from airflow_gpu.localcluster import seccomp
+
 SETPRIV = shutil.which("setpriv")
 MAX_ID = 2147483647
-# containerd's default capabilities for a container (oci.WithDefaultSpec / defaultUnixCaps)
+# containerd's default capabilities for a container (pkg/oci/spec.go defaultUnixCaps, v2.3.4)
 DEFAULT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID", "SETFCAP",
                 "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE")
+CAP_SETPCAP = 8
 
 
 @dataclass(frozen=True)
@@ -38,17 +47,28 @@ class Identity:
     groups: tuple[int, ...] = ()
     read_only_root: bool = False
     no_new_privs: bool = False
-    caps: tuple[str, ...] | None = None
+    caps: tuple[str, ...] | None = None  # the bounding set
+    caps_named: bool = False  # the container asked for capabilities: they must be set or it must not run
+    seccomp: bool = False  # RuntimeDefault
 
     @property
     def changes_user(self) -> bool:
         return self.uid is not None or self.gid is not None or bool(self.groups)
 
+    @property
+    def needs_setpriv(self) -> bool:
+        """What only setpriv, run by root, can give; default capabilities are dropped only where possible."""
+        return self.changes_user or self.no_new_privs or self.caps_named
+
     def argv(self) -> list[str]:
-        """The `setpriv` prefix of the command line (empty when nothing changes)."""
+        """The prefix of the command line: the seccomp loader, then `setpriv` (empty when nothing changes).
+        Raises seccomp.SeccompUnavailable when the profile cannot be compiled."""
+        out = []
+        if self.seccomp:  # compiled for the container's bounding set, as containerd does
+            out = seccomp.loader_argv(seccomp.runtime_default(DEFAULT_CAPS if self.caps is None else self.caps))
         if not (self.changes_user or self.no_new_privs or self.caps is not None):
-            return []
-        out = [SETPRIV]
+            return out
+        out.append(SETPRIV)
         if self.changes_user:
             out += [f"--reuid={self.uid if self.uid is not None else 0}",
                     f"--regid={self.gid if self.gid is not None else 0}"]
@@ -56,31 +76,47 @@ class Identity:
         if self.no_new_privs:
             out.append("--no-new-privs")
         if self.caps is not None:
-            caps = ",".join(["-all"] + [f"+{c.lower()}" for c in self.caps])
-            out += [f"--bounding-set={caps}", f"--inh-caps={caps}"]
+            # the runtime sets no inheritable capabilities (runc since CVE-2022-24769); a root process then
+            # gets its bounding set at exec, a non-root one nothing
+            out += [f"--bounding-set={','.join(['-all'] + [f'+{c.lower()}' for c in self.caps])}", "--inh-caps=-all"]
         return out + ["--"]
+
+
+def can_drop_capabilities() -> bool:
+    """Whether this process can narrow a child's bounding set (CAP_SETPCAP, setpriv)."""
+    try:
+        with open("/proc/self/status") as fh:
+            effective = next(int(line.split()[1], 16) for line in fh if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        return False
+    return SETPRIV is not None and bool(effective & (1 << CAP_SETPCAP))
 
 
 def _contexts(pod: dict, container: dict) -> tuple[dict, dict]:
     return (pod.get("spec") or {}).get("securityContext") or {}, container.get("securityContext") or {}
 
 
-def identity(pod: dict, container: dict) -> Identity:
-    """The effective security context (the container's fields over the pod's) of one container."""
+def identity(pod: dict, container: dict, can_drop_caps: bool = True) -> Identity:
+    """The effective security context (the container's fields over the pod's) of one container.
+    can_drop_caps: whether the cluster can give a container the default set (can_drop_capabilities)."""
     pod_sc, sc = _contexts(pod, container)
     uid = sc.get("runAsUser", pod_sc.get("runAsUser"))
     gid = sc.get("runAsGroup", pod_sc.get("runAsGroup"))
     groups = [*(pod_sc.get("supplementalGroups") or [])]
     if pod_sc.get("fsGroup") is not None:
         groups.append(pod_sc["fsGroup"])
-    caps = None
+    privileged = bool(sc.get("privileged"))
     wanted = sc.get("capabilities") or {}
-    if not sc.get("privileged") and (wanted.get("add") or wanted.get("drop")):
+    named = not privileged and bool(wanted.get("add") or wanted.get("drop"))
+    caps = None
+    if named or (not privileged and can_drop_caps):
         drop = {_cap(c) for c in wanted.get("drop") or []}
         base = () if "ALL" in drop else DEFAULT_CAPS
         caps = tuple(dict.fromkeys(c for c in [*base, *map(_cap, wanted.get("add") or [])] if c not in drop))
+    profile = (sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}).get("type")
     return Identity(uid, gid, tuple(dict.fromkeys(groups)), bool(sc.get("readOnlyRootFilesystem")),
-                    sc.get("allowPrivilegeEscalation") is False, caps)
+                    sc.get("allowPrivilegeEscalation") is False, caps, named,
+                    profile == "RuntimeDefault" and not privileged)
 
 
 def _cap(name: str) -> str:
@@ -135,7 +171,7 @@ def _common_causes(sc: dict, where: str) -> list[tuple[str, str, str]]:
         if (sc.get(field) or {}).get("type") == "Localhost":
             out.append((f"{where}.{field}.type", "FieldValueForbidden",
                         f"Forbidden: Localhost {kind} profiles cannot be loaded by the local cluster (its containers "
-                        "are host processes); use RuntimeDefault or Unconfined, which it accepts without enforcing"))
+                        "are host processes); use RuntimeDefault or Unconfined"))
     if (sc.get("windowsOptions") or {}).get("hostProcess"):
         out.append((f"{where}.windowsOptions.hostProcess", "FieldValueForbidden",
                     "Forbidden: the local cluster's nodes are Linux"))
