@@ -233,9 +233,9 @@ def pool_state(book: QuotaBook, usage: QuotaUsage, cohort: str, key: QuotaKey) -
     """(size of the cohort's lendable pool, how much of it is drawn) for one key."""
     size = drawn = 0
     for t in book.cohort_members(cohort):
-        n = t.n(key)
-        size += n - t.kept(key)
-        drawn += max(0, usage.of(t.team, key) - t.kept(key))
+        kept = t.kept(key)  # once per team: every admission's quota check walks the whole cohort
+        size += t.n(key) - kept
+        drawn += max(0, usage.of(t.team, key) - kept)
     return size, drawn
 
 
@@ -254,9 +254,8 @@ def check(book: QuotaBook, usage: QuotaUsage, team: str, demand: Mapping[QuotaKe
         n, b, g = tq.n(key), tq.b(key), tq.kept(key)
         u = usage.of(team, key)
         after = u + d
-        name = key_name(key)
         if after > n + b:
-            limit = f"{fmt_amount(key, n)} {name}"
+            limit = f"{fmt_amount(key, n)} {key_name(key)}"
             if b:
                 limit += f" (+{fmt_amount(key, b)} borrowable)"
             return QuotaVerdict(False, reason=f"team quota: {team} uses {fmt_amount(key, u)} of {limit}; "
@@ -268,11 +267,11 @@ def check(book: QuotaBook, usage: QuotaUsage, team: str, demand: Mapping[QuotaKe
             if after <= n:
                 # Within its guarantee: short only because others borrowed its lendable part.
                 return QuotaVerdict(False, reason=f"team quota: {team} uses {fmt_amount(key, u)} of "
-                                                  f"{fmt_amount(key, n)} {name} but other teams borrowed it; "
+                                                  f"{fmt_amount(key, n)} {key_name(key)} but other teams borrowed it; "
                                                   f"reclaiming {fmt_amount(key, drawn + extra - size)}",
                                     reclaimable=True, pool_key=key, pool_size=size)
             return QuotaVerdict(False, reason=f"cohort quota: {team} would borrow "
-                                              f"{fmt_amount(key, after - n)} {name} beyond its "
+                                              f"{fmt_amount(key, after - n)} {key_name(key)} beyond its "
                                               f"{fmt_amount(key, n)}; {fmt_amount(key, idle)} idle in cohort "
                                               f"{tq.cohort}", pool_key=key, pool_size=size)
         if after > n:
