@@ -67,6 +67,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'all':22s} wall {wall_all:7.1f} s  cpu {cpu_all:7.1f} s (this process and its workers)  "
           f"{jobs} process(es)  cpus {os.cpu_count()}  load {os.getloadavg()[0]:.2f}  target 60 s  "
           f"ratio {wall_all / 60:.2f}")
+    # on a machine loaded by others the wall clock says little: the CPU the platforms took, spread
+    # over the workers, is what the run would take with the cores to itself (a lower bound)
+    cpu_platforms = sum(r.cpu_seconds for r in results)
+    print(f"{'':22s} cpu of the platforms {cpu_platforms:7.1f} s; / {jobs} process(es) = {cpu_platforms / jobs:.1f} s")
 
 
 def _cpu_with_children() -> float:

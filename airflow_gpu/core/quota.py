@@ -143,6 +143,20 @@ class QuotaBook:
             out[t.cohort].append(t)
         return {c: tuple(ts) for c, ts in out.items()}
 
+    def pool_shape(self, cohort: str, key: QuotaKey) -> tuple[int, tuple[tuple[str, int], ...]]:
+        """(size of the cohort's lendable pool for `key`, (team, kept quota) per member): static, so
+        built once per key (pool_state runs in every quota check of every admission)."""
+        shape = self._pool_shapes.get((cohort, key))
+        if shape is None:
+            members = self.cohort_members(cohort)
+            kept = tuple((t.team, t.kept(key)) for t in members)
+            shape = self._pool_shapes[(cohort, key)] = (sum(t.n(key) for t in members) - sum(k for _, k in kept), kept)
+        return shape
+
+    @cached_property
+    def _pool_shapes(self) -> dict[tuple[str, QuotaKey], tuple[int, tuple[tuple[str, int], ...]]]:
+        return {}
+
     def effective_priority(self, running: RunningGang) -> int:
         if running.borrowed and self.borrowed_priority is not None:
             return min(running.gang.priority, self.borrowed_priority)
@@ -231,12 +245,8 @@ class QuotaVerdict:
 
 def pool_state(book: QuotaBook, usage: QuotaUsage, cohort: str, key: QuotaKey) -> tuple[int, int]:
     """(size of the cohort's lendable pool, how much of it is drawn) for one key."""
-    size = drawn = 0
-    for t in book.cohort_members(cohort):
-        n = t.n(key)
-        size += n - t.kept(key)
-        drawn += max(0, usage.of(t.team, key) - t.kept(key))
-    return size, drawn
+    size, kept = book.pool_shape(cohort, key)
+    return size, sum(max(0, usage.of(team, key) - k) for team, k in kept)
 
 
 def check(book: QuotaBook, usage: QuotaUsage, team: str, demand: Mapping[QuotaKey, int]) -> QuotaVerdict:
@@ -254,9 +264,8 @@ def check(book: QuotaBook, usage: QuotaUsage, team: str, demand: Mapping[QuotaKe
         n, b, g = tq.n(key), tq.b(key), tq.kept(key)
         u = usage.of(team, key)
         after = u + d
-        name = key_name(key)
         if after > n + b:
-            limit = f"{fmt_amount(key, n)} {name}"
+            limit = f"{fmt_amount(key, n)} {key_name(key)}"
             if b:
                 limit += f" (+{fmt_amount(key, b)} borrowable)"
             return QuotaVerdict(False, reason=f"team quota: {team} uses {fmt_amount(key, u)} of {limit}; "
@@ -268,11 +277,11 @@ def check(book: QuotaBook, usage: QuotaUsage, team: str, demand: Mapping[QuotaKe
             if after <= n:
                 # Within its guarantee: short only because others borrowed its lendable part.
                 return QuotaVerdict(False, reason=f"team quota: {team} uses {fmt_amount(key, u)} of "
-                                                  f"{fmt_amount(key, n)} {name} but other teams borrowed it; "
+                                                  f"{fmt_amount(key, n)} {key_name(key)} but other teams borrowed it; "
                                                   f"reclaiming {fmt_amount(key, drawn + extra - size)}",
                                     reclaimable=True, pool_key=key, pool_size=size)
             return QuotaVerdict(False, reason=f"cohort quota: {team} would borrow "
-                                              f"{fmt_amount(key, after - n)} {name} beyond its "
+                                              f"{fmt_amount(key, after - n)} {key_name(key)} beyond its "
                                               f"{fmt_amount(key, n)}; {fmt_amount(key, idle)} idle in cohort "
                                               f"{tq.cohort}", pool_key=key, pool_size=size)
         if after > n:
