@@ -53,6 +53,20 @@ def test_slot_helpers_use_one_unit():
         cfg.pool_slots("a100-80gb", mig_profile="9g.99gb")
 
 
+def test_a_tiers_borrow_within_cohort_reaches_the_preemption_policy(seed_data):
+    from airflow_gpu.scheduler.loop import preemption_policy_from_config
+
+    prod = next(t for t in seed_data["tiers"] if t["name"] == constants.TIER_PRODUCTION_TRAINING)
+    prod["borrow_within_cohort"] = False
+    assert preemption_policy_from_config(parse_config(seed_data)).borrow_within_cohort_tiers == frozenset()
+    prod["borrow_within_cohort"] = True
+    policy = preemption_policy_from_config(parse_config(seed_data))
+    assert policy.borrow_within_cohort_tiers == {constants.TIER_PRODUCTION_TRAINING}
+    prod["borrow_within_cohort"] = "yes"
+    with pytest.raises(ConfigError, match="borrow_within_cohort"):
+        parse_config(seed_data)
+
+
 def test_borrow_within_cohort_is_off_unless_a_team_sets_a_threshold(seed_data):
     from airflow_gpu.scheduler.loop import quota_book_from_config
 

@@ -102,6 +102,31 @@ def test_no_borrow_within_cohort_by_default_but_opt_in_with_a_threshold():
     assert plan is None, "both borrowers are above the threshold"
 
 
+def test_a_tier_with_borrow_within_cohort_takes_lower_priority_borrowers_only():
+    # the tier rule (config tier field borrow_within_cohort): a's production-training gang, borrowing,
+    # takes c's borrower of lower priority, never an equal-priority borrower nor a gang within c's guarantee
+    from airflow_gpu.core.preemption import PreemptionPolicy
+
+    base = dict(b=(8, 0), c=(8, 8))
+    snap = Snapshot.from_nodes(cluster(2))
+    running = running_on(snap, ("c-vip", "c", 8, 100), ("c-low", "c", 8, 10, 5.0))
+    high = replace(gang("a-high", 1, 8, team="a", priority=100), tier=PROD)
+    rule = PreemptionPolicy(borrow_within_cohort_tiers=frozenset({PROD}))
+    state = CycleState.build(snap, running, book(a=(0, 8), **base))
+    assert plan_preemption(state, high, profile(), 0.0)[0] is None, "off unless the tier sets it"
+    plan, why = plan_preemption(state, high, profile(), 0.0, rule)
+    assert plan is not None and plan.victim_names == ("c-low",) and plan.borrowed, why
+    # c-low gone: c is within its guarantee again, and c-vip is of equal priority: nothing to take
+    snap2 = Snapshot.from_nodes(cluster(2))
+    only = running_on(snap2, ("c-vip", "c", 8, 100), ("c-low2", "c", 8, 10, 5.0))
+    state2 = CycleState.build(snap2, only, book(a=(0, 8), b=(0, 0), c=(16, 0)))
+    plan, why = plan_preemption(state2, high, profile(), 0.0, rule)
+    assert plan is None, "a team within its guarantee is never a borrowWithinCohort victim"
+    # a team's own threshold wins over the tier's
+    plan, why = plan_preemption(CycleState.build(snap, running, book(a=(0, 8, 5), **base)), high, profile(), 0.0, rule)
+    assert plan is None, "the team's threshold (5) is below both borrowers"
+
+
 def test_a_second_accepted_product_where_reclaim_works_is_considered():
     # b: no H100 quota, 8 A100 (lent to a, whose a-borrow runs on them). b-job accepts H100 or A100.
     qb = QuotaBook({"a": TeamQuota.from_gpus("a", {"A100": 0}, {"A100": 8}),

@@ -51,9 +51,11 @@ def test_config_adapter(repo_root):
     for tier in cfg.tiers:
         assert policies[tier.name] == TierPolicy(tier.priority, tier.preemptible, tier.spot_eligible,
                                                  preempts=tier.preemption_policy != "Never",
-                                                 spot_fallback=tier.spot_fallback)
+                                                 spot_fallback=tier.spot_fallback,
+                                                 borrow_within_cohort=tier.borrow_within_cohort)
         assert tier.priority_class_name == priority_class_name(tier.name)
     assert policies["production-training"].spot_fallback and not policies["best-effort-training"].spot_fallback
+    assert policies["production-training"].borrow_within_cohort and not policies["best-effort-training"].borrow_within_cohort
 
 
 def test_preemption_rules_of_the_tiers(repo_root):

@@ -111,6 +111,9 @@ class Tier(_Strict):
     # not spot-eligible, yet its checkpointable work may take spot capacity when no on-demand room is
     # left (placed on-demand first): DESIGN.md's production "spot only if allowed and slack remains"
     spot_fallback: StrictBool = False
+    # while its team borrows, preempt other teams' borrowers of lower priority (Kueue's
+    # borrowWithinCohort, threshold just below this tier); a team's own borrow_within_cohort wins
+    borrow_within_cohort: StrictBool = False
     preemption_policy: Literal["PreemptLowerPriority", "Never"] = "PreemptLowerPriority"
     description: str = ""
 
@@ -202,7 +205,7 @@ class QuotaConfig(_Strict):
     def tier_policies(self) -> dict[str, TierPolicy]:
         """The one adapter from this file to core's tier rule: tier name -> core.tiers.TierPolicy."""
         return {t.name: TierPolicy(t.priority, t.preemptible, t.spot_eligible, t.preemption_policy != "Never",
-                                   t.spot_fallback)
+                                   t.spot_fallback, t.borrow_within_cohort)
                 for t in self.tiers}
 
     def node_label_aliases(self) -> dict[str, str]:

@@ -10,8 +10,9 @@ flavor = GPU product. Candidates (whole gangs, preemptible, not of a non-preempt
   * reclaim (Kueue reclaimWithinCohort: Any): when the preemptor would stay within its team's
     guarantee on some accepted product, any priority; the preemptor must then fit WITHOUT borrowing;
   * borrowWithinCohort (Kueue's opt-in, per team: TeamQuota.borrow_within_cohort = the highest
-    victim priority): a preemptor that will borrow may take borrowers of lower priority up to the
-    threshold. Off by default, as in Kueue.
+    victim priority; or per tier: PreemptionPolicy.borrow_within_cohort_tiers = any lower priority):
+    a preemptor that will borrow may take borrowers of lower priority up to the threshold. Off by
+    default, as in Kueue.
 Attempts, as Kueue's getTargets: with only own-team candidates, or borrowWithinCohort set: all of
 them, borrowing allowed; else first the reclaim set without borrowing (if the team is under its
 guarantee), then own-team candidates only, borrowing allowed.
@@ -58,6 +59,9 @@ from airflow_gpu.core.topology import members_per_node
 class PreemptionPolicy:
     non_preemptible_tiers: frozenset[str] = field(default_factory=lambda: frozenset({TIER_INTERACTIVE}))
     never_preempting_tiers: frozenset[str] = frozenset()  # PriorityClass preemptionPolicy: Never
+    # tiers whose gangs, while their team borrows, take other teams' borrowers of lower priority
+    # (Kueue's borrowWithinCohort for the tier; a team's own TeamQuota.borrow_within_cohort wins)
+    borrow_within_cohort_tiers: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,8 @@ def attempts(state: CycleState, gang: Gang, now: float,
     reclaim = under_guarantee(state, gang)
     tq = book.team(gang.team) if book is not None else None
     threshold = tq.borrow_within_cohort if tq is not None else None
+    if threshold is None and gang.tier in policy.borrow_within_cohort_tiers:
+        threshold = gang.priority - 1
     keys: set[QuotaKey] = {k for d in product_demands(state, gang) for k in d}
     own, others = [], []
     lender: dict[str, bool] = {}  # team -> in the preemptor's cohort and borrowing on `keys` now

@@ -25,6 +25,9 @@ class TierPolicy:
     spot_eligible: bool = False
     preempts: bool = True  # False: its PriorityClass says preemptionPolicy: Never (waits, never evicts)
     spot_fallback: bool = False  # not spot-eligible, but checkpointable work may overflow onto spot
+    # while its team borrows, it may preempt other teams' borrowers of lower priority (Kueue's
+    # borrowWithinCohort, maxPriorityThreshold just below this tier): see core.preemption
+    borrow_within_cohort: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,10 @@ def non_preemptible_tiers(tiers: Mapping[str, TierPolicy]) -> frozenset[str]:
 
 def never_preempting_tiers(tiers: Mapping[str, TierPolicy]) -> frozenset[str]:
     return frozenset(name for name, policy in tiers.items() if not policy.preempts)
+
+
+def borrow_within_cohort_tiers(tiers: Mapping[str, TierPolicy]) -> frozenset[str]:
+    return frozenset(name for name, policy in tiers.items() if policy.borrow_within_cohort and policy.preempts)
 
 
 def borrowing_priority(tiers: Mapping[str, TierPolicy]) -> int | None:
