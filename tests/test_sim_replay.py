@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from airflow_gpu.core.model import Node, PodRequest
-from airflow_gpu.sim.replay import PLATFORMS, Setting, SpotModel, replay, replay_platforms
+from airflow_gpu.sim.replay import PLATFORMS, Setting, SpotModel, replay
 from airflow_gpu.sim.replay_report import summarize, write_events
-from airflow_gpu.sim.settings import DEFAULT_CONFIG, seed_setting
+from airflow_gpu.sim.settings import seed_setting
 from airflow_gpu.sim.workload import Job, SeedParams
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,22 +219,3 @@ def test_cli_replay_json_and_bad_input(tmp_path):
                           str(TRACES / "openb_pod_list_default.csv")], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "--nodes" in bad.stderr
 
-
-def test_platforms_in_parallel_processes_decide_as_one_by_one(tmp_path):
-    """replay_platforms with 2 processes returns, in the order asked, what replays one after another in
-    this process return: the same events CSV byte for byte and the same summary; progress arrives per
-    platform in the parent."""
-    setting = seed_setting(SeedParams(days=1), 7, DEFAULT_CONFIG)
-    names = ["naive", "full", "no-gang"]
-    seen: set[str] = set()
-    parallel = replay_platforms(setting, names, jobs=2, progress=lambda n, d, t: seen.add(n))
-    one_by_one = replay_platforms(setting, names, jobs=1)
-    assert [r.platform.name for r in parallel] == names
-    assert seen == set(names)
-    for a, b in zip(parallel, one_by_one):
-        assert {**summarize(a), "seconds": 0} == {**summarize(b), "seconds": 0}  # all but the wall clock
-        pa, pb = write_events(a, tmp_path / "p"), write_events(b, tmp_path / "s")
-        assert pa.read_bytes() == pb.read_bytes() and pa.stat().st_size > 100
-    bad = subprocess.run([sys.executable, "-m", "airflow_gpu", "simulate", "replay", "--seed-scenario", "--jobs", "0"],
-                         capture_output=True, text=True, cwd=ROOT)
-    assert bad.returncode == 2 and "--jobs" in bad.stderr

@@ -27,3 +27,9 @@ def test_parallel_cli_gives_the_sequential_json_and_events(tmp_path):
     assert parallel == sequential
     assert len(seq_events) == 8 and par_events == seq_events
     assert sequential["platforms"]["full"]["finished_jobs"] > 0
+
+
+def test_jobs_below_one_is_refused_naming_the_option():
+    bad = subprocess.run([sys.executable, "-m", "airflow_gpu", "simulate", "replay", "--seed-scenario", "--jobs", "0"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "--jobs must be >= 1" in bad.stderr

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from queue import Empty
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from queue import Empty
 
 import numpy as np
 
@@ -619,4 +619,3 @@ def replay_platforms(setting: Setting, names: list[str], jobs: int | None = None
             except Empty:
                 pass
         return [replace(futures[n].result(), setting=setting) for n in names]
-
