@@ -17,6 +17,7 @@ import yaml
 from airflow_gpu import constants
 from airflow_gpu.config import load_config
 from airflow_gpu.devtools.processes import wait_until
+from airflow_gpu.triggers.gang import default_settle_seconds
 
 pytestmark = pytest.mark.slow
 
@@ -216,6 +217,7 @@ def test_migration_retires_a_pool_in_use_and_deletes_it_once_empty(airflow_stack
     wait_until(lambda: _dag_exists(api, "gpu_old_pool"), timeout=90, what="DAG gpu_old_pool parsed")
     run_id = api.request("POST", "/api/v2/dags/gpu_old_pool/dagRuns", json={"logical_date": None})["dag_run_id"]
     wait_until(lambda: _ti(api, "gpu_old_pool", run_id)["state"] == "deferred", timeout=240, what="task deferred")
+    deferred_at = time.monotonic()
 
     config = two_team_config(tmp_path / "q.yaml")
     out = rest_sync(airflow_stack, config, "--dry-run")
@@ -236,6 +238,10 @@ def test_migration_retires_a_pool_in_use_and_deletes_it_once_empty(airflow_stack
     out = rest_sync(airflow_stack, config)
     assert "no changes" in out.stdout and "retired pool gpu.nlp.a100-80gb still has 21 slot(s) in use" in out.stdout
 
+    # Airflow 3.3 fails a try whose trigger fires before the scheduler drained the deferring worker's
+    # "success" (apache/airflow#66374; GangTrigger waits deferral_settle_seconds for the same reason):
+    # FileTrigger has no such wait, so the release comes no earlier than the default settle time.
+    time.sleep(max(0.0, default_settle_seconds() - (time.monotonic() - deferred_at)))
     release.touch()
     wait_until(lambda: _ti(api, "gpu_old_pool", run_id)["state"] == "success", timeout=240, what="task done")
     out = rest_sync(airflow_stack, config)
