@@ -502,13 +502,17 @@ def _narrowed(tries: list[Attempt], room: RoomEstimate) -> list[Attempt]:
 
 def plan_preemption(state: CycleState, gang: Gang, profile: Profile, now: float,
                     policy: PreemptionPolicy = PreemptionPolicy(),
-                    exclude: np.ndarray | None = None) -> tuple[PreemptionPlan | None, str]:
+                    exclude: np.ndarray | None = None,
+                    refused: GangDecision | None = None) -> tuple[PreemptionPlan | None, str]:
     """The cheapest minimal set of running gangs whose removal lets `gang` be admitted.
 
     `state` holds every gang that takes capacity or quota; its `running` gangs are the candidates.
-    Returns (plan, "") or (None, why no plan).
+    `refused`: the caller's admission of `gang` on this very state and `exclude` that failed (it is
+    not tried again). Returns (plan, "") or (None, why no plan).
     """
-    if _Feasibility(state, gang, profile, exclude, True)([]) is not None:
+    if refused is not None and refused.admitted:
+        raise ValueError(f"plan_preemption: gang {gang.name} was admitted, there is nothing to plan")
+    if refused is None and _Feasibility(state, gang, profile, exclude, True)([]) is not None:
         return None, "fits without preemption"
     tries = attempts(state, gang, now, policy)
     if not tries:
@@ -526,5 +530,5 @@ def plan_preemption(state: CycleState, gang: Gang, profile: Profile, now: float,
         lost = sum(v.gpu_seconds_at_risk(now) for v in victims)
         reclaim = any(v.gang.team != gang.team for v in victims)
         return PreemptionPlan(gang, victims, decision.placements, lost, decision.borrowed, reclaim), ""
-    n = len(candidates(state, gang, now, policy))
+    n = len({rg.gang.name for a in tries for rg in a.candidates})
     return None, f"stopping all {n} preemptible gangs of lower priority or borrowing would not make room"

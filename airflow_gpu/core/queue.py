@@ -338,12 +338,14 @@ def _when(start: float, now: float) -> str:
 def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile, now: float,
                    policy: PreemptionPolicy = PreemptionPolicy(),
                    backoff: Backoff | None = None, no_plan: NoPlanMemo | None = None,
-                   hold: ReservationHold | None = None) -> CycleResult:
+                   hold: ReservationHold | None = None, explain: bool = True) -> CycleResult:
     """Admit what can start now, plan at most one preemption, hold one reservation. Changes nothing
     passed in (`backoff` is only read; Backoff.record books the result; `no_plan` is added to, see
     NoPlanMemo; `hold` bounds reservations of unknown start and is only read: ReservationHold.record
     books the result). `state` (core.cycle) holds every gang that takes capacity or quota: running,
-    terminating and held plans."""
+    terminating and held plans. explain=False: a gang kept off the reservation is not placed a
+    second time only to say that it "would delay" the head (a caller that shows no wait reasons,
+    the replay; the decisions are the same)."""
     work = state.copy()
     running = list(state.running)
     result = CycleResult()
@@ -391,7 +393,7 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
         reason = decision.reason
         if res is not None:
             delays = ""
-            if exclude is not None and _fits_somewhere(work.snap, gang, exclude) \
+            if explain and exclude is not None and _fits_somewhere(work.snap, gang, exclude) \
                     and admit(work.snap, gang, profile, work.book, work.usage).admitted:
                 reason = delays = f"would delay {res.gang.name}, which holds {len(res.nodes)} node(s) " \
                                   f"and starts {_when(res.start, now)}"
@@ -406,7 +408,7 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
         # gangs, or reclaim from borrowers), so every refused gang asks for a plan.
         plan = None
         if not no_plan.failed(gang):
-            plan, _ = plan_preemption(work, gang, profile, now, policy)
+            plan, _ = plan_preemption(work, gang, profile, now, policy, refused=decision)
             if plan is None:
                 no_plan.add(gang)
         if plan is not None:

@@ -220,7 +220,8 @@ class _Cycle:
         """-> (admitted [(gang, placements, borrowed)], plans [PreemptionPlan]). `usage`: the quota
         usage of `running`, kept up to date by the replay (what CycleState.build would count)."""
         state = CycleState(snap, self.quota, usage, running, snap.shape.node_product)
-        result = schedule_cycle(state, pending, self.profile, now, self.policy, self.backoff, self.no_plan, self.hold)
+        result = schedule_cycle(state, pending, self.profile, now, self.policy, self.backoff, self.no_plan, self.hold,
+                                explain=False)  # the replay reads no wait reasons
         self.backoff.record(result, pending, now)
         if self.hold is not None:
             self.hold.record(result, now)
