@@ -146,6 +146,18 @@ def run_filters(snap: Snapshot, pod: PodRequest, filters) -> tuple[np.ndarray, F
     return ok, FilterDiagnosis(total=len(snap), parts=tuple(parts), ok=ok)
 
 
+def static_mask(snap: Snapshot, pod: PodRequest, filters) -> np.ndarray:
+    """[N] bool: the nodes that pass those of `filters` that read only the node list (a plugin's
+    `static = True`: labels, taints, GPU product), not free capacity: where `pod` may ever go."""
+    ok = snap.shape.every_node
+    for plugin in filters:
+        if getattr(plugin, "static", False):
+            mask = plugin.filter(snap, pod).ok
+            if mask is not snap.shape.every_node:
+                ok = ok & mask
+    return ok
+
+
 def total_scores(snap: Snapshot, pod: PodRequest, profile: Profile, nodes: np.ndarray) -> np.ndarray:
     """Weighted sum of the profile's score plugins over node indices `nodes`."""
     total = None

@@ -50,6 +50,9 @@ class GangDecision:
     borrowed: bool = False  # admitted on the cohort's idle quota (best-effort priority)
     domain: str = ""  # e.g. "clique c1 (2 nodes)"
     quota: QuotaVerdict | None = None
+    # refused, and quota had a say on these node GPU products (taken out, a pool as large as the
+    # cluster, or the refusal itself): less usage there may let it in without a node gaining room
+    quota_products: frozenset[str] = frozenset()
 
 
 class _Within:
@@ -293,6 +296,7 @@ def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None
     allowed: list[str] = []
     refusal: QuotaVerdict | None = None
     lent: QuotaVerdict | None = None  # within the guarantee, short as others borrowed it: said in the reason
+    limited: set[str] = set()  # products quota took out, or allowed only as a pool as large as the cluster
     for label in products:
         verdict = check(quota, usage, gang.team,
                         demand_on_product(gang, quota.product(label), quota.weight(label), label))
@@ -300,14 +304,19 @@ def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None
             # a pool as large as the cluster refuses only what capacity refuses: placement decides
             # (a capacity wait: the gang may become head of line and hold a reservation)
             allowed.append(label)
+            if not verdict.fits:
+                limited.add(label)
             lent = lent or (verdict if verdict.reclaimable else None)
-        elif refusal is None:
-            refusal = verdict
+        else:
+            limited.add(label)
+            if refusal is None:
+                refusal = verdict
     if not allowed:
         if refusal is None:
             refusal = QuotaVerdict(False, reason=f"no node offers a GPU product gang {gang.name} accepts")
             return GangDecision(gang, False, reason=refusal.reason, blocked_by=BLOCKED_CAPACITY, quota=refusal)
-        return GangDecision(gang, False, reason=refusal.reason, blocked_by=BLOCKED_QUOTA, quota=refusal)
+        return GangDecision(gang, False, reason=refusal.reason, blocked_by=BLOCKED_QUOTA, quota=refusal,
+                            quota_products=frozenset(products))
 
     # Several products may pass one by one yet not mixed; then fall back to one product at a time.
     tries = [allowed] + ([[p] for p in allowed] if len(allowed) > 1 else [])
@@ -327,7 +336,9 @@ def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None
             return GangDecision(gang, True, placed, borrowed=verdict.borrowed, domain=domain, quota=verdict)
         quota_refusal = quota_refusal or verdict
     if quota_refusal is not None:
-        return GangDecision(gang, False, reason=quota_refusal.reason, blocked_by=BLOCKED_QUOTA, quota=quota_refusal)
+        return GangDecision(gang, False, reason=quota_refusal.reason, blocked_by=BLOCKED_QUOTA, quota=quota_refusal,
+                            quota_products=frozenset(products))
     if lent is not None:
         why = f"{lent.reason}; {why}"
-    return GangDecision(gang, False, reason=why, blocked_by=BLOCKED_CAPACITY, quota=lent)
+    return GangDecision(gang, False, reason=why, blocked_by=BLOCKED_CAPACITY, quota=lent,
+                        quota_products=frozenset(limited))

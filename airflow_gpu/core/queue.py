@@ -32,6 +32,16 @@ joined). A gang in back-off is skipped only once this cycle's reservation is tak
 every gang is tried, so the head of line is never skipped and never loses its reservation to a
 gang behind it.
 
+Queueing hints (kube-scheduler's QueueingHint): each refusal is kept with what it was refused
+under (Refusal: its asks, the reserved nodes it was kept off, the GPU products quota limited it
+on). A caller that knows where room appeared calls Backoff.wake instead of reset: a gang is woken
+only when usage fell on one of its quota-limited products, and a node that gained room is only
+noted on its refusal when one of its members may go there and fits; in the cycle, `ready` tries it
+only when such a node, or a reserved node it was kept off and is not now, still has room for it
+outside this cycle's reservation. A gang that none of this reaches would be refused again: on the
+nodes that did not gain, capacity only shrank. The replay uses wake (same decisions as waking every
+gang, tested); the scheduler still resets on every change.
+
 Refused asks (RefusedAsks): within one cycle capacity only shrinks (admissions hold it, a
 nomination's victims keep theirs), so once the reservation is taken, a gang whose ask is no smaller
 than one already refused for capacity in this cycle (same team, same constraints, no fewer
@@ -49,11 +59,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from airflow_gpu.core.cycle import CycleState
-from airflow_gpu.core.framework import Profile
+from airflow_gpu.core.framework import Profile, static_mask
 from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, admit, place_gang
 from airflow_gpu.core.model import Gang, Placement, PodRequest, RunningGang
 from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy, plan_preemption, under_guarantee
@@ -87,6 +98,34 @@ class Reservation:
         return gang.expected_duration is not None and now + gang.expected_duration <= self.start
 
 
+@dataclass(eq=False)
+class Refusal:
+    """What a gang was refused under, so that it is tried again only once that may have changed
+    (kube-scheduler's QueueingHint): a node gained room where one of `asks` may go and fits, usage
+    fell on a GPU product quota limited it on, or it is kept off fewer reserved nodes than `kept_off`.
+    Backoff keeps it up to date: `gained` collects the nodes that gained room since (Backoff.wake),
+    and a check that finds nothing usable folds them in (Backoff.ready)."""
+
+    asks: tuple[PodRequest, ...]  # its members' distinct requests
+    kept_off: frozenset[str] = frozenset()  # the reservation's nodes it was not allowed on
+    quota_products: frozenset[str] = frozenset()  # GangDecision.quota_products
+    filters: tuple = ()  # the profile's filters (the static ones say where an ask may ever go)
+    gained: set[int] = field(default_factory=set)  # node indices that gained room where it may fit
+    _where: list[np.ndarray] | None = field(default=None, repr=False)
+
+    def may_fit(self, snap: Snapshot, nodes: Sequence[int]) -> bool:
+        """A member may go to one of `nodes` (static filters) and fits there by resources."""
+        if not nodes:
+            return False
+        if self._where is None:
+            self._where = [static_mask(snap, a, self.filters) for a in self.asks]
+        for ask, where in zip(self.asks, self._where):
+            usable = [i for i in nodes if where[i]]
+            if usable and snap.fits_on(ask, usable):
+                return True
+        return False
+
+
 @dataclass
 class CycleResult:
     admitted: list[GangDecision] = field(default_factory=list)
@@ -94,6 +133,7 @@ class CycleResult:
     waiting: dict[str, str] = field(default_factory=dict)  # gang name -> wait reason (tried this cycle)
     reservation: Reservation | None = None
     deferred: list[str] = field(default_factory=list)  # gangs skipped in back-off (last reason stands)
+    refusals: dict[str, Refusal] = field(default_factory=dict)  # gang name -> what it was refused under
 
 
 @dataclass
@@ -105,6 +145,7 @@ class Backoff:
     cap: float = 60.0
     failures: dict[str, int] = field(default_factory=dict)
     not_before: dict[str, float] = field(default_factory=dict)
+    refusals: dict[str, Refusal] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.base <= 0 or self.cap < self.base:
@@ -113,8 +154,31 @@ class Backoff:
     def delay(self, failures: int) -> float:
         return min(self.cap, self.base * 2.0 ** min(failures - 1, 62)) if failures > 0 else 0.0
 
-    def ready(self, name: str, now: float) -> bool:
-        return now >= self.not_before.get(name, -math.inf)
+    def ready(self, name: str, now: float, kept_off: frozenset[str] = frozenset(),
+              snap: Snapshot | None = None) -> bool:
+        """Its back-off has passed, or since its refusal a node it may use now (`kept_off`: the
+        nodes reserved against it in this cycle) gained room or is no longer reserved against it,
+        and, when `snap` is given, one of its members fits on one of those by resources there.
+        When none does, the refusal now stands as if made in this cycle (what `ready` checked
+        is folded into it), so the same nodes are not checked again until they change."""
+        if now >= self.not_before.get(name, -math.inf):
+            return True
+        r = self.refusals.get(name)
+        if r is None:
+            return False
+        opened = r.kept_off - kept_off
+        if snap is None:
+            return bool(opened or r.gained)
+        if not opened and not r.gained:
+            return False
+        names = snap.shape.nodes
+        usable = {snap.node_index(n) for n in opened}
+        usable.update(i for i in r.gained if names[i].name not in kept_off)
+        if r.may_fit(snap, sorted(usable)):
+            return True
+        r.kept_off = frozenset(n for n in r.kept_off.union(names[i].name for i in r.gained) if n in kept_off)
+        r.gained.clear()
+        return False
 
     def failed(self, name: str, now: float) -> float:
         """Record a failed try; returns the delay until the next one."""
@@ -126,12 +190,34 @@ class Backoff:
     def forget(self, name: str) -> None:
         self.failures.pop(name, None)
         self.not_before.pop(name, None)
+        self.refusals.pop(name, None)
 
     def reset(self) -> None:
         """Room may have appeared (a pod ended, a node joined): every gang may try at once, and its
         back-off starts again from `base`."""
         self.failures.clear()
         self.not_before.clear()
+        self.refusals.clear()
+
+    def wake(self, snap: Snapshot, nodes: Sequence[int], quota_freed: Iterable[str] = ()) -> None:
+        """Room appeared on `nodes` of `snap` (pods ended there, a node joined); `quota_freed`: the
+        node GPU products on which quota usage fell. Only the gangs this may help try again at once
+        (kube-scheduler's QueueingHint): a member may go to one of those nodes and fits there by
+        resources, or quota limited it on one of those products, or nothing is known of its
+        refusal. Nodes that gained are noted on the refusal; `ready` checks them against the
+        cycle's own state and reservation. For the others nothing they could use changed: on the
+        nodes that did not gain, capacity only shrank since their refusal, and a reserved node it
+        was kept off counts once it is kept off it no more (`ready`)."""
+        names = [snap.shape.nodes[i].name for i in nodes]
+        freed = frozenset(quota_freed)
+        for name in list(self.failures):
+            r = self.refusals.get(name)
+            if r is None or not freed.isdisjoint(r.quota_products):
+                self.forget(name)
+                continue
+            usable = [i for i, n in zip(nodes, names) if n not in r.kept_off] if r.kept_off else nodes
+            if r.may_fit(snap, usable):  # room where it fits now; the cycle may still take it
+                r.gained.update(usable)
 
     def record(self, result: CycleResult, pending: Iterable[Gang], now: float) -> None:
         """Book one cycle: gangs tried and left waiting back off further; admitted or preempting
@@ -142,11 +228,25 @@ class Backoff:
                 self.forget(name)
             else:
                 self.failed(name, now)
+                refusal = result.refusals.get(name)
+                old = self.refusals.pop(name, None)
+                if refusal is not None:
+                    if old is not None and old.asks == refusal.asks and old.filters is refusal.filters:
+                        refusal._where = old._where  # where its asks may go does not change
+                    self.refusals[name] = refusal
         for d in result.admitted:
             self.forget(d.gang.name)
         alive = {g.name for g in pending}
         for name in [n for n in self.failures if n not in alive]:
             self.forget(name)
+
+
+class Covered(NamedTuple):
+    """An ask refused earlier in the cycle covers this one: the wait reason, and the GPU products
+    quota limited that refusal on."""
+
+    reason: str
+    quota_products: frozenset[str]
 
 
 class RefusedAsks:
@@ -170,10 +270,12 @@ class RefusedAsks:
         return (gang.team if self.by_team else None, gang.topology, gang.min_member, gang.pinned,
                 tuple((ps.request.shape, ps.count) for ps in gang.pod_sets))
 
-    def add(self, gang: Gang, excluded: bool, reason: str, delays: str = "") -> None:
+    def add(self, gang: Gang, excluded: bool, reason: str, delays: str = "",
+            quota_products: frozenset[str] = frozenset()) -> None:
         """`delays`: the reason when the ask would fit but for the reservation (it names the head,
-        not the gang, so an equal ask of the same team waits for exactly that reason too)."""
-        entry = (excluded, gang.name, reason, delays)
+        not the gang, so an equal ask of the same team waits for exactly that reason too).
+        `quota_products`: GangDecision.quota_products of the refusal (an ask it covers shares them)."""
+        entry = (excluded, gang.name, reason, delays, quota_products)
         if len(gang.members) == 1:
             pod = gang.members[0]
             key, amount = self._single_key(gang)
@@ -186,8 +288,9 @@ class RefusedAsks:
         else:
             self._gangs.setdefault(self._gang_key(gang), entry)
 
-    def covering(self, gang: Gang, excluded: bool) -> str | None:
-        """The wait reason when `gang` cannot fit either, else None."""
+    def covering(self, gang: Gang, excluded: bool) -> Covered | None:
+        """The wait reason (and the products quota limited the refusal on) when `gang` cannot fit
+        either, else None."""
         if len(gang.members) == 1:
             pod = gang.members[0]
             key, amount = self._single_key(gang)
@@ -200,11 +303,11 @@ class RefusedAsks:
         return None if entry is None or not (excluded or not entry[0]) else self._reason(entry, excluded, True)
 
     @staticmethod
-    def _reason(entry, excluded: bool, equal: bool) -> str:
-        was_excluded, name, reason, delays = entry
+    def _reason(entry, excluded: bool, equal: bool) -> Covered:
+        was_excluded, name, reason, delays, quota_products = entry
         if delays and equal and was_excluded == excluded:
-            return delays
-        return f"does not fit, as {name} (no larger ask) this cycle: {reason}"
+            return Covered(delays, quota_products)
+        return Covered(f"does not fit, as {name} (no larger ask) this cycle: {reason}", quota_products)
 
 
 def may_backfill_reserved(head: Gang, gang: Gang, policy: PreemptionPolicy) -> bool:
@@ -356,28 +459,36 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
 
     for gang in queue_order(pending):
         res = result.reservation
-        if res is not None and backoff is not None and not backoff.ready(gang.name, now):
-            result.deferred.append(gang.name)
-            continue
         exclude = reserved if res is not None and not res.lets_through(gang, now) else None
         lent = exclude is not None and not res.by_preemption and may_backfill_reserved(res.gang, gang, policy)
         if lent:
             exclude = None  # tried on every node; kept off the reserved ones unless the head can take it back
+        if res is not None and backoff is not None \
+                and not backoff.ready(gang.name, now, res.nodes if exclude is not None else frozenset(), work.snap):
+            result.deferred.append(gang.name)
+            continue
+
+        def wait(reason: str, quota_products: frozenset[str]) -> None:
+            result.waiting[gang.name] = reason
+            result.refusals[gang.name] = Refusal(tuple(ps.request for ps in gang.pod_sets),
+                                                 res.nodes if exclude is not None else frozenset(), quota_products,
+                                                 profile.filters)
+
         if res is None and no_plan.failed(gang):
             covered = refused.covering(gang, False)
             if covered is not None:  # no room, no plan and no reservation for this ask in this cycle
-                result.waiting[gang.name] = covered
+                wait(*covered)
                 continue
         if res is not None:
             covered = refused.covering(gang, exclude is not None)
             if covered is not None:
-                result.waiting[gang.name] = covered
+                wait(*covered)
                 continue
             short = _set_fitting_nowhere(work.snap, gang)
             if short is not None:  # no placement to try: a member fits on no node, reserved or not
                 reason = f"member {short.name} does not fit: no node has the free CPU, memory and GPU it asks for"
                 refused.add(gang, exclude is not None, reason)
-                result.waiting[gang.name] = reason
+                wait(reason, frozenset())
                 continue
         decision = admit(work.snap, gang, profile, work.book, work.usage, exclude)
         if lent and decision.admitted and not _reclaimable_backfill(work, res, decision):
@@ -398,11 +509,11 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
                 reason = delays = f"would delay {res.gang.name}, which holds {len(res.nodes)} node(s) " \
                                   f"and starts {_when(res.start, now)}"
             if decision.blocked_by == BLOCKED_CAPACITY:
-                refused.add(gang, exclude is not None, decision.reason, delays)
-            result.waiting[gang.name] = reason
+                refused.add(gang, exclude is not None, decision.reason, delays, decision.quota_products)
+            wait(reason, decision.quota_products)
             continue
         if decision.blocked_by == BLOCKED_CAPACITY:
-            refused.add(gang, False, reason)
+            refused.add(gang, False, reason, quota_products=decision.quota_products)
 
         # Kueue: a quota refusal may be solved by preemption too (the team's own lower-priority
         # gangs, or reclaim from borrowers), so every refused gang asks for a plan.
@@ -430,5 +541,5 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
                 result.reservation = est
                 reserved = est.mask(work.snap)
                 reason = f"{reason}; {len(est.nodes)} node(s) reserved, earliest start {_when(est.start, now)}"
-        result.waiting[gang.name] = reason
+        wait(reason, decision.quota_products)
     return result

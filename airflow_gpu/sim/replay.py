@@ -230,8 +230,10 @@ class _Cycle:
         admitted = [(d.gang, d.placements, d.borrowed) for d in result.admitted]
         return admitted, result.preemptions
 
-    def room_appeared(self) -> None:
-        self.backoff.reset()
+    def room_appeared(self, snap: Snapshot, nodes: list[int], quota_freed: set[str]) -> None:
+        """Pods ended on `nodes` (or a node came back), quota usage fell on the GPU products
+        `quota_freed`: the gangs this may help try again."""
+        self.backoff.wake(snap, nodes, quota_freed)
         self.no_plan.reset()
 
 
@@ -407,14 +409,18 @@ class Replay:
 
     def _release(self, st: JobState, now: float, outcome: str) -> None:
         a = st.attempt
+        freed: set[int] = set()
+        products: set[str] = set()
         for unit in st.units:
             if unit in self.placed:
                 _, placements, _ = self.placed.pop(unit)
                 self.running.pop(unit, None)
                 for p in placements:
                     self.snap.forget(p.pod)
+                    freed.add(self.snap.node_index(p.node))
                 if self.usage is not None:
                     self.usage.remove(st.job.team, demand_of_placements(placements, self.node_product, self.quota))
+                    products.update(self.node_product[p.node] for p in placements if self.node_product[p.node])
                 milli = st.units[unit].gpu_milli_total
                 self.team_alloc[st.job.team] -= milli
                 self.allocated -= milli
@@ -443,10 +449,10 @@ class Replay:
             st.finished_at = now
         else:
             self._enqueue(st)
-        self._room_appeared()
+        self._room_appeared(sorted(freed), products)
 
-    def _room_appeared(self) -> None:
-        self.cycle.room_appeared()
+    def _room_appeared(self, nodes: list[int], quota_freed: set[str] = frozenset()) -> None:
+        self.cycle.room_appeared(self.snap, nodes, quota_freed)
         if self.fifo is not None:
             self.fifo.room_appeared()
 
@@ -537,7 +543,7 @@ class Replay:
             self._interrupt(what, now)
         elif kind == "back":
             self.snap.forget(self.down.pop(what).pod)
-            self._room_appeared()
+            self._room_appeared([self.snap.node_index(what)])
 
     def _cycles(self, now: float) -> None:
         for _ in range(4):  # victims stop at once and the preemptor binds its plan; then another cycle

@@ -44,6 +44,7 @@ class GpuProduct:
     """A GPU pod may only go to nodes whose product is one of pod.gpu_products (empty: any)."""
 
     name = "GpuProduct"
+    static = True  # reads only the node list (labels, taints, products), never free capacity
 
     def filter(self, snap: Snapshot, pod: PodRequest) -> FilterResult:
         if not pod.gpu_products or not pod.uses_gpu:
@@ -58,6 +59,7 @@ class NodeSelector:
     """Every (key, value) of pod.node_selector must be a label of the node."""
 
     name = "NodeSelector"
+    static = True  # reads only the node list (labels, taints, products), never free capacity
 
     def filter(self, snap: Snapshot, pod: PodRequest) -> FilterResult:
         if not pod.node_selector:
@@ -71,6 +73,7 @@ class TaintToleration:
     """NoSchedule / NoExecute taints must be tolerated; the reason names the first untolerated key."""
 
     name = "TaintToleration"
+    static = True  # reads only the node list (labels, taints, products), never free capacity
 
     def filter(self, snap: Snapshot, pod: PodRequest) -> FilterResult:
         key = ("taints", pod.tolerations)
@@ -99,6 +102,7 @@ class CapacityType:
     """pod.capacity_types (e.g. ("spot",)) restricts nodes by Node.capacity_type; empty: any."""
 
     name = "CapacityType"
+    static = True  # reads only the node list (labels, taints, products), never free capacity
 
     def filter(self, snap: Snapshot, pod: PodRequest) -> FilterResult:
         if not pod.capacity_types:

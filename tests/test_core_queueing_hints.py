@@ -1,0 +1,137 @@
+"""Queueing hints of the back-off (core.queue.Backoff.wake / ready, kube-scheduler's QueueingHint): a
+gang refused for room is tried again only once a node it may use gained room where it fits, a
+reserved node it was kept off is open to it again, or usage fell on a GPU product quota limited it
+on. The rest of the queue keeps waiting without a placement each."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from fixtures.core_gang import cluster, gang, profile, run_cycle, start
+
+from airflow_gpu.core.queue import Backoff, CycleResult, Refusal
+from airflow_gpu.core.snapshot import Snapshot
+from airflow_gpu.sim.replay import PLATFORMS, replay
+from airflow_gpu.sim.replay_report import write_events
+from airflow_gpu.sim.settings import seed_setting
+from airflow_gpu.sim.workload import SeedParams
+
+NEVER = 1e15  # the replay's back-off: only a hint wakes a gang
+
+
+def _two_products():
+    """n0000, n0001: H100 x 8; a0000: A100 x 8."""
+    return Snapshot.from_nodes(cluster(2) + cluster(1, product="A100", prefix="a"))
+
+
+def test_only_room_a_gang_may_use_wakes_it():
+    snap = _two_products()
+    prof = profile()
+    running = [start(snap, gang("r0", 1, 8, priority=9, expected_duration=100.0, products=("H100",)), prof),
+               start(snap, gang("r1", 1, 4, priority=9, expected_duration=1000.0, products=("H100",)), prof),
+               start(snap, gang("r1b", 1, 2, priority=9, expected_duration=1000.0, products=("H100",)), prof),
+               start(snap, gang("a0", 1, 8, priority=9, expected_duration=1000.0, products=("A100",)), prof)]
+    head = gang("head", 1, 8, priority=5, products=("H100",))
+    small = gang("small", 1, 4, priority=1, created_at=1.0, products=("H100",))
+    pending = [head, small]
+    b = Backoff(base=NEVER, cap=NEVER)
+    res = run_cycle(snap, pending, running, prof, 0.0, backoff=b)
+    assert res.reservation.gang.name == "head" and res.reservation.nodes == {"n0000"}
+    assert res.refusals["small"].kept_off == {"n0000"}
+    b.record(res, pending, 0.0)
+
+    # 8 A100 GPUs free up: nothing for an H100-only gang. The head is tried (it comes first), the
+    # gang behind it is not placed again.
+    a0 = running.pop()
+    for p in a0.placements:
+        snap.forget(p.pod)
+    b.wake(snap, [snap.node_index("a0000")])
+    res = run_cycle(snap, pending, running, prof, 1.0, backoff=b)
+    assert res.deferred == ["small"] and "small" not in res.waiting
+    b.record(res, pending, 1.0)
+
+    # 2 H100 GPUs free up beside 2 free ones on n0001: room for 4, so it is tried, and starts
+    r1b = running.pop()
+    for p in r1b.placements:
+        snap.forget(p.pod)
+    b.wake(snap, [snap.node_index("n0001")])
+    res = run_cycle(snap, pending, running, prof, 2.0, backoff=b)
+    assert [d.gang.name for d in res.admitted] == ["small"]
+    assert {p.node for p in res.admitted[0].placements} == {"n0001"}
+
+
+def _refused(b: Backoff, g, kept_off=frozenset(), quota_products=frozenset(), pending=()) -> Refusal:
+    refusal = Refusal(tuple(ps.request for ps in g.pod_sets), frozenset(kept_off), frozenset(quota_products),
+                      profile().filters)
+    b.record(CycleResult(waiting={g.name: "no room"}, refusals={g.name: refusal}), list(pending) or [g], 0.0)
+    return refusal
+
+
+def test_a_reserved_node_that_opens_wakes_a_gang_only_with_room_for_it():
+    snap = Snapshot.from_nodes(cluster(3))
+    prof = profile()
+    start(snap, gang("fill", 1, 8), prof)  # n0000 full; n0001 and n0002 free
+    small = gang("small", 1, 4)
+    b = Backoff(base=NEVER, cap=NEVER)
+    _refused(b, small, kept_off={"n0001"})
+    assert not b.ready("small", 1.0, frozenset({"n0001"}), snap)  # still kept off the same node
+    assert not b.ready("small", 1.0, frozenset({"n0001", "n0002"}), snap)
+    assert b.ready("small", 1.0, frozenset({"n0002"}), snap)  # n0001 is open to it, with room
+    assert b.ready("small", 1.0, frozenset({"n0002"}))  # without a snapshot: open counts as room
+
+    # n0001 opens without room: it stays, and the check is folded in (the same node is not looked
+    # at again until it gains room)
+    start(snap, gang("fill1", 1, 6), prof)
+    assert snap.whole_free_gpus()[snap.node_index("n0001")] == 2
+    refusal = _refused(b, small, kept_off={"n0001", "n0002"})
+    assert not b.ready("small", 2.0, frozenset({"n0002"}), snap)
+    assert refusal.kept_off == {"n0002"} and "small" in b.failures
+
+
+def test_room_on_a_node_the_gang_is_kept_off_waits_for_the_cycle_to_say():
+    snap = Snapshot.from_nodes(cluster(2))
+    prof = profile()
+    filler = start(snap, gang("fill", 1, 8), prof)  # n0000
+    start(snap, gang("fill1", 1, 8), prof)  # n0001
+    small = gang("small", 1, 4)
+    b = Backoff(base=NEVER, cap=NEVER)
+    refusal = _refused(b, small)
+    for p in filler.placements:
+        snap.forget(p.pod)
+    b.wake(snap, [snap.node_index("n0000")])
+    assert refusal.gained == {0} and "small" in b.failures  # noted, not woken yet
+    assert not b.ready("small", 1.0, frozenset({"n0000"}), snap)  # the cycle reserved n0000 against it
+    assert refusal.gained == set() and refusal.kept_off == {"n0000"}
+    assert b.ready("small", 2.0, frozenset(), snap)  # the next cycle does not
+
+
+def test_usage_falling_on_a_limiting_product_wakes_a_quota_limited_gang():
+    snap = Snapshot.from_nodes(cluster(1))
+    b = Backoff(base=NEVER, cap=NEVER)
+    q, c = gang("q", 1, 4), gang("c", 1, 4)
+    _refused(b, q, quota_products={"H100"}, pending=[q, c])
+    _refused(b, c, pending=[q, c])  # limited by room only
+    b.wake(snap, [], quota_freed={"A100"})
+    assert set(b.failures) == {"q", "c"}
+    b.wake(snap, [], quota_freed={"H100"})
+    assert set(b.failures) == {"c"}
+    b.reset()
+    assert b.failures == {} and b.refusals == {}
+
+
+def _events_hash(result, tmp: Path) -> str:
+    return hashlib.sha256(write_events(result, tmp).read_bytes()).hexdigest()
+
+
+def test_hints_make_the_same_decisions_as_waking_every_gang(tmp_path, monkeypatch):
+    """A contended seed scenario (5 nodes, spot interruptions): the replay with hints and with every
+    gang woken at each release (Backoff.reset, the back-off before hints) writes the same events."""
+    setting = seed_setting(SeedParams(days=3.0, nodes=5, interruptions_per_node_day=2.0), 11)
+    with_hints = replay(setting, PLATFORMS["full"])
+    assert with_hints.preemptions > 0 and with_hints.interruptions > 0  # the scenario is contended
+    monkeypatch.setattr(Backoff, "wake", lambda self, snap, nodes, quota_freed=(): self.reset())
+    every_gang = replay(setting, PLATFORMS["full"])
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert _events_hash(with_hints, tmp_path / "a") == _events_hash(every_gang, tmp_path / "b")
