@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fixtures.core_gang import cluster, gang, profile, run_cycle, start
 
-from airflow_gpu.core.queue import Backoff, CycleResult, Refusal
+from airflow_gpu.core.queue import Backoff, CycleResult, Refusal, StartMemo, estimate_start
 from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.sim.replay import PLATFORMS, replay
 from airflow_gpu.sim.replay_report import write_events
@@ -124,13 +124,35 @@ def _events_hash(result, tmp: Path) -> str:
     return hashlib.sha256(write_events(result, tmp).read_bytes()).hexdigest()
 
 
+def test_start_memo_answers_as_estimate_start_and_only_looks_at_nodes_the_head_may_use():
+    snap = _two_products()
+    prof = profile()
+    running = [start(snap, gang("r0", 1, 8, priority=9, products=("H100",)), prof, at=0.0),
+               start(snap, gang("r1", 1, 8, priority=9, products=("H100",)), prof, at=1.0),
+               start(snap, gang("a0", 1, 4, priority=9, products=("A100",)), prof, at=2.0)]
+    head = gang("head", 1, 8, priority=5, products=("H100",))
+    memo = StartMemo()
+    first = memo.estimate(snap, head, running, prof, 10.0)
+    assert first == estimate_start(snap, head, running, prof, 10.0) and first.nodes == {"n0000"}
+    # the A100 node changes: the same answer, kept
+    start(snap, gang("a1", 1, 2, priority=9, products=("A100",)), prof)
+    assert memo.estimate(snap, head, running, prof, 20.0) is first
+    # an H100 node changes (r0 ends): worked out again, on the node that is now free
+    for p in running[0].placements:
+        snap.forget(p.pod)
+    again = memo.estimate(snap, head, running[1:], prof, 30.0)
+    assert again is not first and again == estimate_start(snap, head, running[1:], prof, 30.0)
+
+
 def test_hints_make_the_same_decisions_as_waking_every_gang(tmp_path, monkeypatch):
-    """A contended seed scenario (5 nodes, spot interruptions): the replay with hints and with every
-    gang woken at each release (Backoff.reset, the back-off before hints) writes the same events."""
+    """A contended seed scenario (5 nodes, spot interruptions): the replay with hints and start
+    estimates kept (StartMemo) and the one that wakes every gang at each release (Backoff.reset,
+    the back-off before hints) and estimates every time write the same events."""
     setting = seed_setting(SeedParams(days=3.0, nodes=5, interruptions_per_node_day=2.0), 11)
     with_hints = replay(setting, PLATFORMS["full"])
     assert with_hints.preemptions > 0 and with_hints.interruptions > 0  # the scenario is contended
     monkeypatch.setattr(Backoff, "wake", lambda self, snap, nodes, quota_freed=(): self.reset())
+    monkeypatch.setattr(StartMemo, "estimate", lambda self, *args: estimate_start(*args))
     every_gang = replay(setting, PLATFORMS["full"])
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

@@ -345,6 +345,42 @@ class NoPlanMemo:
         self._failed.clear()
 
 
+class StartMemo:
+    """The last earliest-start estimate of each head of line, kept while the nodes it may use
+    (its pod sets' static filters) are unchanged. Snapshot versions equal means equal node state
+    with the same pods, and estimate_start reads only those nodes and the gangs on them, released
+    in the same order: a cycle in which only other nodes changed (work on another GPU product or
+    capacity type) gets the same answer without a placement. An estimate that starts at a finite
+    time depends on the clock and is not kept."""
+
+    KEEP = 64  # heads remembered (the head of line rarely changes)
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[Profile, bytes, Reservation | None]] = {}
+
+    @staticmethod
+    def _key(snap: Snapshot, gang: Gang, profile: Profile) -> bytes:
+        usable = np.zeros(len(snap), dtype=bool)
+        for ps in gang.pod_sets:
+            usable |= static_mask(snap, ps.request, profile.filters)
+        return snap.version[usable].tobytes()
+
+    def estimate(self, snap: Snapshot, gang: Gang, running: Sequence[RunningGang], profile: Profile,
+                 now: float) -> Reservation | None:
+        """estimate_start, or the same answer kept from an earlier cycle."""
+        key = self._key(snap, gang, profile)
+        hit = self._last.get(gang.name)
+        if hit is not None and hit[0] is profile and hit[1] == key and (hit[2] is None or hit[2].gang == gang):
+            return hit[2]
+        est = estimate_start(snap, gang, running, profile, now)
+        self._last.pop(gang.name, None)
+        if est is None or math.isinf(est.start):
+            if len(self._last) >= self.KEEP:
+                self._last.pop(next(iter(self._last)))
+            self._last[gang.name] = (profile, key, est)
+        return est
+
+
 @dataclass
 class ReservationHold:
     """Bounded hold: a reservation whose start cannot be estimated (it waits on work of unknown
@@ -441,14 +477,16 @@ def _when(start: float, now: float) -> str:
 def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile, now: float,
                    policy: PreemptionPolicy = PreemptionPolicy(),
                    backoff: Backoff | None = None, no_plan: NoPlanMemo | None = None,
-                   hold: ReservationHold | None = None, explain: bool = True) -> CycleResult:
+                   hold: ReservationHold | None = None, explain: bool = True,
+                   starts: StartMemo | None = None) -> CycleResult:
     """Admit what can start now, plan at most one preemption, hold one reservation. Changes nothing
     passed in (`backoff` is only read; Backoff.record books the result; `no_plan` is added to, see
     NoPlanMemo; `hold` bounds reservations of unknown start and is only read: ReservationHold.record
     books the result). `state` (core.cycle) holds every gang that takes capacity or quota: running,
     terminating and held plans. explain=False: a gang kept off the reservation is not placed a
     second time only to say that it "would delay" the head (a caller that shows no wait reasons,
-    the replay; the decisions are the same)."""
+    the replay; the decisions are the same). `starts`: a StartMemo kept across cycles (same
+    estimates, fewer placements)."""
     work = state.copy()
     running = list(state.running)
     result = CycleResult()
@@ -536,7 +574,10 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
         elif decision.blocked_by == BLOCKED_CAPACITY and hold is not None and not hold.may_reserve(gang.name, now):
             reason = f"{reason}; {hold.why(gang.name, now)}"
         elif decision.blocked_by == BLOCKED_CAPACITY:
-            est = estimate_start(work.snap, gang, running + started, profile, now)
+            if starts is not None:
+                est = starts.estimate(work.snap, gang, running + started, profile, now)
+            else:
+                est = estimate_start(work.snap, gang, running + started, profile, now)
             if est is not None:
                 result.reservation = est
                 reserved = est.mask(work.snap)

@@ -31,7 +31,7 @@ from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, SPREAD_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPolicy
 from airflow_gpu.core.cycle import CycleState
-from airflow_gpu.core.queue import Backoff, NoPlanMemo, RefusedAsks, ReservationHold, schedule_cycle
+from airflow_gpu.core.queue import Backoff, NoPlanMemo, RefusedAsks, ReservationHold, StartMemo, schedule_cycle
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements
 from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.sim.workload import Job, mark_spot, whole_gpus
@@ -214,6 +214,7 @@ class _Cycle:
         # valid until the running set or the capacity changes; without preemption no plan is ever searched
         self.no_plan = NoPlanMemo() if platform.preemption else _NoPlans()
         self.hold = ReservationHold(hold, hold) if hold > 0 else None
+        self.starts = StartMemo()
 
     def run(self, snap: Snapshot, pending: list[Gang], running: list[RunningGang], usage: QuotaUsage | None,
             now: float):
@@ -221,7 +222,7 @@ class _Cycle:
         usage of `running`, kept up to date by the replay (what CycleState.build would count)."""
         state = CycleState(snap, self.quota, usage, running, snap.shape.node_product)
         result = schedule_cycle(state, pending, self.profile, now, self.policy, self.backoff, self.no_plan, self.hold,
-                                explain=False)  # the replay reads no wait reasons
+                                explain=False, starts=self.starts)  # the replay reads no wait reasons
         self.backoff.record(result, pending, now)
         if self.hold is not None:
             self.hold.record(result, now)
