@@ -113,15 +113,22 @@ class Refusal:
     gained: set[int] = field(default_factory=set)  # node indices that gained room where it may fit
     _where: list[np.ndarray] | None = field(default=None, repr=False)
 
-    def may_fit(self, snap: Snapshot, nodes: Sequence[int]) -> bool:
-        """A member may go to one of `nodes` (static filters) and fits there by resources."""
+    def may_fit(self, snap: Snapshot, nodes: Sequence[int], seen: dict | None = None) -> bool:
+        """A member may go to one of `nodes` (static filters) and fits there by resources. `seen`:
+        answers per ask shape for these very nodes and state (one wake over many gangs)."""
         if not nodes:
             return False
         if self._where is None:
-            self._where = [static_mask(snap, a, self.filters) for a in self.asks]
+            self._where = [static_mask(snap, a, self.filters).tolist() for a in self.asks]
         for ask, where in zip(self.asks, self._where):
-            usable = [i for i in nodes if where[i]]
-            if usable and snap.fits_on(ask, usable):
+            key = (ask.shape, self.filters) if seen is not None else None
+            fits = seen.get(key) if key is not None else None
+            if fits is None:
+                usable = [i for i in nodes if where[i]]
+                fits = bool(usable) and snap.fits_on(ask, usable)
+                if key is not None:
+                    seen[key] = fits
+            if fits:
                 return True
         return False
 
@@ -166,11 +173,11 @@ class Backoff:
         r = self.refusals.get(name)
         if r is None:
             return False
+        if not r.gained and r.kept_off <= kept_off:
+            return False  # nothing gained, nothing opened: the common case, without a new set
         opened = r.kept_off - kept_off
         if snap is None:
-            return bool(opened or r.gained)
-        if not opened and not r.gained:
-            return False
+            return True
         names = snap.shape.nodes
         usable = {snap.node_index(n) for n in opened}
         usable.update(i for i in r.gained if names[i].name not in kept_off)
@@ -210,13 +217,19 @@ class Backoff:
         was kept off counts once it is kept off it no more (`ready`)."""
         names = [snap.shape.nodes[i].name for i in nodes]
         freed = frozenset(quota_freed)
+        seen: dict = {}  # ask shape -> fits on `nodes` (gangs kept off none of them)
         for name in list(self.failures):
             r = self.refusals.get(name)
             if r is None or not freed.isdisjoint(r.quota_products):
                 self.forget(name)
                 continue
-            usable = [i for i, n in zip(nodes, names) if n not in r.kept_off] if r.kept_off else nodes
-            if r.may_fit(snap, usable):  # room where it fits now; the cycle may still take it
+            if r.kept_off and not r.kept_off.isdisjoint(names):
+                usable = [i for i, n in zip(nodes, names) if n not in r.kept_off]
+                fits = r.may_fit(snap, usable)
+            else:
+                usable = nodes
+                fits = r.may_fit(snap, usable, seen)
+            if fits:  # room where it fits now; the cycle may still take it
                 r.gained.update(usable)
 
     def record(self, result: CycleResult, pending: Iterable[Gang], now: float) -> None:
