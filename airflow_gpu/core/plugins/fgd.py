@@ -138,14 +138,41 @@ class FragModel:
         # half), in one gather and one sum instead of a [K, M, G] comparison reduced twice
         milli = np.arange(GPU_MILLI + 1, dtype=np.int64)[:, None]
         self.gpu_levels = np.where(milli >= self.levels[None, :], (1 << _HALF) + milli, 0)  # [1001, M]
+        # a node's fragmentation depends on its free GPUs, free CPU and which typical pods it may
+        # take: nodes with equal access rows share answers, and node states recur (what-ifs undo,
+        # releases restore), so answers are kept per (access class, GPUs, CPU)
+        _, self.access_class = np.unique(access, axis=0, return_inverse=True)
+        self.access_class = self.access_class.ravel().tolist()
+        self._known: dict[tuple, float] = {}
 
     def level_sums(self, free: np.ndarray) -> np.ndarray:
         """[K, M] packed per size level: GPUs big enough (<< 32) | their free milli (free [K, G] in 0..1000)."""
         return self.gpu_levels[free].sum(axis=1)
 
+    KNOWN = 200_000  # node states remembered (then forgotten all at once)
+
     def frag(self, free: np.ndarray, cpu: np.ndarray, nodes: np.ndarray, sums: np.ndarray | None = None) -> np.ndarray:
         """Fragmentation (GPU milli) of K node states: free [K, G], cpu [K], node index [K]; `sums`:
-        their level_sums when the caller has them (exact integers: the result is the same)."""
+        their level_sums when the caller has them (exact integers: the result is the same).
+        States seen before are answered from memory; the rest are worked out together."""
+        known = self._known
+        cls = self.access_class
+        keys = [(cls[n], row.tobytes(), c) for n, row, c in zip(nodes.tolist(), free, cpu.tolist())]
+        got = [known.get(k) for k in keys]
+        missing = [i for i, v in enumerate(got) if v is None]
+        if missing:
+            if len(missing) < len(keys):
+                idx = np.array(missing)
+                fresh = self._frag(free[idx], cpu[idx], nodes[idx], None if sums is None else sums[idx])
+            else:
+                fresh = self._frag(free, cpu, nodes, sums)
+            if len(known) > self.KNOWN:
+                known.clear()
+            for i, v in zip(missing, fresh.tolist()):
+                known[keys[i]] = got[i] = v
+        return np.array(got, dtype=np.float64)
+
+    def _frag(self, free: np.ndarray, cpu: np.ndarray, nodes: np.ndarray, sums: np.ndarray | None = None) -> np.ndarray:
         t = self.typical
         total = free.sum(axis=1)
         if sums is None:
