@@ -25,6 +25,14 @@ def _two_products():
     return Snapshot.from_nodes(cluster(2) + cluster(1, product="A100", prefix="a"))
 
 
+def _end_last(snap: Snapshot, running: list, b: Backoff) -> None:
+    """The last running gang ends: its pods go, and the back-off hears where room appeared."""
+    gone = running.pop()
+    for p in gone.placements:
+        snap.forget(p.pod)
+    b.wake(snap, sorted({snap.node_index(p.node) for p in gone.placements}))
+
+
 def test_only_room_a_gang_may_use_wakes_it():
     snap = _two_products()
     prof = profile()
@@ -43,19 +51,13 @@ def test_only_room_a_gang_may_use_wakes_it():
 
     # 8 A100 GPUs free up: nothing for an H100-only gang. The head is tried (it comes first), the
     # gang behind it is not placed again.
-    a0 = running.pop()
-    for p in a0.placements:
-        snap.forget(p.pod)
-    b.wake(snap, [snap.node_index("a0000")])
+    _end_last(snap, running, b)
     res = run_cycle(snap, pending, running, prof, 1.0, backoff=b)
     assert res.deferred == ["small"] and "small" not in res.waiting
     b.record(res, pending, 1.0)
 
     # 2 H100 GPUs free up beside 2 free ones on n0001: room for 4, so it is tried, and starts
-    r1b = running.pop()
-    for p in r1b.placements:
-        snap.forget(p.pod)
-    b.wake(snap, [snap.node_index("n0001")])
+    _end_last(snap, running, b)
     res = run_cycle(snap, pending, running, prof, 2.0, backoff=b)
     assert [d.gang.name for d in res.admitted] == ["small"]
     assert {p.node for p in res.admitted[0].placements} == {"n0001"}
