@@ -357,7 +357,7 @@ def test_a_gang_behind_a_reservation_preempts_off_the_reserved_nodes_with_the_ti
                start(snap, gang("sweep", 1, 8, team="a", priority=1, checkpointable=True), profile(), at=6.0)]
     assert [r.placements[0].node for r in running] == ["n0000", "n0001", "n0001", "n0002"]
     head = gang("head", 2, 8, team="a", priority=100, tier=PROD, preemptible=False, created_at=0.0)
-    prod_c = gang("prod-c", 1, 8, team="a", priority=100, tier=PROD, preemptible=False, created_at=1.0)
+    prod_c = gang("prod-c", 1, 4, team="a", priority=100, tier=PROD, preemptible=False, created_at=1.0)
     prod_d = gang("prod-d", 1, 8, team="b", priority=100, tier=PROD, preemptible=False, created_at=2.0)
     pending = [head, prod_c, prod_d]
     res = run_cycle(snap, pending, running, profile(), now=10.0)
