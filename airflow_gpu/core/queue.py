@@ -341,6 +341,11 @@ def _reclaimable_backfill(state: CycleState, res: Reservation, decision: GangDec
     return decision.borrowed and under_guarantee(state, res.gang)
 
 
+def _preempting(plan: PreemptionPlan) -> str:
+    whom = "of lower priority or borrowing in the cohort" if plan.reclaim else "of lower priority"
+    return f"preempting {len(plan.victims)} gang(s) {whom}: {', '.join(plan.victim_names)}"
+
+
 def _when(start: float, now: float) -> str:
     return "when gangs of unknown duration end" if math.isinf(start) else f"in ~{max(0.0, start - now):.0f} s"
 
@@ -384,9 +389,7 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
         work.nominate(gang.team, plan.placements, plan.victims)
         nominated = np.zeros(len(work.snap), dtype=bool)
         nominated[[work.snap.node_index(p.node) for p in plan.placements]] = True
-        names = ", ".join(plan.victim_names)
-        whom = "of lower priority or borrowing in the cohort" if plan.reclaim else "of lower priority"
-        return f"{reason}; preempting {len(plan.victims)} gang(s) {whom}: {names}"
+        return f"{reason}; {_preempting(plan)}"
 
     for gang in queue_order(pending):
         res = result.reservation
@@ -455,9 +458,7 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
             # the nomination's quota counts at once (the victims' too, until they are gone); its
             # nodes are reserved
             work.nominate(gang.team, plan.placements, plan.victims)
-            names = ", ".join(plan.victim_names)
-            whom = "of lower priority or borrowing in the cohort" if plan.reclaim else "of lower priority"
-            reason = f"{reason}; preempting {len(plan.victims)} gang(s) {whom}: {names}"
+            reason = f"{reason}; {_preempting(plan)}"
         elif decision.blocked_by == BLOCKED_CAPACITY and hold is not None and not hold.may_reserve(gang.name, now):
             reason = f"{reason}; {hold.why(gang.name, now)}"
         elif decision.blocked_by == BLOCKED_CAPACITY:
