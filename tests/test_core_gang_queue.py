@@ -339,6 +339,43 @@ def test_another_teams_backfill_on_a_reservation_must_be_a_reclaimable_borrower(
     assert res.waiting["sweep"].startswith("would delay head")
 
 
+def test_a_gang_behind_a_reservation_preempts_off_the_reserved_nodes_with_the_tier_rule():
+    """The head (2 x 8 GPUs) waits on production of unknown duration and no preemption serves it: it
+    reserves n0, n1. Production behind it that a sweep's preemption would serve waited for as long
+    as the head did; with the tier rule preempt_behind_head its team's first such gang gets the plan
+    (Kueue: every ClusterQueue head preempts each cycle), off the reserved nodes, and the head keeps
+    its reservation. One plan per cycle: a second team's gang waits for the next cycle."""
+    from airflow_gpu.constants import TIER_PRODUCTION_TRAINING as PROD
+    from airflow_gpu.core.preemption import PreemptionPolicy
+    from airflow_gpu.core.queue import NoPlanMemo, schedule_cycle
+
+    snap = Snapshot.from_nodes(cluster(3))
+    running = [start(snap, gang("prod-a", 1, 8, team="a", priority=100, tier=PROD, preemptible=False), profile(), at=0.0),
+               start(snap, gang("prod-b", 1, 4, team="a", priority=100, tier=PROD, preemptible=False), profile(), at=0.0),
+               # on n1: the cheaper victim for an 8-GPU ask, but n1 is reserved for the head
+               start(snap, gang("sweep-n1", 1, 4, team="a", priority=1, checkpointable=True), profile(), at=5.0),
+               start(snap, gang("sweep", 1, 8, team="a", priority=1, checkpointable=True), profile(), at=6.0)]
+    assert [r.placements[0].node for r in running] == ["n0000", "n0001", "n0001", "n0002"]
+    head = gang("head", 2, 8, team="a", priority=100, tier=PROD, preemptible=False, created_at=0.0)
+    prod_c = gang("prod-c", 1, 4, team="a", priority=100, tier=PROD, preemptible=False, created_at=1.0)
+    prod_d = gang("prod-d", 1, 8, team="b", priority=100, tier=PROD, preemptible=False, created_at=2.0)
+    pending = [head, prod_c, prod_d]
+    res = run_cycle(snap, pending, running, profile(), now=10.0)
+    assert res.reservation.gang.name == "head" and res.reservation.nodes == {"n0000", "n0001"}
+    assert res.preemptions == [] and res.admitted == []  # without the rule the sweep keeps n2
+    rule = PreemptionPolicy(preempt_behind_head_tiers=frozenset({PROD}))
+    memo = NoPlanMemo()
+    res = schedule_cycle(state_of(snap, running), pending, profile(), 10.0, rule, no_plan=memo)
+    assert res.reservation.gang.name == "head" and res.reservation.nodes == {"n0000", "n0001"}
+    (plan,) = res.preemptions
+    assert plan.gang.name == "prod-c" and plan.victim_names == ("sweep",)
+    assert {p.node for p in plan.placements} == {"n0002"}
+    assert "preempting 1 gang(s) of lower priority: sweep" in res.waiting["prod-c"]
+    assert "preempting" not in res.waiting["prod-d"]  # the plan's node is taken; one plan per cycle
+    # the head itself is never served by it: no plan of the head's own, and the reserved nodes untouched
+    assert "preempting" not in res.waiting["head"]
+
+
 def test_a_failed_preemption_plan_is_not_searched_again_for_the_same_ask(monkeypatch):
     import airflow_gpu.core.queue as queue
 

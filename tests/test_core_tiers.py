@@ -52,10 +52,15 @@ def test_config_adapter(repo_root):
         assert policies[tier.name] == TierPolicy(tier.priority, tier.preemptible, tier.spot_eligible,
                                                  preempts=tier.preemption_policy != "Never",
                                                  spot_fallback=tier.spot_fallback,
-                                                 borrow_within_cohort=tier.borrow_within_cohort)
+                                                 borrow_within_cohort=tier.borrow_within_cohort,
+                                                 preempt_behind_head=tier.preempt_behind_head)
         assert tier.priority_class_name == priority_class_name(tier.name)
     assert policies["production-training"].spot_fallback and not policies["best-effort-training"].spot_fallback
     assert policies["production-training"].borrow_within_cohort and not policies["best-effort-training"].borrow_within_cohort
+    assert policies["production-training"].preempt_behind_head and not policies["best-effort-training"].preempt_behind_head
+    from airflow_gpu.scheduler.loop import preemption_policy_from_config
+
+    assert preemption_policy_from_config(cfg).preempt_behind_head_tiers == {"production-training"}
 
 
 def test_preemption_rules_of_the_tiers(repo_root):

@@ -114,6 +114,9 @@ class Tier(_Strict):
     # while its team borrows, preempt other teams' borrowers of lower priority (Kueue's
     # borrowWithinCohort, threshold just below this tier); a team's own borrow_within_cohort wins
     borrow_within_cohort: StrictBool = False
+    # waiting behind another gang's head-of-line reservation, the first refused gang of each team may
+    # still preempt (off the reserved nodes), as each Kueue ClusterQueue's head may in every cycle
+    preempt_behind_head: StrictBool = False
     preemption_policy: Literal["PreemptLowerPriority", "Never"] = "PreemptLowerPriority"
     description: str = ""
 
@@ -205,7 +208,7 @@ class QuotaConfig(_Strict):
     def tier_policies(self) -> dict[str, TierPolicy]:
         """The one adapter from this file to core's tier rule: tier name -> core.tiers.TierPolicy."""
         return {t.name: TierPolicy(t.priority, t.preemptible, t.spot_eligible, t.preemption_policy != "Never",
-                                   t.spot_fallback, t.borrow_within_cohort)
+                                   t.spot_fallback, t.borrow_within_cohort, t.preempt_behind_head)
                 for t in self.tiers}
 
     def node_label_aliases(self) -> dict[str, str]:

@@ -62,6 +62,8 @@ class PreemptionPolicy:
     # tiers whose gangs, while their team borrows, take other teams' borrowers of lower priority
     # (Kueue's borrowWithinCohort for the tier; a team's own TeamQuota.borrow_within_cohort wins)
     borrow_within_cohort_tiers: frozenset[str] = frozenset()
+    # tiers whose gangs may seek a plan behind another gang's reservation (core.queue.schedule_cycle)
+    preempt_behind_head_tiers: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

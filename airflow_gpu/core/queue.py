@@ -25,6 +25,15 @@ their own team's quota, they must not hold capacity other teams could use. One h
 cycle: the caller holds the plan (the scheduler writes it on the PodGroup), so the next cycle serves
 the next head - k independent heads take k cycles (bench gang_decision measures it).
 
+Behind the head (tier rule `preempt_behind_head`, PreemptionPolicy.preempt_behind_head_tiers; off by
+default): while the head holds a capacity reservation (no plan of its own), the first refused gang
+of each team whose ask is not known to have no plan searches a preemption plan that leaves the
+reserved nodes alone (placement off them). Kueue considers every ClusterQueue's head in every cycle,
+and with BestEffortFIFO an inadmissible head does not block the workloads behind it; here a head that
+no preemption can serve would otherwise keep every gang behind it from preempting for as long as it
+waits. Still at most one plan per cycle; its nodes are closed to the rest of the cycle, and the head
+keeps its reservation.
+
 Back-off (DESIGN.md: "timeout + exponential back-off, then report, never spin"): a gang that failed
 to fit is not tried again until its back-off (Backoff: exponential, capped) has passed, unless the
 cluster changed in a way that can make room (the caller calls Backoff.reset: a pod ended, a node
@@ -344,15 +353,16 @@ class NoPlanMemo:
         self._failed: set[tuple] = set()
 
     @staticmethod
-    def key(gang: Gang) -> tuple:
+    def key(gang: Gang, where: tuple = ()) -> tuple:
+        """`where`: what else the search was restricted by (nodes it could not use)."""
         return (gang.team, gang.tier, gang.priority, gang.topology, gang.min_member, gang.pinned,
-                tuple((ps.request.shape, ps.count) for ps in gang.pod_sets))
+                tuple((ps.request.shape, ps.count) for ps in gang.pod_sets)) + where
 
-    def failed(self, gang: Gang) -> bool:
-        return self.key(gang) in self._failed
+    def failed(self, gang: Gang, where: tuple = ()) -> bool:
+        return self.key(gang, where) in self._failed
 
-    def add(self, gang: Gang) -> None:
-        self._failed.add(self.key(gang))
+    def add(self, gang: Gang, where: tuple = ()) -> None:
+        self._failed.add(self.key(gang, where))
 
     def reset(self) -> None:
         self._failed.clear()
@@ -483,6 +493,11 @@ def _reclaimable_backfill(state: CycleState, res: Reservation, decision: GangDec
     return decision.borrowed and under_guarantee(state, res.gang)
 
 
+def _preempting(plan: PreemptionPlan) -> str:
+    whom = "of lower priority or borrowing in the cohort" if plan.reclaim else "of lower priority"
+    return f"preempting {len(plan.victims)} gang(s) {whom}: {', '.join(plan.victim_names)}"
+
+
 def _when(start: float, now: float) -> str:
     return "when gangs of unknown duration end" if math.isinf(start) else f"in ~{max(0.0, start - now):.0f} s"
 
@@ -508,22 +523,52 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
     refused = RefusedAsks(by_team=state.book is not None)
     no_plan = no_plan if no_plan is not None else NoPlanMemo()
 
+    nominated: np.ndarray | None = None  # nodes of a plan made behind the head: closed to later gangs
+    nominated_nodes: frozenset[str] = frozenset()
+    searched_teams: set[str] = set()  # teams that searched a plan behind the head in this cycle
+
+    def may_plan_behind(gang: Gang, res: Reservation) -> bool:
+        """Refused behind a capacity reservation, it would search a plan: the first of its team in
+        this cycle whose ask is not known to have no plan (see the module docstring)."""
+        return (gang.tier in policy.preempt_behind_head_tiers and not res.by_preemption and not result.preemptions
+                and gang.team not in searched_teams and not no_plan.failed(gang, ("behind", res.nodes)))
+
+    def plan_behind(gang: Gang, res: Reservation, reason: str) -> str:
+        nonlocal nominated, nominated_nodes
+        if not may_plan_behind(gang, res):
+            return reason
+        where = ("behind", res.nodes)
+        searched_teams.add(gang.team)
+        plan, _ = plan_preemption(work, gang, profile, now, policy, exclude=reserved)
+        if plan is None:
+            no_plan.add(gang, where)
+            return reason
+        result.preemptions.append(plan)
+        work.nominate(gang.team, plan.placements, plan.victims)
+        nominated = np.zeros(len(work.snap), dtype=bool)
+        nominated[[work.snap.node_index(p.node) for p in plan.placements]] = True
+        nominated_nodes = frozenset(p.node for p in plan.placements)
+        return f"{reason}; {_preempting(plan)}"
+
     for gang in queue_order(pending):
         res = result.reservation
         exclude = reserved if res is not None and not res.lets_through(gang, now) else None
         lent = exclude is not None and not res.by_preemption and may_backfill_reserved(res.gang, gang, policy)
         if lent:
             exclude = None  # tried on every node; kept off the reserved ones unless the head can take it back
-        if res is not None and backoff is not None \
-                and not backoff.ready(gang.name, now, res.nodes if exclude is not None else frozenset(), work.snap):
-            result.deferred.append(gang.name)
+        kept_off = res.nodes if exclude is not None else frozenset()  # as a Refusal records it
+        if nominated is not None:
+            exclude = nominated if exclude is None else exclude | nominated
+            kept_off = kept_off | nominated_nodes
+        if res is not None and backoff is not None and not may_plan_behind(gang, res) \
+                and not backoff.ready(gang.name, now, kept_off, work.snap):
+            result.deferred.append(gang.name)  # (a gang that would search a plan is always tried)
             continue
 
         def wait(reason: str, quota_products: frozenset[str]) -> None:
             result.waiting[gang.name] = reason
-            result.refusals[gang.name] = Refusal(tuple(ps.request for ps in gang.pod_sets),
-                                                 res.nodes if exclude is not None else frozenset(), quota_products,
-                                                 profile.filters)
+            result.refusals[gang.name] = Refusal(tuple(ps.request for ps in gang.pod_sets), kept_off,
+                                                 quota_products, profile.filters)
 
         if res is None and no_plan.failed(gang):
             covered = refused.covering(gang, False)
@@ -539,11 +584,12 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
             if short is not None:  # no placement to try: a member fits on no node, reserved or not
                 reason = f"member {short.name} does not fit: no node has the free CPU, memory and GPU it asks for"
                 refused.add(gang, exclude is not None, reason)
-                wait(reason, frozenset())
+                wait(plan_behind(gang, res, reason), frozenset())
                 continue
         decision = admit(work.snap, gang, profile, work.book, work.usage, exclude)
         if lent and decision.admitted and not _reclaimable_backfill(work, res, decision):
-            exclude = reserved
+            exclude = reserved if nominated is None else reserved | nominated
+            kept_off = res.nodes | nominated_nodes
             decision = admit(work.snap, gang, profile, work.book, work.usage, exclude)
         if decision.admitted:
             # held, not running: a gang admitted this cycle is no preemption candidate in it
@@ -561,7 +607,7 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
                                   f"and starts {_when(res.start, now)}"
             if decision.blocked_by == BLOCKED_CAPACITY:
                 refused.add(gang, exclude is not None, decision.reason, delays, decision.quota_products)
-            wait(reason, decision.quota_products)
+            wait(plan_behind(gang, res, reason), decision.quota_products)
             continue
         if decision.blocked_by == BLOCKED_CAPACITY:
             refused.add(gang, False, reason, quota_products=decision.quota_products)
@@ -581,9 +627,7 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
             # the nomination's quota counts at once (the victims' too, until they are gone); its
             # nodes are reserved
             work.nominate(gang.team, plan.placements, plan.victims)
-            names = ", ".join(plan.victim_names)
-            whom = "of lower priority or borrowing in the cohort" if plan.reclaim else "of lower priority"
-            reason = f"{reason}; preempting {len(plan.victims)} gang(s) {whom}: {names}"
+            reason = f"{reason}; {_preempting(plan)}"
         elif decision.blocked_by == BLOCKED_CAPACITY and hold is not None and not hold.may_reserve(gang.name, now):
             reason = f"{reason}; {hold.why(gang.name, now)}"
         elif decision.blocked_by == BLOCKED_CAPACITY:

@@ -28,6 +28,9 @@ class TierPolicy:
     # while its team borrows, it may preempt other teams' borrowers of lower priority (Kueue's
     # borrowWithinCohort, maxPriorityThreshold just below this tier): see core.preemption
     borrow_within_cohort: bool = False
+    # behind another gang's head-of-line reservation, its team's first refused gang may still
+    # preempt, off the reserved nodes (Kueue: every ClusterQueue's head, every cycle): see core.queue
+    preempt_behind_head: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,10 @@ def never_preempting_tiers(tiers: Mapping[str, TierPolicy]) -> frozenset[str]:
 
 def borrow_within_cohort_tiers(tiers: Mapping[str, TierPolicy]) -> frozenset[str]:
     return frozenset(name for name, policy in tiers.items() if policy.borrow_within_cohort and policy.preempts)
+
+
+def preempt_behind_head_tiers(tiers: Mapping[str, TierPolicy]) -> frozenset[str]:
+    return frozenset(name for name, policy in tiers.items() if policy.preempt_behind_head and policy.preempts)
 
 
 def borrowing_priority(tiers: Mapping[str, TierPolicy]) -> int | None:

@@ -54,7 +54,8 @@ from airflow_gpu.core.policies import DEFAULT_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy
 from airflow_gpu.core.queue import Backoff, schedule_cycle
 from airflow_gpu.core.quota import QuotaBook
-from airflow_gpu.core.tiers import borrow_within_cohort_tiers, borrowing_priority, never_preempting_tiers, non_preemptible_tiers
+from airflow_gpu.core.tiers import (borrow_within_cohort_tiers, borrowing_priority, never_preempting_tiers,
+                                    non_preemptible_tiers, preempt_behind_head_tiers)
 from airflow_gpu.scheduler.actions import Api, default_identity, grace_seconds_of
 from airflow_gpu.scheduler.cache import ClusterCache, View
 from airflow_gpu.scheduler.convert import (
@@ -109,7 +110,8 @@ def preemption_policy_from_config(cfg) -> PreemptionPolicy:
     tiers = cfg.tier_policies()
     return PreemptionPolicy(non_preemptible_tiers=non_preemptible_tiers(tiers),
                             never_preempting_tiers=never_preempting_tiers(tiers),
-                            borrow_within_cohort_tiers=borrow_within_cohort_tiers(tiers))
+                            borrow_within_cohort_tiers=borrow_within_cohort_tiers(tiers),
+                            preempt_behind_head_tiers=preempt_behind_head_tiers(tiers))
 
 
 def quota_book_from_config(cfg) -> QuotaBook | None:

@@ -199,7 +199,7 @@ class _NoPlans(NoPlanMemo):
     """The no-preemption platforms: every ask is known to have no plan, so none is searched (and no
     backfill onto a reservation counts on being preempted later)."""
 
-    def failed(self, gang: Gang) -> bool:
+    def failed(self, gang: Gang, where: tuple = ()) -> bool:
         return True
 
 
