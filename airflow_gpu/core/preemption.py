@@ -514,9 +514,9 @@ def plan_preemption(state: CycleState, gang: Gang, profile: Profile, now: float,
     """
     if refused is not None and refused.admitted:
         raise ValueError(f"plan_preemption: gang {gang.name} was admitted, there is nothing to plan")
-    if refused is None and _Feasibility(state, gang, profile, exclude, True)([]) is not None:
+    tries = attempts(state, gang, now, policy)  # first: no candidates is the common no-plan, and cheap
+    if tries and refused is None and _Feasibility(state, gang, profile, exclude, True)([]) is not None:
         return None, "fits without preemption"
-    tries = attempts(state, gang, now, policy)
     if not tries:
         also = " and no borrower in its cohort" if under_guarantee(state, gang) else ""
         return None, f"no preemptible gang of lower priority than {gang.priority}{also} to make room"

@@ -533,13 +533,14 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
         return (gang.tier in policy.preempt_behind_head_tiers and not res.by_preemption and not result.preemptions
                 and gang.team not in searched_teams and not no_plan.failed(gang, ("behind", res.nodes)))
 
-    def plan_behind(gang: Gang, res: Reservation, reason: str) -> str:
+    def plan_behind(gang: Gang, res: Reservation, reason: str, refused: GangDecision | None = None) -> str:
+        """`refused`: its admission off the reserved nodes, when that is what it was."""
         nonlocal nominated, nominated_nodes
         if not may_plan_behind(gang, res):
             return reason
         where = ("behind", res.nodes)
         searched_teams.add(gang.team)
-        plan, _ = plan_preemption(work, gang, profile, now, policy, exclude=reserved)
+        plan, _ = plan_preemption(work, gang, profile, now, policy, exclude=reserved, refused=refused)
         if plan is None:
             no_plan.add(gang, where)
             return reason
@@ -607,7 +608,7 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
                                   f"and starts {_when(res.start, now)}"
             if decision.blocked_by == BLOCKED_CAPACITY:
                 refused.add(gang, exclude is not None, decision.reason, delays, decision.quota_products)
-            wait(plan_behind(gang, res, reason), decision.quota_products)
+            wait(plan_behind(gang, res, reason, decision if exclude is reserved else None), decision.quota_products)
             continue
         if decision.blocked_by == BLOCKED_CAPACITY:
             refused.add(gang, False, reason, quota_products=decision.quota_products)
