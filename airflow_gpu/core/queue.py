@@ -32,7 +32,8 @@ reserved nodes alone (placement off them). Kueue considers every ClusterQueue's 
 and with BestEffortFIFO an inadmissible head does not block the workloads behind it; here a head that
 no preemption can serve would otherwise keep every gang behind it from preempting for as long as it
 waits. Still at most one plan per cycle; its nodes are closed to the rest of the cycle, and the head
-keeps its reservation.
+keeps its reservation. A gang that would search such a plan is never skipped by the back-off: room
+is not what it waits for.
 
 Back-off (DESIGN.md: "timeout + exponential back-off, then report, never spin"): a gang that failed
 to fit is not tried again until its back-off (Backoff: exponential, capped) has passed, unless the
