@@ -218,4 +218,3 @@ def test_cli_replay_json_and_bad_input(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "airflow_gpu", "simulate", "replay", "--pods",
                           str(TRACES / "openb_pod_list_default.csv")], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "--nodes" in bad.stderr
-

@@ -99,13 +99,18 @@ class Reservation:
     by_preemption: bool = False
 
     def mask(self, snap: Snapshot) -> np.ndarray:
-        m = np.zeros(len(snap), dtype=bool)
-        m[[snap.node_index(n) for n in self.nodes]] = True
-        return m
+        return node_mask(snap, self.nodes)
 
     def lets_through(self, gang: Gang, now: float) -> bool:
         """A gang known to finish before the head can start may use the reserved nodes."""
         return gang.expected_duration is not None and now + gang.expected_duration <= self.start
+
+
+def node_mask(snap: Snapshot, names: Iterable[str]) -> np.ndarray:
+    """[N] bool: the nodes named."""
+    m = np.zeros(len(snap), dtype=bool)
+    m[[snap.node_index(n) for n in names]] = True
+    return m
 
 
 @dataclass(eq=False)
@@ -135,7 +140,7 @@ class Refusal:
             fits = seen.get(key) if key is not None else None
             if fits is None:
                 usable = [i for i in nodes if where[i]]
-                fits = bool(usable) and snap.fits_on(ask, usable)
+                fits = bool(usable) and bool(snap.fit_mask(ask, usable).any())
                 if key is not None:
                     seen[key] = fits
             if fits:
@@ -509,8 +514,8 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
                    hold: ReservationHold | None = None, explain: bool = True,
                    starts: StartMemo | None = None) -> CycleResult:
     """Admit what can start now, plan at most one preemption, hold one reservation. Changes nothing
-    passed in (`backoff` is only read; Backoff.record books the result; `no_plan` is added to, see
-    NoPlanMemo; `hold` bounds reservations of unknown start and is only read: ReservationHold.record
+    passed in (`backoff` is read, its refusals brought up to date by Backoff.ready; Backoff.record
+    books the result; `no_plan` is added to, see NoPlanMemo; `hold` bounds reservations of unknown start and is only read: ReservationHold.record
     books the result). `state` (core.cycle) holds every gang that takes capacity or quota: running,
     terminating and held plans. explain=False: a gang kept off the reservation is not placed a
     second time only to say that it "would delay" the head (a caller that shows no wait reasons,
@@ -547,9 +552,8 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
             return reason
         result.preemptions.append(plan)
         work.nominate(gang.team, plan.placements, plan.victims)
-        nominated = np.zeros(len(work.snap), dtype=bool)
-        nominated[[work.snap.node_index(p.node) for p in plan.placements]] = True
         nominated_nodes = frozenset(p.node for p in plan.placements)
+        nominated = node_mask(work.snap, nominated_nodes)
         return f"{reason}; {_preempting(plan)}"
 
     for gang in queue_order(pending):

@@ -353,41 +353,26 @@ class Snapshot:
         return self.allocated_gpu_milli() / total if total else 0.0
 
     # --- feasibility (resources only; labels/taints/products are filter plugins) ---------------
-    def gpu_fit_mask(self, pod: PodRequest) -> np.ndarray:
-        """[N] bool: the node has the GPU form the pod asks for (whole GPUs, a share, a MIG slice)."""
+    def gpu_fit_mask(self, pod: PodRequest, nodes: Sequence[int] | None = None) -> np.ndarray:
+        """[N] bool (or one per index of `nodes`): the node has the GPU form the pod asks for (whole
+        GPUs, a share, a MIG slice)."""
+        at = slice(None) if nodes is None else nodes
         if pod.mig_profile is not None:
             if pod.mig_profile not in self.shape.mig_profiles:
-                return np.zeros(len(self), dtype=bool)
-            return self.mig_free[:, self.shape.mig_profiles.index(pod.mig_profile)] >= 1
+                return np.zeros(len(self) if nodes is None else len(nodes), dtype=bool)
+            return self.mig_free[at, self.shape.mig_profiles.index(pod.mig_profile)] >= 1
         if pod.gpus > 0:
-            return self.whole_free_gpus() >= pod.gpus
+            return self.whole_free_gpus()[at] >= pod.gpus
         if pod.gpu_milli > 0:
-            return self.max_gpu_free() >= pod.gpu_milli
-        return np.ones(len(self), dtype=bool)
+            return self.max_gpu_free()[at] >= pod.gpu_milli
+        return np.ones(len(self) if nodes is None else len(nodes), dtype=bool)
 
-    def fit_mask(self, pod: PodRequest) -> np.ndarray:
-        """[N] bool: CPU, memory and the GPU form all fit in the free capacity."""
-        return (self.cpu_free >= pod.cpu_milli) & (self.mem_free >= pod.memory_mib) & self.gpu_fit_mask(pod)
-
-    def fits_on(self, pod: PodRequest, nodes: Sequence[int]) -> bool:
-        """Whether `pod` fits by resources (as fit_mask) on one of `nodes`: a few nodes, read one by
-        one, which is cheaper than a mask over the whole cluster."""
-        for i in nodes:
-            if self.cpu_free[i] < pod.cpu_milli or self.mem_free[i] < pod.memory_mib:
-                continue
-            if pod.mig_profile is not None:
-                profiles = self.shape.mig_profiles
-                if pod.mig_profile in profiles and self.mig_free[i, profiles.index(pod.mig_profile)] >= 1:
-                    return True
-            elif pod.gpus > 0:
-                if self._whole[i] >= pod.gpus:
-                    return True
-            elif pod.gpu_milli > 0:
-                if self._widest[i] >= pod.gpu_milli:
-                    return True
-            else:
-                return True
-        return False
+    def fit_mask(self, pod: PodRequest, nodes: Sequence[int] | None = None) -> np.ndarray:
+        """[N] bool (or one per index of `nodes`): CPU, memory and the GPU form all fit in the free
+        capacity."""
+        at = slice(None) if nodes is None else nodes
+        return ((self.cpu_free[at] >= pod.cpu_milli) & (self.mem_free[at] >= pod.memory_mib)
+                & self.gpu_fit_mask(pod, nodes))
 
     def default_gpu_choice(self, pod: PodRequest, node: int) -> tuple[tuple[int, int], ...]:
         """GPU indices for `pod` on node `node` when no plugin chose: the lowest-index whole GPUs,

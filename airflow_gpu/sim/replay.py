@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from queue import Empty
 
@@ -231,7 +231,7 @@ class _Cycle:
         admitted = [(d.gang, d.placements, d.borrowed) for d in result.admitted]
         return admitted, result.preemptions
 
-    def room_appeared(self, snap: Snapshot, nodes: list[int], quota_freed: set[str]) -> None:
+    def room_appeared(self, snap: Snapshot, nodes: list[int], quota_freed: Iterable[str]) -> None:
         """Pods ended on `nodes` (or a node came back), quota usage fell on the GPU products
         `quota_freed`: the gangs this may help try again."""
         self.backoff.wake(snap, nodes, quota_freed)
@@ -452,7 +452,7 @@ class Replay:
             self._enqueue(st)
         self._room_appeared(sorted(freed), products)
 
-    def _room_appeared(self, nodes: list[int], quota_freed: set[str] = frozenset()) -> None:
+    def _room_appeared(self, nodes: list[int], quota_freed: Iterable[str] = ()) -> None:
         self.cycle.room_appeared(self.snap, nodes, quota_freed)
         if self.fifo is not None:
             self.fifo.room_appeared()

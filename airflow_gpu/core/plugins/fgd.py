@@ -103,6 +103,8 @@ def final_waste_table(typical: TypicalPods, plentiful: float = PLENTIFUL) -> np.
 class FragModel:
     """Vectorised node fragmentation for one cluster shape and one typical-pod distribution."""
 
+    KNOWN = 200_000  # node states remembered by frag (then forgotten all at once)
+
     def __init__(
         self,
         shape: ClusterShape,
@@ -148,8 +150,6 @@ class FragModel:
     def level_sums(self, free: np.ndarray) -> np.ndarray:
         """[K, M] packed per size level: GPUs big enough (<< 32) | their free milli (free [K, G] in 0..1000)."""
         return self.gpu_levels[free].sum(axis=1)
-
-    KNOWN = 200_000  # node states remembered (then forgotten all at once)
 
     def frag(self, free: np.ndarray, cpu: np.ndarray, nodes: np.ndarray, sums: np.ndarray | None = None) -> np.ndarray:
         """Fragmentation (GPU milli) of K node states: free [K, G], cpu [K], node index [K]; `sums`:
