@@ -234,34 +234,48 @@ def valid_order(state: CycleState, gang: Gang, victims: Iterable[RunningGang],
     return out
 
 
-def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float,
+@dataclass(frozen=True)
+class CandidateRoom:
+    """The candidates' pods on the gang's eligible nodes as columns (from the shape's cached rows:
+    no name resolved per pod), and the room per node with every candidate gone: no victim set
+    opens more, so when no domain holds the gang by `ceiling`, no plan exists."""
+
+    rows: list
+    spot_cand: np.ndarray  # [k] candidate index of each placement on an eligible node
+    spot_node: np.ndarray  # [k] its node
+    ceiling: np.ndarray  # [N] RoomEstimate.fit_all with every candidate gone
+
+    @classmethod
+    def of(cls, room: RoomEstimate, cands: list[RunningGang]) -> CandidateRoom:
+        snap, eligible = room.snap, room.eligible
+        rows = snap.shape.rows_of(cands)
+        spot = np.fromiter(chain.from_iterable(r.flat_spots for r in rows), dtype=np.int64).reshape(-1, 3)
+        share = np.fromiter(chain.from_iterable(r.flat_shares for r in rows), dtype=np.int64).reshape(-1, 3)
+        on = eligible[spot[:, 0]]
+        spot_cand = np.repeat(np.arange(len(rows), dtype=np.int64), [len(r.nodes) for r in rows])[on]
+        spot, share = spot[on], share[eligible[share[:, 0]]]
+        gpu, cpu, mem = snap.gpu_free.copy(), snap.cpu_free.copy(), snap.mem_free.copy()
+        np.add.at(cpu, spot[:, 0], spot[:, 1])
+        np.add.at(mem, spot[:, 0], spot[:, 2])
+        np.add.at(gpu, (share[:, 0], share[:, 1]), share[:, 2])
+        return cls(rows, spot_cand, spot[:, 0], room.fit_all(cpu, mem, gpu))
+
+
+def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float, released: CandidateRoom | None = None,
                     per_level: int = 3) -> Iterator[list[RunningGang]]:
     """Per topology level (tightest first), the cheapest victim sets that make room in one domain:
     each domain's candidates taken in victim order until its estimated room holds the gang.
     Lazily, level by level: a caller that stops at the first set that works never pays for the
-    looser levels.
+    looser levels. `released`: CandidateRoom.of(room, cands), when the caller has it.
 
     Only domains that could hold the gang with every candidate in them gone are walked (free plus
     preemptible capacity, one vectorised pass), and a walk stops once its set already costs more
     than the per_level-th cheapest found: the result is the same as walking every domain."""
     snap = room.snap
     base_fit = members_per_node(snap, room.gang, room.by_set)
-    eligible_a = room.eligible
-    eligible = eligible_a.tolist()  # read per placement: a list index is cheaper than numpy's
-    # every candidate's placements as columns, from the shape's cached rows (no name resolved per pod)
-    rows = snap.shape.rows_of(cands)
-    spot = np.fromiter(chain.from_iterable(r.flat_spots for r in rows), dtype=np.int64).reshape(-1, 3)
-    share = np.fromiter(chain.from_iterable(r.flat_shares for r in rows), dtype=np.int64).reshape(-1, 3)
-    on = eligible_a[spot[:, 0]]
-    spot_cand_a = np.repeat(np.arange(len(rows), dtype=np.int64), [len(r.nodes) for r in rows])[on]
-    spot, share = spot[on], share[eligible_a[share[:, 0]]]
-    spot_node_a = spot[:, 0]
-    # the room per node with every candidate gone: no victim set inside a domain opens more
-    gpu, cpu, mem = snap.gpu_free.copy(), snap.cpu_free.copy(), snap.mem_free.copy()
-    np.add.at(cpu, spot_node_a, spot[:, 1])
-    np.add.at(mem, spot_node_a, spot[:, 2])
-    np.add.at(gpu, (share[:, 0], share[:, 1]), share[:, 2])
-    ceiling = room.fit_all(cpu, mem, gpu)
+    eligible = room.eligible.tolist()  # read per placement: a list index is cheaper than numpy's
+    released = released if released is not None else CandidateRoom.of(room, cands)
+    rows, spot_cand_a, spot_node_a, ceiling = released.rows, released.spot_cand, released.spot_node, released.ceiling
     # A set's cost: non-checkpointable victims first (never one while a checkpointable set would
     # do), then the last candidate it needs in victim order, then GPU-seconds lost (computed for
     # the candidates a walk reaches only).
@@ -406,13 +420,16 @@ def _search(state: CycleState, gang: Gang, profile: Profile, now: float, attempt
     cands = valid_order(state, gang, attempt.candidates, keys)
     if not cands:
         return None
+    released = CandidateRoom.of(room, cands)
+    if not room.holds(released.ceiling):
+        return None  # not even with every candidate gone (an upper bound: admission agrees)
     ok = lambda vs: feasible(vs) if len(valid_order(state, gang, vs, keys)) == len(vs) else None  # noqa: E731
     demands = product_demands(state, gang)
     quota_short = bool(demands) and not any(state.check(gang.team, d).fits for d in demands)
     chosen: list[RunningGang] | None = None
     if not quota_short:
         # Capacity only: victims concentrated in one topology domain, the cheapest domain first.
-        for prefix in domain_prefixes(room, cands, now):
+        for prefix in domain_prefixes(room, cands, now, released):
             if ok(prefix) is not None:
                 chosen = prefix
                 break

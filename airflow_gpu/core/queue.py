@@ -128,24 +128,46 @@ class Refusal:
     gained: set[int] = field(default_factory=set)  # node indices that gained room where it may fit
     _where: list[np.ndarray] | None = field(default=None, repr=False)
 
-    def may_fit(self, snap: Snapshot, nodes: Sequence[int], seen: dict | None = None) -> bool:
+    def may_fit(self, snap: Snapshot, nodes: Sequence[int], seen: dict | None = None,
+                fits: FitMasks | None = None) -> bool:
         """A member may go to one of `nodes` (static filters) and fits there by resources. `seen`:
-        answers per ask shape for these very nodes and state (one wake over many gangs)."""
+        answers per ask shape for these very nodes and state (one wake over many gangs); `fits`: fit
+        masks of this state of `snap` (many refusals checked between two changes)."""
         if not nodes:
             return False
         if self._where is None:
             self._where = [static_mask(snap, a, self.filters).tolist() for a in self.asks]
+        fits = fits if fits is not None else FitMasks()
         for ask, where in zip(self.asks, self._where):
             key = (ask.shape, self.filters) if seen is not None else None
-            fits = seen.get(key) if key is not None else None
-            if fits is None:
-                usable = [i for i in nodes if where[i]]
-                fits = bool(usable) and bool(snap.fit_mask(ask, usable).any())
+            ok = seen.get(key) if key is not None else None
+            if ok is None:
+                fit = fits.of(snap, ask)
+                ok = any(where[i] and fit[i] for i in nodes)
                 if key is not None:
-                    seen[key] = fits
-            if fits:
+                    seen[key] = ok
+            if ok:
                 return True
         return False
+
+
+class FitMasks:
+    """Snapshot.fit_mask of each ask resources checked against one state of a snapshot, as lists:
+    a cycle checks hundreds of refusals between two admissions, most with a handful of ask shapes.
+    Whoever changes the snapshot clears it."""
+
+    def __init__(self) -> None:
+        self._masks: dict[tuple, list[bool]] = {}
+
+    def of(self, snap: Snapshot, ask: PodRequest) -> list[bool]:
+        key = (ask.cpu_milli, ask.memory_mib, ask.gpus, ask.gpu_milli, ask.mig_profile)
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = self._masks[key] = snap.fit_mask(ask).tolist()
+        return mask
+
+    def clear(self) -> None:
+        self._masks.clear()
 
 
 @dataclass
@@ -177,12 +199,13 @@ class Backoff:
         return min(self.cap, self.base * 2.0 ** min(failures - 1, 62)) if failures > 0 else 0.0
 
     def ready(self, name: str, now: float, kept_off: frozenset[str] = frozenset(),
-              snap: Snapshot | None = None) -> bool:
+              snap: Snapshot | None = None, fits: FitMasks | None = None) -> bool:
         """Its back-off has passed, or since its refusal a node it may use now (`kept_off`: the
         nodes reserved against it in this cycle) gained room or is no longer reserved against it,
         and, when `snap` is given, one of its members fits on one of those by resources there.
         When none does, the refusal now stands as if made in this cycle (what `ready` checked
-        is folded into it), so the same nodes are not checked again until they change."""
+        is folded into it), so the same nodes are not checked again until they change. `fits`: fit
+        masks of this state of `snap`."""
         if now >= self.not_before.get(name, -math.inf):
             return True
         r = self.refusals.get(name)
@@ -196,7 +219,7 @@ class Backoff:
         names = snap.shape.nodes
         usable = {snap.node_index(n) for n in opened}
         usable.update(i for i in r.gained if names[i].name not in kept_off)
-        if r.may_fit(snap, sorted(usable)):
+        if r.may_fit(snap, sorted(usable), fits=fits):
             return True
         r.kept_off = frozenset(n for n in r.kept_off.union(names[i].name for i in r.gained) if n in kept_off)
         r.gained.clear()
@@ -233,6 +256,7 @@ class Backoff:
         names = [snap.shape.nodes[i].name for i in nodes]
         freed = frozenset(quota_freed)
         seen: dict = {}  # ask shape -> fits on `nodes` (gangs kept off none of them)
+        fits = FitMasks()
         for name in list(self.failures):
             r = self.refusals.get(name)
             if r is None or not freed.isdisjoint(r.quota_products):
@@ -240,11 +264,11 @@ class Backoff:
                 continue
             if r.kept_off and not r.kept_off.isdisjoint(names):
                 usable = [i for i, n in zip(nodes, names) if n not in r.kept_off]
-                fits = r.may_fit(snap, usable)
+                ok = r.may_fit(snap, usable, fits=fits)
             else:
                 usable = nodes
-                fits = r.may_fit(snap, usable, seen)
-            if fits:  # room where it fits now; the cycle may still take it
+                ok = r.may_fit(snap, usable, seen, fits)
+            if ok:  # room where it fits now; the cycle may still take it
                 r.gained.update(usable)
 
     def record(self, result: CycleResult, pending: Iterable[Gang], now: float) -> None:
@@ -528,6 +552,7 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
     reserved: np.ndarray | None = None
     refused = RefusedAsks(by_team=state.book is not None)
     no_plan = no_plan if no_plan is not None else NoPlanMemo()
+    fits = FitMasks()  # of work.snap as it is: cleared whenever the cycle changes it
 
     nominated: np.ndarray | None = None  # nodes of a plan made behind the head: closed to later gangs
     nominated_nodes: frozenset[str] = frozenset()
@@ -552,6 +577,7 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
             return reason
         result.preemptions.append(plan)
         work.nominate(gang.team, plan.placements, plan.victims)
+        fits.clear()
         nominated_nodes = frozenset(p.node for p in plan.placements)
         nominated = node_mask(work.snap, nominated_nodes)
         return f"{reason}; {_preempting(plan)}"
@@ -567,7 +593,7 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
             exclude = nominated if exclude is None else exclude | nominated
             kept_off = kept_off | nominated_nodes
         if res is not None and backoff is not None and not may_plan_behind(gang, res) \
-                and not backoff.ready(gang.name, now, kept_off, work.snap):
+                and not backoff.ready(gang.name, now, kept_off, work.snap, fits):
             result.deferred.append(gang.name)  # (a gang that would search a plan is always tried)
             continue
 
@@ -600,6 +626,7 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
         if decision.admitted:
             # held, not running: a gang admitted this cycle is no preemption candidate in it
             work.hold(gang.team, decision.placements)
+            fits.clear()
             started.append(RunningGang(gang, decision.placements, now, borrowed=decision.borrowed))
             result.admitted.append(decision)
             continue
@@ -633,6 +660,7 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
             # the nomination's quota counts at once (the victims' too, until they are gone); its
             # nodes are reserved
             work.nominate(gang.team, plan.placements, plan.victims)
+            fits.clear()
             reason = f"{reason}; {_preempting(plan)}"
         elif decision.blocked_by == BLOCKED_CAPACITY and hold is not None and not hold.may_reserve(gang.name, now):
             reason = f"{reason}; {hold.why(gang.name, now)}"

@@ -44,7 +44,11 @@ class RoomEstimate:
         return self.snap.shape.domain_ids(level.value)
 
     def may_fit(self, snap: Snapshot) -> bool:
-        fit = members_per_node(snap, self.gang, self.by_set)
+        return self.holds(members_per_node(snap, self.gang, self.by_set))
+
+    def holds(self, fit: np.ndarray) -> bool:
+        """Some domain of a level the gang may use holds all its members, by `fit` ([N] members
+        per node)."""
         for level in self.levels:
             ids = self.ids(level)
             known = ids >= 0
