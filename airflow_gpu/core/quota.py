@@ -186,13 +186,14 @@ def demand_on_product(gang: Gang, product: str, weight: float = 1.0, label: str 
     costing `weight` GPUs of quota (normalised units). With `label` (the node product), only the
     members that accept it count: a pod set bound to another product is charged there."""
     out: Demand = defaultdict(int)
-    for m in gang.members:
+    for ps in gang.pod_sets:  # members of a set are alike: one charge times the count
+        m = ps.request
         if label is not None and m.gpu_products and label not in m.gpu_products:
             continue
         if m.mig_profile is not None:
-            out[(product, m.mig_profile)] += 1
+            out[(product, m.mig_profile)] += ps.count
         elif m.gpu_milli_total:
-            out[(product, None)] += round(m.gpu_milli_total * weight)
+            out[(product, None)] += round(m.gpu_milli_total * weight) * ps.count
     return dict(out)
 
 
