@@ -44,13 +44,14 @@ gang behind it.
 
 Queueing hints (kube-scheduler's QueueingHint): each refusal is kept with what it was refused
 under (Refusal: its asks, the reserved nodes it was kept off, the GPU products quota limited it
-on). A caller that knows where room appeared calls Backoff.wake instead of reset: a gang is woken
-only when usage fell on one of its quota-limited products, and a node that gained room is only
-noted on its refusal when one of its members may go there and fits; in the cycle, `ready` tries it
-only when such a node, or a reserved node it was kept off and is not now, still has room for it
+on). A caller that knows where room appeared calls Backoff.wake instead of reset; the wake is
+logged, and in the cycle `ready` reads the wakes since the gang's refusal: it is tried when usage
+fell on one of its quota-limited products, or when a node that gained room, or a reserved node it
+was kept off and is not now, has room for one of its members (static filters and resources)
 outside this cycle's reservation. A gang that none of this reaches would be refused again: on the
-nodes that did not gain, capacity only shrank. The replay uses wake (same decisions as waking every
-gang, tested); the scheduler still resets on every change.
+nodes that did not gain, capacity only shrank. Gangs of one shape refused under the same wakes and
+reservation share one answer per state of the cycle (FitMasks). The replay uses wake (same
+decisions as waking every gang, tested); the scheduler still resets on every change.
 
 Refused asks (RefusedAsks): within one cycle capacity only shrinks (admissions hold it, a
 nomination's victims keep theirs), so once the reservation is taken, a gang whose ask is no smaller
@@ -118,46 +119,47 @@ class Refusal:
     """What a gang was refused under, so that it is tried again only once that may have changed
     (kube-scheduler's QueueingHint): a node gained room where one of `asks` may go and fits, usage
     fell on a GPU product quota limited it on, or it is kept off fewer reserved nodes than `kept_off`.
-    Backoff keeps it up to date: `gained` collects the nodes that gained room since (Backoff.wake),
-    and a check that finds nothing usable folds them in (Backoff.ready)."""
+    Backoff keeps it up to date: `epoch` counts the wakes it has taken into account, and a check
+    that finds nothing usable folds the later ones in (Backoff.ready)."""
 
     asks: tuple[PodRequest, ...]  # its members' distinct requests
     kept_off: frozenset[str] = frozenset()  # the reservation's nodes it was not allowed on
     quota_products: frozenset[str] = frozenset()  # GangDecision.quota_products
     filters: tuple = ()  # the profile's filters (the static ones say where an ask may ever go)
-    gained: set[int] = field(default_factory=set)  # node indices that gained room where it may fit
+    epoch: int = 0  # Backoff wakes heard before it (set by Backoff.record)
     _where: list[np.ndarray] | None = field(default=None, repr=False)
+    _shape: tuple | None = field(default=None, repr=False)
 
-    def may_fit(self, snap: Snapshot, nodes: Sequence[int], seen: dict | None = None,
-                fits: FitMasks | None = None) -> bool:
-        """A member may go to one of `nodes` (static filters) and fits there by resources. `seen`:
-        answers per ask shape for these very nodes and state (one wake over many gangs); `fits`: fit
-        masks of this state of `snap` (many refusals checked between two changes)."""
+    @property
+    def shape(self) -> tuple:
+        """What may_fit reads of it: gangs of one shape get one answer (FitMasks.answers)."""
+        if self._shape is None:
+            self._shape = (tuple(a.shape for a in self.asks), self.filters)
+        return self._shape
+
+    def may_fit(self, snap: Snapshot, nodes: Sequence[int], fits: FitMasks | None = None) -> bool:
+        """A member may go to one of `nodes` (static filters) and fits there by resources. `fits`:
+        fit masks of this state of `snap` (many refusals checked between two changes)."""
         if not nodes:
             return False
         if self._where is None:
             self._where = [static_mask(snap, a, self.filters).tolist() for a in self.asks]
         fits = fits if fits is not None else FitMasks()
         for ask, where in zip(self.asks, self._where):
-            key = (ask.shape, self.filters) if seen is not None else None
-            ok = seen.get(key) if key is not None else None
-            if ok is None:
-                fit = fits.of(snap, ask)
-                ok = any(where[i] and fit[i] for i in nodes)
-                if key is not None:
-                    seen[key] = ok
-            if ok:
+            fit = fits.of(snap, ask)
+            if any(where[i] and fit[i] for i in nodes):
                 return True
         return False
 
 
 class FitMasks:
-    """Snapshot.fit_mask of each ask resources checked against one state of a snapshot, as lists:
-    a cycle checks hundreds of refusals between two admissions, most with a handful of ask shapes.
-    Whoever changes the snapshot clears it."""
+    """Snapshot.fit_mask of each ask resources checked against one state of a snapshot, as lists,
+    and Backoff.ready's answers in that state: a cycle checks hundreds of refusals between two
+    admissions, most with a handful of shapes. Whoever changes the snapshot clears it."""
 
     def __init__(self) -> None:
         self._masks: dict[tuple, list[bool]] = {}
+        self.answers: dict[tuple, tuple[bool, frozenset[str]]] = {}
 
     def of(self, snap: Snapshot, ask: PodRequest) -> list[bool]:
         key = (ask.cpu_milli, ask.memory_mib, ask.gpus, ask.gpu_milli, ask.mig_profile)
@@ -168,6 +170,7 @@ class FitMasks:
 
     def clear(self) -> None:
         self._masks.clear()
+        self.answers.clear()
 
 
 @dataclass
@@ -190,6 +193,11 @@ class Backoff:
     failures: dict[str, int] = field(default_factory=dict)
     not_before: dict[str, float] = field(default_factory=dict)
     refusals: dict[str, Refusal] = field(default_factory=dict)
+    # the wakes heard (node indices that gained room, GPU products whose usage fell), oldest first:
+    # each refusal reads those after its epoch when it is asked (a wake costs nothing per gang)
+    _wakes: list[tuple[tuple[int, ...], frozenset[str]]] = field(default_factory=list, repr=False)
+    _failed_at: dict[str, int] = field(default_factory=dict, repr=False)  # wakes heard before its last failure
+    _since: dict[int, tuple[frozenset[int], frozenset[str]]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.base <= 0 or self.cap < self.base:
@@ -198,44 +206,86 @@ class Backoff:
     def delay(self, failures: int) -> float:
         return min(self.cap, self.base * 2.0 ** min(failures - 1, 62)) if failures > 0 else 0.0
 
+    def _woken_since(self, epoch: int) -> tuple[frozenset[int], frozenset[str]]:
+        """The nodes and products of every wake after the first `epoch`."""
+        got = self._since.get(epoch)
+        if got is None:
+            nodes: set[int] = set()
+            freed: set[str] = set()
+            for n, f in self._wakes[epoch:]:
+                nodes.update(n)
+                freed.update(f)
+            got = self._since[epoch] = (frozenset(nodes), frozenset(freed))
+        return got
+
+    def _settle(self, name: str) -> bool:
+        """Forget the gang (True) if a wake since its failure concerns it whatever the nodes: usage
+        fell on a product quota limited it on, or nothing is known of its refusal."""
+        epoch = len(self._wakes)
+        r = self.refusals.get(name)
+        if r is None:
+            if self._failed_at.get(name, epoch) < epoch:
+                self.forget(name)
+                return True
+            return False
+        if r.epoch < epoch and r.quota_products and not self._woken_since(r.epoch)[1].isdisjoint(r.quota_products):
+            self.forget(name)
+            return True
+        return False
+
     def ready(self, name: str, now: float, kept_off: frozenset[str] = frozenset(),
               snap: Snapshot | None = None, fits: FitMasks | None = None) -> bool:
-        """Its back-off has passed, or since its refusal a node it may use now (`kept_off`: the
-        nodes reserved against it in this cycle) gained room or is no longer reserved against it,
-        and, when `snap` is given, one of its members fits on one of those by resources there.
-        When none does, the refusal now stands as if made in this cycle (what `ready` checked
-        is folded into it), so the same nodes are not checked again until they change. `fits`: fit
-        masks of this state of `snap`."""
+        """Its back-off has passed, or since its refusal usage fell on a product quota limited it
+        on, or a node it may use now (`kept_off`: the nodes reserved against it in this cycle)
+        gained room or is no longer reserved against it, and, when `snap` is given, one of its
+        members fits on one of those by resources there. When none does, the refusal now stands as
+        if made in this cycle (what `ready` checked is folded into it), so the same nodes are not
+        checked again until they change. `fits`: fit masks of this state of `snap` (gangs of one
+        shape refused under the same wakes and reservation share the answer)."""
         if now >= self.not_before.get(name, -math.inf):
+            return True
+        if self._settle(name):
             return True
         r = self.refusals.get(name)
         if r is None:
             return False
-        if not r.gained and r.kept_off <= kept_off:
+        epoch = len(self._wakes)
+        if r.epoch == epoch and r.kept_off <= kept_off:
             return False  # nothing gained, nothing opened: the common case, without a new set
-        opened = r.kept_off - kept_off
         if snap is None:
             return True
-        names = snap.shape.nodes
-        usable = {snap.node_index(n) for n in opened}
-        usable.update(i for i in r.gained if names[i].name not in kept_off)
-        if r.may_fit(snap, sorted(usable), fits=fits):
+        key = (r.shape, r.epoch, r.kept_off, kept_off)
+        got = fits.answers.get(key) if fits is not None else None
+        if got is None:
+            gained = self._woken_since(r.epoch)[0] if r.epoch < epoch else frozenset()
+            names = snap.shape.nodes
+            usable = {snap.node_index(n) for n in r.kept_off - kept_off}
+            usable.update(i for i in gained if names[i].name not in kept_off)
+            if r.may_fit(snap, sorted(usable), fits=fits):
+                got = (True, r.kept_off)
+            else:
+                got = (False, frozenset(n for n in r.kept_off.union(names[i].name for i in gained) if n in kept_off))
+            if fits is not None:
+                fits.answers[key] = got
+        if got[0]:
             return True
-        r.kept_off = frozenset(n for n in r.kept_off.union(names[i].name for i in r.gained) if n in kept_off)
-        r.gained.clear()
+        r.kept_off, r.epoch = got[1], epoch
         return False
 
     def failed(self, name: str, now: float) -> float:
         """Record a failed try; returns the delay until the next one."""
+        self._settle(name)  # a wake that concerned it since its last failure starts its back-off again
         n = self.failures[name] = self.failures.get(name, 0) + 1
         d = self.delay(n)
         self.not_before[name] = now + d
+        self._failed_at[name] = len(self._wakes)
         return d
 
     def forget(self, name: str) -> None:
         self.failures.pop(name, None)
         self.not_before.pop(name, None)
         self.refusals.pop(name, None)
+        self._failed_at.pop(name, None)
 
     def reset(self) -> None:
         """Room may have appeared (a pod ended, a node joined): every gang may try at once, and its
@@ -243,33 +293,23 @@ class Backoff:
         self.failures.clear()
         self.not_before.clear()
         self.refusals.clear()
+        self._failed_at.clear()
+        self._wakes.clear()
+        self._since.clear()
 
     def wake(self, snap: Snapshot, nodes: Sequence[int], quota_freed: Iterable[str] = ()) -> None:
         """Room appeared on `nodes` of `snap` (pods ended there, a node joined); `quota_freed`: the
         node GPU products on which quota usage fell. Only the gangs this may help try again at once
-        (kube-scheduler's QueueingHint): a member may go to one of those nodes and fits there by
-        resources, or quota limited it on one of those products, or nothing is known of its
-        refusal. Nodes that gained are noted on the refusal; `ready` checks them against the
-        cycle's own state and reservation. For the others nothing they could use changed: on the
-        nodes that did not gain, capacity only shrank since their refusal, and a reserved node it
-        was kept off counts once it is kept off it no more (`ready`)."""
-        names = [snap.shape.nodes[i].name for i in nodes]
-        freed = frozenset(quota_freed)
-        seen: dict = {}  # ask shape -> fits on `nodes` (gangs kept off none of them)
-        fits = FitMasks()
-        for name in list(self.failures):
-            r = self.refusals.get(name)
-            if r is None or not freed.isdisjoint(r.quota_products):
-                self.forget(name)
-                continue
-            if r.kept_off and not r.kept_off.isdisjoint(names):
-                usable = [i for i, n in zip(nodes, names) if n not in r.kept_off]
-                ok = r.may_fit(snap, usable, fits=fits)
-            else:
-                usable = nodes
-                ok = r.may_fit(snap, usable, seen, fits)
-            if ok:  # room where it fits now; the cycle may still take it
-                r.gained.update(usable)
+        (kube-scheduler's QueueingHint): quota limited it on one of those products, or nothing is
+        known of its refusal, or (checked by `ready` against the cycle's own state and reservation)
+        a member may go to one of those nodes and fits there by resources. For the others nothing
+        they could use changed: on the nodes that did not gain, capacity only shrank since their
+        refusal, and a reserved node it was kept off counts once it is kept off it no more. The
+        wake is only logged; each refusal reads the wakes after its own when it is asked (a node
+        that gained room where a gang did not fit then has no more room for it later, unless
+        another wake says so)."""
+        self._wakes.append((tuple(int(i) for i in nodes), frozenset(quota_freed)))
+        self._since.clear()
 
     def record(self, result: CycleResult, pending: Iterable[Gang], now: float) -> None:
         """Book one cycle: gangs tried and left waiting back off further; admitted or preempting
@@ -285,6 +325,7 @@ class Backoff:
                 if refusal is not None:
                     if old is not None and old.asks == refusal.asks and old.filters is refusal.filters:
                         refusal._where = old._where  # where its asks may go does not change
+                    refusal.epoch = len(self._wakes)
                     self.refusals[name] = refusal
         for d in result.admitted:
             self.forget(d.gang.name)
