@@ -261,12 +261,12 @@ class CandidateRoom:
         return cls(rows, spot_cand, spot[:, 0], room.fit_all(cpu, mem, gpu))
 
 
-def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float, released: CandidateRoom | None = None,
+def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float, released: CandidateRoom,
                     per_level: int = 3) -> Iterator[list[RunningGang]]:
     """Per topology level (tightest first), the cheapest victim sets that make room in one domain:
     each domain's candidates taken in victim order until its estimated room holds the gang.
     Lazily, level by level: a caller that stops at the first set that works never pays for the
-    looser levels. `released`: CandidateRoom.of(room, cands), when the caller has it.
+    looser levels. `released`: CandidateRoom.of(room, cands).
 
     Only domains that could hold the gang with every candidate in them gone are walked (free plus
     preemptible capacity, one vectorised pass), and a walk stops once its set already costs more
@@ -274,7 +274,6 @@ def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float, re
     snap = room.snap
     base_fit = members_per_node(snap, room.gang, room.by_set)
     eligible = room.eligible.tolist()  # read per placement: a list index is cheaper than numpy's
-    released = released if released is not None else CandidateRoom.of(room, cands)
     rows, spot_cand_a, spot_node_a, ceiling = released.rows, released.spot_cand, released.spot_node, released.ceiling
     # A set's cost: non-checkpointable victims first (never one while a checkpointable set would
     # do), then the last candidate it needs in victim order, then GPU-seconds lost (computed for
