@@ -122,6 +122,8 @@ BAD_CASES = {
     "lending above quota": (_set("teams.0.lending_limit", {"a100-80gb": 9}), "teams[0].lending_limit.a100-80gb", "allowed 0..8"),
     "bad team name": (_set("teams.0.name", "NLP_team"), "teams[0].name", "lowercase DNS label"),
     "priority out of range": (_set("tiers.0.priority", 2_000_000_000), "tiers[0].priority", "<= 1000000000"),
+    "negative reservation hold": (_set("scheduling.reservation_hold_seconds", -5), "scheduling.reservation_hold_seconds", ">= 0"),
+    "unknown scheduling key": (_set("scheduling.hold", 60), "scheduling.hold", "allowed keys: reservation_hold_seconds"),
     "MIG profile bigger than the GPU": (_set("products.0.mig_profiles.5", {"name": "7g.96gb"}), "products[0].mig_profiles[5].memory_gb", "exceeds the product's memory"),
 }
 

@@ -347,3 +347,47 @@ def test_team_quota_and_never_preempting_tier(kube_cluster, api, namespace, tmp_
     finally:
         scheduler.stop()
         runner.join(10)
+
+
+def test_a_head_of_unknown_start_holds_its_node_for_the_configured_time_then_lets_work_through(
+        kube_cluster, api, namespace, tmp_path):
+    """The config's scheduling.reservation_hold_seconds reaches the scheduler (the bound the replay
+    measures): a head of line waiting on work of unknown duration keeps a smaller gang of its own
+    priority off its reserved node, and only for that long."""
+    ns = namespace("hold")
+    cfg_path = _quota_config(tmp_path, [{"name": "ml", "namespace": ns, "quota": {"h100": 24}}])  # quota is no limit
+    raw = yaml.safe_load(cfg_path.read_text())
+    raw["scheduling"] = {"reservation_hold_seconds": 4}
+    cfg_path.write_text(yaml.safe_dump(raw))
+    cfg = load_config(cfg_path)
+    assert cfg.scheduling.reservation_hold_seconds == 4
+    prod = "airflow-gpu-production-training"  # one priority for all: nothing here may preempt
+    core = client.CoreV1Api(api)
+    # h100-1 full, h100-0 with 2 GPUs free, for far longer than the test (no expected duration)
+    for node, gpus in (("h100-0", 6), ("h100-1", 8)):
+        core.create_namespaced_pod(ns, G.pod_manifest(f"busy-{node}", ns, gpus, priority_class=prod, sim_seconds=300,
+                                                      node_selector={"kubernetes.io/hostname": node}))
+    scheduler = Scheduler(G.api_client(kube_cluster.kubeconfig), cfg, Settings(), identity="hold")
+    runner = threading.Thread(target=scheduler.run, daemon=True)
+    runner.start()
+    try:
+        G.wait_until(lambda: all(_bound_at(G.list_pods(api, ns)).values()), 20, what="busy pods bound")
+        G.create_gang(api, ns, "head", 1, 8, priority_class=prod, node_selector={"kubernetes.io/hostname": "h100-0"})
+        time.sleep(0.5)
+        G.create_gang(api, ns, "small", 1, 2, priority_class=prod, sim_seconds=300)
+        created = time.time()
+        G.wait_until(lambda: G.gang_binding_state(G.list_pods(api, ns)).get(f"{ns}/small") == (1, 1), 15,
+                     what="small bound once the head's hold has run out")
+        waited = time.time() - created
+        pods = {p["metadata"]["name"]: p for p in G.list_pods(api, ns)}
+        assert pods[G.member_name("small", 0)]["spec"]["nodeName"] == "h100-0"  # on the head's reserved node
+        assert pods[G.member_name("head", 0)]["spec"].get("nodeName") is None
+        said = [(e["involvedObject"]["name"], e["message"]) for e in G.events_for(api, ns)
+                if e["reason"] == "FailedScheduling"]
+        assert ("small", f"would delay {ns}/head, which holds 1 node(s) and starts when gangs of unknown duration end") \
+            in said, said
+        assert any(who == "head" and "no reservation: it held one 4 s without a known start" in m for who, m in said), said
+        assert 2.0 <= waited <= 10.0, waited  # held about 4 s from the head's first cycle, not for good
+    finally:
+        scheduler.stop()
+        runner.join(10)

@@ -63,9 +63,10 @@ def _register_replay(modes) -> None:
                     help="give the queue each gang's expected duration = X x its work (EASY backfilling through "
                          "reservations); 0 (default): none, like gangs without the expected-duration annotation; "
                          "1 is an oracle")
-    rp.add_argument("--reservation-hold", type=float, default=3600.0, metavar="S",
+    rp.add_argument("--reservation-hold", type=float, default=None, metavar="S",
                     help="a reservation of unknown start holds its nodes at most S s in a row, then pauses S s "
-                         "(core.queue.ReservationHold); 0: unbounded (default 3600)")
+                         "(core.queue.ReservationHold); 0: unbounded (default: the config's "
+                         "scheduling.reservation_hold_seconds, as the scheduler runs it)")
     rp.add_argument("--jobs", type=int, default=None, metavar="N",
                     help="replay the platforms in N processes (default: one per CPU; 1: one after another)")
     rp.add_argument("--json", action="store_true", help="print one JSON object")
@@ -97,7 +98,7 @@ def _replay(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         print(f"--jobs must be >= 1 (1: one platform after another), got {args.jobs}", file=sys.stderr)
         return 2
-    if args.reservation_hold < 0:
+    if args.reservation_hold is not None and args.reservation_hold < 0:
         print(f"--reservation-hold must be >= 0 (0: unbounded), got {args.reservation_hold}", file=sys.stderr)
         return 2
     config = args.config or DEFAULT_CONFIG
@@ -124,7 +125,9 @@ def _replay(args) -> int:
 
     from dataclasses import replace as _with
 
-    setting = _with(setting, duration_estimate=args.duration_estimate, reservation_hold=args.reservation_hold)
+    setting = _with(setting, duration_estimate=args.duration_estimate)
+    if args.reservation_hold is not None:
+        setting = _with(setting, reservation_hold=args.reservation_hold)
     if sys.stderr.isatty():
         from rich.progress import Progress
 
@@ -135,7 +138,7 @@ def _replay(args) -> int:
     else:
         results = replay_platforms(setting, names, args.jobs)
     doc = {"trace": trace, "capacity": args.capacity, "seed": args.seed, "duration_estimate": args.duration_estimate,
-           "reservation_hold": args.reservation_hold,
+           "reservation_hold": setting.reservation_hold,
            "nodes": len(setting.nodes), "gpus": sum(n.gpu_count for n in setting.nodes), "jobs": len(setting.jobs),
            "platforms": {r.platform.name: summarize(r) for r in results}}
     if params is not None:

@@ -178,6 +178,17 @@ class Team(_Strict):
         return self.tiers is None or tier in self.tiers
 
 
+class Scheduling(_Strict):
+    """How the scheduler's queue behaves. The replay (`airflow-gpu simulate replay`) reads the same
+    section, so the policy it measures is the one the scheduler runs."""
+
+    # core.queue.ReservationHold: a head of line whose start cannot be estimated (it waits on work of
+    # unknown duration) holds its nodes' free GPUs at most this long in a row, then pauses as long;
+    # 0 = hold for as long as it waits (EASY backfilling without a bound)
+    reservation_hold_seconds: Annotated[float, Field(ge=0, le=7 * 86400, allow_inf_nan=False)] = \
+        constants.DEFAULT_RESERVATION_HOLD_SECONDS
+
+
 class QuotaConfig(_Strict):
     """The whole file. Cross-references are checked by `airflow_gpu.config.load` before this is built."""
 
@@ -186,6 +197,7 @@ class QuotaConfig(_Strict):
     tiers: list[Tier]
     teams: list[Team] = []
     capacity: dict[str, GpuCount] | None = None  # declared whole GPUs per product in the cluster
+    scheduling: Scheduling = Scheduling()
 
     def product(self, name: str) -> GpuProduct:
         for product in self.products:

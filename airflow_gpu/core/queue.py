@@ -74,6 +74,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from airflow_gpu.constants import DEFAULT_RESERVATION_HOLD_SECONDS
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile, static_mask
 from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, admit, place_gang
@@ -485,8 +486,8 @@ class ReservationHold:
     runs while smaller work of its own priority queues behind it. Pure bookkeeping; the caller
     passes the clock and calls `record` after each cycle."""
 
-    max_hold: float = 3600.0
-    pause: float = 3600.0
+    max_hold: float = DEFAULT_RESERVATION_HOLD_SECONDS
+    pause: float = DEFAULT_RESERVATION_HOLD_SECONDS
     since: dict[str, float] = field(default_factory=dict)  # gang -> start of its current hold
     paused_until: dict[str, float] = field(default_factory=dict)
 

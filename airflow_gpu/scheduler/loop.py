@@ -52,7 +52,7 @@ from airflow_gpu.core.model import Placement, RunningGang
 from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy
-from airflow_gpu.core.queue import Backoff, schedule_cycle
+from airflow_gpu.core.queue import Backoff, ReservationHold, schedule_cycle
 from airflow_gpu.core.quota import QuotaBook
 from airflow_gpu.core.tiers import (borrow_within_cohort_tiers, borrowing_priority, never_preempting_tiers,
                                     non_preemptible_tiers, preempt_behind_head_tiers)
@@ -154,6 +154,10 @@ class Scheduler:
         self._quota: QuotaLedger | None = None  # quota usage of the running gangs, kept by deltas
         self._was_leader = False
         self.backoff = Backoff(self.settings.backoff_base, self.settings.backoff_cap)
+        # the same bound on a reservation of unknown start as the replay measures (config `scheduling`)
+        hold = (quota_config.scheduling.reservation_hold_seconds if quota_config is not None
+                else C.DEFAULT_RESERVATION_HOLD_SECONDS)
+        self.hold = ReservationHold(hold, hold) if hold > 0 else None
         self._room = RoomWatch()
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -210,8 +214,11 @@ class Scheduler:
         units = {g.name: u for u, g in world.pending}
         if self._room.changed(world):
             self.backoff.reset()
-        result = schedule_cycle(self._cycle_state(world, view), pending, self.profile, now, policy, self.backoff)
+        result = schedule_cycle(self._cycle_state(world, view), pending, self.profile, now, policy, self.backoff,
+                                hold=self.hold)
         self.backoff.record(result, pending, now)
+        if self.hold is not None:
+            self.hold.record(result, now)
         if self._room.head_moved(result.reservation):
             self.backoff.reset()
         futures = [self._gang_pool.submit(self._admit, units[d.gang.name], d, now) for d in result.admitted]

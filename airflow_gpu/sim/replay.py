@@ -23,7 +23,7 @@ from queue import Empty
 
 import numpy as np
 
-from airflow_gpu.constants import CAPACITY_SPOT
+from airflow_gpu.constants import CAPACITY_SPOT, DEFAULT_RESERVATION_HOLD_SECONDS
 from airflow_gpu.core.capacity import confine_to_eligible_capacity, is_spot_eligible
 from airflow_gpu.core.framework import place_pod
 from airflow_gpu.core.model import GPU_MILLI, Gang, Node, Placement, RunningGang, TopologyLevel, TopologyRequirement
@@ -109,8 +109,8 @@ class Setting:
     # the expected-duration annotation). 1.0 is an oracle; users' estimates are usually longer.
     duration_estimate: float = 0.0
     # core.queue.ReservationHold: seconds a reservation of unknown start holds its nodes in a row
-    # (then it pauses as long); 0: unbounded
-    reservation_hold: float = 3600.0
+    # (then it pauses as long); 0: unbounded. From the config's scheduling section, as the scheduler.
+    reservation_hold: float = DEFAULT_RESERVATION_HOLD_SECONDS
 
 
 @dataclass

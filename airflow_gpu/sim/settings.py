@@ -27,25 +27,30 @@ def _from_config(config: Path):
     return cfg, tiers, preemption_policy_from_config(cfg), (min(preemptible) if preemptible else None), prices
 
 
+def _queue_rules(cfg) -> dict:
+    """The Setting fields the scheduler reads from the same config (Scheduler: the `scheduling` section)."""
+    return {"reservation_hold": cfg.scheduling.reservation_hold_seconds}
+
+
 def openb_setting(nodes_csv: Path, pods_csv: Path, capacity: float, seed: int, config: Path = DEFAULT_CONFIG,
                   spot: SpotModel = SpotModel()) -> Setting:
     """The openb trace on a seeded `capacity` fraction of its GPU nodes. Teams: OPENB_TEAMS, each
     guaranteed an equal share of every product; the config's first product's price for every GPU
     model (the trace's models have no public price)."""
-    _, tiers, policy, borrowed, prices = _from_config(config)
+    cfg, tiers, policy, borrowed, prices = _from_config(config)
     nodes = keep_capacity(load_nodes(nodes_csv), capacity, seed)
     jobs = openb_jobs(load_pods(pods_csv), seed)
     price = next(iter(prices.values()), (0.0, 0.0))
     prices = {n.gpu_product: price for n in nodes if n.gpu_product}
     share = 1.0 / len(OPENB_TEAMS)
     return Setting(tuple(nodes), tuple(jobs), tiers, {t: share for t in OPENB_TEAMS}, policy, borrowed, prices,
-                   spot, seed)
+                   spot, seed, **_queue_rules(cfg))
 
 
 def seed_setting(params: SeedParams, seed: int, config: Path = DEFAULT_CONFIG) -> Setting:
     """The seed scenario: teams of `quota_gpus` guaranteed GPUs (serving half of that), the config's
     A100 prices, spot as in `params`."""
-    _, tiers, policy, borrowed, prices = _from_config(config)
+    cfg, tiers, policy, borrowed, prices = _from_config(config)
     nodes, jobs = seed_scenario(params, seed)
     total = sum(n.gpu_count for n in nodes)
     teams = {t: params.quota_gpus / total for t in params.teams}
@@ -53,4 +58,5 @@ def seed_setting(params: SeedParams, seed: int, config: Path = DEFAULT_CONFIG) -
     price = next(iter(prices.values()), (0.0, 0.0))
     spot = SpotModel(params.spot_share, params.interruptions_per_node_day, params.notice_seconds,
                      params.replace_after_seconds)
-    return Setting(tuple(nodes), tuple(jobs), tiers, teams, policy, borrowed, {"A100-80GB": price}, spot, seed)
+    return Setting(tuple(nodes), tuple(jobs), tiers, teams, policy, borrowed, {"A100-80GB": price}, spot, seed,
+                   **_queue_rules(cfg))
