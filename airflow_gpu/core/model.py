@@ -170,6 +170,11 @@ class Gang:
     def uses_gpu(self) -> bool:
         return any(m.uses_gpu for m in self.members)
 
+    @cached_property
+    def queue_key(self) -> tuple[int, float, str]:
+        """Its place in the queue (core.queue.queue_order): priority first, then first come first served."""
+        return (-self.priority, self.created_at, self.name)
+
 
 @dataclass(frozen=True)
 class Placement:

@@ -70,6 +70,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -86,7 +87,10 @@ from airflow_gpu.core.snapshot import Snapshot
 
 def queue_order(pending: Iterable[Gang]) -> list[Gang]:
     """Priority first, then first come first served; the name breaks exact ties deterministically."""
-    return sorted(pending, key=lambda g: (-g.priority, g.created_at, g.name))
+    return sorted(pending, key=_QUEUE_KEY)
+
+
+_QUEUE_KEY = attrgetter("queue_key")  # kept on the gang: a cycle over a long backlog sorts it every time
 
 
 @dataclass(frozen=True)
@@ -243,15 +247,17 @@ class Backoff:
         if made in this cycle (what `ready` checked is folded into it), so the same nodes are not
         checked again until they change. `fits`: fit masks of this state of `snap` (gangs of one
         shape refused under the same wakes and reservation share the answer)."""
-        if now >= self.not_before.get(name, -math.inf):
-            return True
-        if self._settle(name):
+        not_before = self.not_before.get(name)
+        if not_before is None or now >= not_before:
             return True
         r = self.refusals.get(name)
-        if r is None:
-            return False
         epoch = len(self._wakes)
-        if r.epoch == epoch and r.kept_off <= kept_off:
+        if r is None or r.epoch < epoch:
+            if self._settle(name):
+                return True
+            if r is None:
+                return False
+        elif r.kept_off <= kept_off:
             return False  # nothing gained, nothing opened: the common case, without a new set
         if snap is None:
             return True
@@ -330,9 +336,12 @@ class Backoff:
                     self.refusals[name] = refusal
         for d in result.admitted:
             self.forget(d.gang.name)
-        alive = {g.name for g in pending}
-        for name in [n for n in self.failures if n not in alive]:
-            self.forget(name)
+        # every gang of the cycle was admitted, left waiting or deferred, and each one left waiting
+        # (but for the planned) or deferred has failures: more means some gang is no longer pending
+        if len(self.failures) > len(result.waiting) - len(planned) + len(result.deferred):
+            alive = {g.name for g in pending}
+            for name in [n for n in self.failures if n not in alive]:
+                self.forget(name)
 
 
 class Covered(NamedTuple):
