@@ -268,35 +268,45 @@ def pool_is_capacity(snap: Snapshot, quota: QuotaBook, verdict: QuotaVerdict) ->
             and verdict.pool_size >= quota_capacity(snap, quota, key[0]) > 0)
 
 
-def admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None = None,
-          usage: QuotaUsage | None = None, exclude: np.ndarray | None = None) -> GangDecision:
-    """Admit `gang` whole or not at all, within its team's quota; with `gang.min_member` below its
-    size, at least that many members in member order when all do not fit (coscheduling's minMember).
-    Changes neither snap nor usage."""
-    whole = _admit(snap, gang, profile, quota, usage, exclude)
-    if whole.admitted or not 0 < gang.min_member < len(gang.members):
-        return whole
-    part = _admit(snap, replace(gang, members=gang.members[: gang.min_member], min_member=0), profile, quota,
-                  usage, exclude)
-    return replace(part, gang=gang) if part.admitted else whole
+class QuotaAnswers:
+    """admit's quota check before placement, per (team, ask), for one state of one usage: a cycle
+    over a long backlog asks it for thousands of gangs of a few asks between two admissions. The
+    answer depends on nothing else (the team's book, the usage, the cluster's products), so it is
+    kept until the usage changes (QuotaUsage.version) or another usage or cluster is asked about."""
+
+    def __init__(self) -> None:
+        self._state: tuple = (None, -1, None, None)  # the objects themselves: no id is reused meanwhile
+        self._answers: dict[tuple, _ProductRoom] = {}
+
+    def room(self, snap: Snapshot, quota: QuotaBook, usage: QuotaUsage, gang: Gang) -> _ProductRoom:
+        was_usage, was_version, was_shape, was_quota = self._state
+        if usage is not was_usage or usage.version != was_version or snap.shape is not was_shape \
+                or quota is not was_quota:
+            self._state, self._answers = (usage, usage.version, snap.shape, quota), {}
+        key = (gang.team, gang.ask)
+        got = self._answers.get(key)
+        if got is None:
+            got = self._answers[key] = _product_room(snap, quota, usage, gang)
+        return got
 
 
-def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None,
-           usage: QuotaUsage | None, exclude: np.ndarray | None) -> GangDecision:
-    if quota is None or not gang.uses_gpu:
-        placed, domain, why = place_gang(snap, gang, profile, exclude)
-        if placed is None:
-            return GangDecision(gang, False, reason=why, blocked_by=BLOCKED_CAPACITY)
-        return GangDecision(gang, True, placed, domain=domain)
+@dataclass(frozen=True)
+class _ProductRoom:
+    products: list[str]  # the node GPU products the gang accepts, in preference order
+    allowed: list[str]  # those quota lets it be placed on
+    refusal: QuotaVerdict | None  # the first product's refusal
+    lent: QuotaVerdict | None  # within the guarantee, short as others borrowed it: said in the reason
+    limited: frozenset[str]  # products quota took out, or allowed only as a pool as large as the cluster
 
-    usage = usage if usage is not None else QuotaUsage()
-    # Quota first, per accepted product (Kueue's flavor assignment): a product the team has no
-    # room on is taken out of the members' accepted products before anything is placed.
+
+def _product_room(snap: Snapshot, quota: QuotaBook, usage: QuotaUsage, gang: Gang) -> _ProductRoom:
+    """Quota first, per accepted product (Kueue's flavor assignment): a product the team has no
+    room on is taken out of the members' accepted products before anything is placed."""
     products = accepted_products(snap, gang)
     allowed: list[str] = []
     refusal: QuotaVerdict | None = None
-    lent: QuotaVerdict | None = None  # within the guarantee, short as others borrowed it: said in the reason
-    limited: set[str] = set()  # products quota took out, or allowed only as a pool as large as the cluster
+    lent: QuotaVerdict | None = None
+    limited: set[str] = set()
     for label in products:
         verdict = check(quota, usage, gang.team,
                         demand_on_product(gang, quota.product(label), quota.weight(label), label))
@@ -311,6 +321,34 @@ def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None
             limited.add(label)
             if refusal is None:
                 refusal = verdict
+    return _ProductRoom(products, allowed, refusal, lent, frozenset(limited))
+
+
+def admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None = None,
+          usage: QuotaUsage | None = None, exclude: np.ndarray | None = None,
+          answers: QuotaAnswers | None = None) -> GangDecision:
+    """Admit `gang` whole or not at all, within its team's quota; with `gang.min_member` below its
+    size, at least that many members in member order when all do not fit (coscheduling's minMember).
+    Changes neither snap nor usage. `answers`: quota checks kept across calls (same decisions)."""
+    whole = _admit(snap, gang, profile, quota, usage, exclude, answers)
+    if whole.admitted or not 0 < gang.min_member < len(gang.members):
+        return whole
+    part = _admit(snap, replace(gang, members=gang.members[: gang.min_member], min_member=0), profile, quota,
+                  usage, exclude, answers)
+    return replace(part, gang=gang) if part.admitted else whole
+
+
+def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None,
+           usage: QuotaUsage | None, exclude: np.ndarray | None, answers: QuotaAnswers | None) -> GangDecision:
+    if quota is None or not gang.uses_gpu:
+        placed, domain, why = place_gang(snap, gang, profile, exclude)
+        if placed is None:
+            return GangDecision(gang, False, reason=why, blocked_by=BLOCKED_CAPACITY)
+        return GangDecision(gang, True, placed, domain=domain)
+
+    usage = usage if usage is not None else QuotaUsage()
+    room = answers.room(snap, quota, usage, gang) if answers is not None else _product_room(snap, quota, usage, gang)
+    products, allowed, refusal, lent, limited = room.products, room.allowed, room.refusal, room.lent, room.limited
     if not allowed:
         if refusal is None:
             refusal = QuotaVerdict(False, reason=f"no node offers a GPU product gang {gang.name} accepts")

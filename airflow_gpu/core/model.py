@@ -171,6 +171,17 @@ class Gang:
         return any(m.uses_gpu for m in self.members)
 
     @cached_property
+    def ask(self) -> tuple:
+        """Its members' shapes in member order (everything but their names): gangs of one ask and
+        team are charged and refused by quota alike."""
+        return tuple(m.shape for m in self.members)
+
+    @cached_property
+    def pod_set_shapes(self) -> tuple:
+        """(shape, count) of each pod set: what placement and a preemption plan read of its members."""
+        return tuple((ps.request.shape, ps.count) for ps in self.pod_sets)
+
+    @cached_property
     def queue_key(self) -> tuple[int, float, str]:
         """Its place in the queue (core.queue.queue_order): priority first, then first come first served."""
         return (-self.priority, self.created_at, self.name)

@@ -78,7 +78,7 @@ import numpy as np
 from airflow_gpu.constants import DEFAULT_RESERVATION_HOLD_SECONDS
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile, static_mask
-from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, admit, place_gang
+from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, QuotaAnswers, admit, place_gang
 from airflow_gpu.core.model import Gang, Placement, PodRequest, RunningGang
 from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy, plan_preemption, under_guarantee
 from airflow_gpu.core.room import RoomEstimate
@@ -371,7 +371,7 @@ class RefusedAsks:
 
     def _gang_key(self, gang: Gang) -> tuple:
         return (gang.team if self.by_team else None, gang.topology, gang.min_member, gang.pinned,
-                tuple((ps.request.shape, ps.count) for ps in gang.pod_sets))
+                gang.pod_set_shapes)
 
     def add(self, gang: Gang, excluded: bool, reason: str, delays: str = "",
             quota_products: frozenset[str] = frozenset()) -> None:
@@ -437,7 +437,7 @@ class NoPlanMemo:
     def key(gang: Gang, where: tuple = ()) -> tuple:
         """`where`: what else the search was restricted by (nodes it could not use)."""
         return (gang.team, gang.tier, gang.priority, gang.topology, gang.min_member, gang.pinned,
-                tuple((ps.request.shape, ps.count) for ps in gang.pod_sets)) + where
+                gang.pod_set_shapes) + where
 
     def failed(self, gang: Gang, where: tuple = ()) -> bool:
         return self.key(gang, where) in self._failed
@@ -604,6 +604,7 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
     refused = RefusedAsks(by_team=state.book is not None)
     no_plan = no_plan if no_plan is not None else NoPlanMemo()
     fits = FitMasks()  # of work.snap as it is: cleared whenever the cycle changes it
+    quota_answers = QuotaAnswers()  # quota checks of work.usage as it is (it knows when that changes)
 
     nominated: np.ndarray | None = None  # nodes of a plan made behind the head: closed to later gangs
     nominated_nodes: frozenset[str] = frozenset()
@@ -669,11 +670,11 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
                 refused.add(gang, exclude is not None, reason)
                 wait(plan_behind(gang, res, reason), frozenset())
                 continue
-        decision = admit(work.snap, gang, profile, work.book, work.usage, exclude)
+        decision = admit(work.snap, gang, profile, work.book, work.usage, exclude, quota_answers)
         if lent and decision.admitted and not _reclaimable_backfill(work, res, decision):
             exclude = reserved if nominated is None else reserved | nominated
             kept_off = res.nodes | nominated_nodes
-            decision = admit(work.snap, gang, profile, work.book, work.usage, exclude)
+            decision = admit(work.snap, gang, profile, work.book, work.usage, exclude, quota_answers)
         if decision.admitted:
             # held, not running: a gang admitted this cycle is no preemption candidate in it
             work.hold(gang.team, decision.placements)
@@ -686,7 +687,7 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
         if res is not None:
             delays = ""
             if explain and exclude is not None and _fits_somewhere(work.snap, gang, exclude) \
-                    and admit(work.snap, gang, profile, work.book, work.usage).admitted:
+                    and admit(work.snap, gang, profile, work.book, work.usage, answers=quota_answers).admitted:
                 reason = delays = f"would delay {res.gang.name}, which holds {len(res.nodes)} node(s) " \
                                   f"and starts {_when(res.start, now)}"
             if decision.blocked_by == BLOCKED_CAPACITY:

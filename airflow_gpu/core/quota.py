@@ -202,6 +202,7 @@ class QuotaUsage:
     """What each team uses now, per key. Mutable; copy() before trying things."""
 
     used: dict[str, dict[QuotaKey, int]] = field(default_factory=dict)
+    version: int = field(default=0, compare=False)  # counts changes (add, remove): answers kept per state
 
     def copy(self) -> QuotaUsage:
         return QuotaUsage({t: dict(d) for t, d in self.used.items()})
@@ -211,11 +212,13 @@ class QuotaUsage:
 
     def add(self, team: str, demand: Mapping[QuotaKey, int]) -> None:
         d = self.used.setdefault(team, {})
+        self.version += 1
         for k, v in demand.items():
             d[k] = d.get(k, 0) + v
 
     def remove(self, team: str, demand: Mapping[QuotaKey, int]) -> None:
         d = self.used.setdefault(team, {})
+        self.version += 1
         for k, v in demand.items():
             left = d.get(k, 0) - v
             if left < 0:
