@@ -318,9 +318,10 @@ class Backoff:
         self._wakes.append((tuple(int(i) for i in nodes), frozenset(quota_freed)))
         self._since.clear()
 
-    def record(self, result: CycleResult, pending: Iterable[Gang], now: float) -> None:
+    def record(self, result: CycleResult, pending: Sequence[Gang], now: float) -> None:
         """Book one cycle: gangs tried and left waiting back off further; admitted or preempting
-        gangs, and gangs no longer pending, are forgotten. Deferred gangs keep their back-off."""
+        gangs, and gangs not in `pending` (the gangs still pending: as a rule those the cycle was
+        given), are forgotten. Deferred gangs keep their back-off."""
         planned = {p.gang.name for p in result.preemptions}
         for name in result.waiting:
             if name in planned:
@@ -337,8 +338,10 @@ class Backoff:
         for d in result.admitted:
             self.forget(d.gang.name)
         # every gang of the cycle was admitted, left waiting or deferred, and each one left waiting
-        # (but for the planned) or deferred has failures: more means some gang is no longer pending
-        if len(self.failures) > len(result.waiting) - len(planned) + len(result.deferred):
+        # (but for the planned) or deferred has failures: more failures, or a `pending` that is not
+        # the cycle's, means some gang is no longer pending (the sweep is skipped in the common case)
+        tried = len(result.admitted) + len(result.waiting) + len(result.deferred)
+        if len(pending) != tried or len(self.failures) > len(result.waiting) - len(planned) + len(result.deferred):
             alive = {g.name for g in pending}
             for name in [n for n in self.failures if n not in alive]:
                 self.forget(name)
