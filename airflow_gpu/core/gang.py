@@ -75,9 +75,10 @@ def restricted(profile: Profile, mask: np.ndarray, reason: str) -> Profile:
 
 
 def _place_members(snap: Snapshot, members: list[PodRequest], profile: Profile,
-                   mask: np.ndarray) -> tuple[list[Placement] | None, str]:
+                   mask: np.ndarray, explain: bool = True) -> tuple[list[Placement] | None, str]:
     """All members into the nodes of `mask`, each placed with the earlier ones held; `snap` is the
-    same afterwards (the members are assumed on a trial and undone)."""
+    same afterwards (the members are assumed on a trial and undone). explain=False: the wait reason
+    names the member only (the per-node count of kube-scheduler's message is not built)."""
     prof = restricted(profile, mask, "node(s) outside the gang's domain")
     placed: list[Placement] = []
     last = len(members) - 1
@@ -85,7 +86,7 @@ def _place_members(snap: Snapshot, members: list[PodRequest], profile: Profile,
         for k, pod in enumerate(members):
             placement, diagnosis = place_pod(snap, pod, prof)
             if placement is None:
-                return None, f"member {pod.name} does not fit: {diagnosis.message()}"
+                return None, f"member {pod.name} does not fit" + (f": {diagnosis.message()}" if explain else "")
             if k < last:  # held for the members after it (the caller holds the whole gang)
                 trial.assume(placement)
             placed.append(placement)
@@ -100,24 +101,25 @@ def _describe_domain(dom: Domain, used: int) -> str:
     return f"{dom.level.value} {dom.name} ({used} nodes)"
 
 
-def place_gang(snap: Snapshot, gang: Gang, profile: Profile,
-               exclude: np.ndarray | None = None) -> tuple[tuple[Placement, ...] | None, str, str]:
+def place_gang(snap: Snapshot, gang: Gang, profile: Profile, exclude: np.ndarray | None = None,
+               explain: bool = True) -> tuple[tuple[Placement, ...] | None, str, str]:
     """Placements for every member of `gang`, or None. Does not change `snap`.
 
     exclude: [N] bool, nodes the gang must not use (a reservation held for another gang).
+    explain=False: a shorter wait reason, for a caller that shows none (same placements).
     Returns (placements | None, domain description, wait reason).
     """
     if not gang.members:
         raise ValueError(f"gang {gang.name}: has no members")
     if gang.pinned:
-        return _place_pinned(snap, gang, profile, exclude)
+        return _place_pinned(snap, gang, profile, exclude, explain)
     # Largest members first: they are the hardest to fit, small ones fill around them.
     members = sorted(gang.members, key=lambda m: (-m.gpu_milli_total, -m.cpu_milli, -m.memory_mib))
     base = profile if exclude is None else restricted(profile, ~exclude, "node(s) reserved for another gang")
 
     if len(members) == 1:
         # One pod has no topology: let the profile's scores (packing, fragmentation) pick freely.
-        placed, why = _place_members(snap, members, base, snap.shape.every_node)
+        placed, why = _place_members(snap, members, base, snap.shape.every_node, explain)
         if placed is None:
             return None, "", why
         return tuple(placed), f"node {placed[0].node}", ""
@@ -136,13 +138,13 @@ def place_gang(snap: Snapshot, gang: Gang, profile: Profile,
             attempts += 1
             mask = np.zeros(len(snap), dtype=bool)
             mask[nodes] = True
-            placed, why = _place_members(snap, members, base, mask)
+            placed, why = _place_members(snap, members, base, mask, explain)
             if placed is not None:
                 return tuple(placed), _describe_domain(dom, len({p.node for p in placed})), ""
             last_why = why
         if attempts >= MAX_DOMAIN_ATTEMPTS:
             break  # the candidates are made lazily: the ones never tried are never built
-    return None, "", last_why or no_fit_reason(snap, gang, base)
+    return None, "", last_why or (no_fit_reason(snap, gang, base) if explain else "no topology domain holds the gang")
 
 
 def pinned_domain(snap: Snapshot, gang: Gang) -> np.ndarray:
@@ -162,19 +164,19 @@ def pinned_domain(snap: Snapshot, gang: Gang) -> np.ndarray:
     return mask
 
 
-def _place_pinned(snap: Snapshot, gang: Gang, profile: Profile,
-                  exclude: np.ndarray | None) -> tuple[tuple[Placement, ...] | None, str, str]:
+def _place_pinned(snap: Snapshot, gang: Gang, profile: Profile, exclude: np.ndarray | None,
+                  explain: bool) -> tuple[tuple[Placement, ...] | None, str, str]:
     """The rest of a partly bound gang: inside the domain its bound members pin; a soft requirement
     then widens to anywhere, a hard one never does."""
     where = f"the {gang.topology.level.value} of its bound members"
     inside = restricted(profile, pinned_domain(snap, gang), f"node(s) outside {where}")
     free = replace(gang, pinned=())
-    placed, domain, why = place_gang(snap, free, inside, exclude)
+    placed, domain, why = place_gang(snap, free, inside, exclude, explain)
     if placed is not None:
         return placed, f"{domain}, {where}", ""
     if gang.topology.hard:
         return None, "", f"{why} (kept to {where}: the topology requirement is hard)"
-    return place_gang(snap, free, profile, exclude)
+    return place_gang(snap, free, profile, exclude, explain)
 
 
 def _demand_words(gang: Gang) -> tuple[str, int, str, str]:
@@ -326,22 +328,24 @@ def _product_room(snap: Snapshot, quota: QuotaBook, usage: QuotaUsage, gang: Gan
 
 def admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None = None,
           usage: QuotaUsage | None = None, exclude: np.ndarray | None = None,
-          answers: QuotaAnswers | None = None) -> GangDecision:
+          answers: QuotaAnswers | None = None, explain: bool = True) -> GangDecision:
     """Admit `gang` whole or not at all, within its team's quota; with `gang.min_member` below its
     size, at least that many members in member order when all do not fit (coscheduling's minMember).
-    Changes neither snap nor usage. `answers`: quota checks kept across calls (same decisions)."""
-    whole = _admit(snap, gang, profile, quota, usage, exclude, answers)
+    Changes neither snap nor usage. `answers`: quota checks kept across calls (same decisions).
+    explain=False: shorter capacity reasons (place_gang), same decisions."""
+    whole = _admit(snap, gang, profile, quota, usage, exclude, answers, explain)
     if whole.admitted or not 0 < gang.min_member < len(gang.members):
         return whole
     part = _admit(snap, replace(gang, members=gang.members[: gang.min_member], min_member=0), profile, quota,
-                  usage, exclude, answers)
+                  usage, exclude, answers, explain)
     return replace(part, gang=gang) if part.admitted else whole
 
 
 def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None,
-           usage: QuotaUsage | None, exclude: np.ndarray | None, answers: QuotaAnswers | None) -> GangDecision:
+           usage: QuotaUsage | None, exclude: np.ndarray | None, answers: QuotaAnswers | None,
+           explain: bool = True) -> GangDecision:
     if quota is None or not gang.uses_gpu:
-        placed, domain, why = place_gang(snap, gang, profile, exclude)
+        placed, domain, why = place_gang(snap, gang, profile, exclude, explain)
         if placed is None:
             return GangDecision(gang, False, reason=why, blocked_by=BLOCKED_CAPACITY)
         return GangDecision(gang, True, placed, domain=domain)
@@ -363,7 +367,7 @@ def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None
     quota_refusal: QuotaVerdict | None = None
     for option in tries:
         candidate = gang if option == products else _only_products(gang, option)
-        placed, domain, why = place_gang(snap, candidate, profile, exclude)
+        placed, domain, why = place_gang(snap, candidate, profile, exclude, explain)
         if placed is None:
             if option is allowed:
                 # Capacity, not quota, is what stops it on every allowed product together.

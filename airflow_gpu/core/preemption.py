@@ -405,7 +405,8 @@ class _Feasibility:
         if self.room is not None and not self.room.may_fit(work.snap):
             self.memo[key] = None  # admission would find no domain with room either
             return None
-        decision = admit(work.snap, self.gang, self.profile, work.book, work.usage, self.exclude)
+        # only an admitted decision is kept: its wait reason is never read
+        decision = admit(work.snap, self.gang, self.profile, work.book, work.usage, self.exclude, explain=False)
         ok = decision if decision.admitted and (self.allow_borrowing or not decision.borrowed) else None
         self.memo[key] = ok
         return ok

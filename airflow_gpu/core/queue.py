@@ -132,6 +132,7 @@ class Refusal:
     quota_products: frozenset[str] = frozenset()  # GangDecision.quota_products
     filters: tuple = ()  # the profile's filters (the static ones say where an ask may ever go)
     epoch: int = 0  # Backoff wakes heard before it (set by Backoff.record)
+    shape_id: int = -1  # its shape's number in its Backoff (set by Backoff.record): a key that hashes cheaply
     _where: list[np.ndarray] | None = field(default=None, repr=False)
     _shape: tuple | None = field(default=None, repr=False)
 
@@ -203,6 +204,7 @@ class Backoff:
     _wakes: list[tuple[tuple[int, ...], frozenset[str]]] = field(default_factory=list, repr=False)
     _failed_at: dict[str, int] = field(default_factory=dict, repr=False)  # wakes heard before its last failure
     _since: dict[int, tuple[frozenset[int], frozenset[str]]] = field(default_factory=dict, repr=False)
+    _shape_ids: dict[tuple, int] = field(default_factory=dict, repr=False)  # Refusal.shape -> Refusal.shape_id
 
     def __post_init__(self) -> None:
         if self.base <= 0 or self.cap < self.base:
@@ -252,16 +254,18 @@ class Backoff:
             return True
         r = self.refusals.get(name)
         epoch = len(self._wakes)
-        if r is None or r.epoch < epoch:
-            if self._settle(name):
+        if r is None:
+            return self._settle(name)
+        if r.epoch < epoch:
+            # _settle, inline: this is the path of most gangs in a long backlog (a wake every cycle)
+            if r.quota_products and not self._woken_since(r.epoch)[1].isdisjoint(r.quota_products):
+                self.forget(name)
                 return True
-            if r is None:
-                return False
         elif r.kept_off <= kept_off:
             return False  # nothing gained, nothing opened: the common case, without a new set
         if snap is None:
             return True
-        key = (r.shape, r.epoch, r.kept_off, kept_off)
+        key = (r.shape_id, r.epoch, r.kept_off, kept_off)
         got = fits.answers.get(key) if fits is not None else None
         if got is None:
             gained = self._woken_since(r.epoch)[0] if r.epoch < epoch else frozenset()
@@ -334,6 +338,7 @@ class Backoff:
                     if old is not None and old.asks == refusal.asks and old.filters is refusal.filters:
                         refusal._where = old._where  # where its asks may go does not change
                     refusal.epoch = len(self._wakes)
+                    refusal.shape_id = self._shape_ids.setdefault(refusal.shape, len(self._shape_ids))
                     self.refusals[name] = refusal
         for d in result.admitted:
             self.forget(d.gang.name)
@@ -596,8 +601,9 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
     books the result; `no_plan` is added to, see NoPlanMemo; `hold` bounds reservations of unknown start and is only read: ReservationHold.record
     books the result). `state` (core.cycle) holds every gang that takes capacity or quota: running,
     terminating and held plans. explain=False: a gang kept off the reservation is not placed a
-    second time only to say that it "would delay" the head (a caller that shows no wait reasons,
-    the replay; the decisions are the same). `starts`: a StartMemo kept across cycles (same
+    second time only to say that it "would delay" the head, and capacity reasons name the member
+    that does not fit without counting nodes per filter (a caller that shows no wait reasons, the
+    replay; the decisions are the same). `starts`: a StartMemo kept across cycles (same
     estimates, fewer placements)."""
     work = state.copy()
     running = list(state.running)
@@ -639,7 +645,9 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
 
     for gang in queue_order(pending):
         res = result.reservation
-        exclude = reserved if res is not None and not res.lets_through(gang, now) else None
+        # (expected_duration checked first: most gangs have none, and this runs for every gang)
+        exclude = reserved if res is not None and (gang.expected_duration is None
+                                                   or not res.lets_through(gang, now)) else None
         lent = exclude is not None and not res.by_preemption and may_backfill_reserved(res.gang, gang, policy)
         if lent:
             exclude = None  # tried on every node; kept off the reserved ones unless the head can take it back
@@ -673,11 +681,11 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
                 refused.add(gang, exclude is not None, reason)
                 wait(plan_behind(gang, res, reason), frozenset())
                 continue
-        decision = admit(work.snap, gang, profile, work.book, work.usage, exclude, quota_answers)
+        decision = admit(work.snap, gang, profile, work.book, work.usage, exclude, quota_answers, explain)
         if lent and decision.admitted and not _reclaimable_backfill(work, res, decision):
             exclude = reserved if nominated is None else reserved | nominated
             kept_off = res.nodes | nominated_nodes
-            decision = admit(work.snap, gang, profile, work.book, work.usage, exclude, quota_answers)
+            decision = admit(work.snap, gang, profile, work.book, work.usage, exclude, quota_answers, explain)
         if decision.admitted:
             # held, not running: a gang admitted this cycle is no preemption candidate in it
             work.hold(gang.team, decision.placements)

@@ -580,9 +580,9 @@ def replay(setting: Setting, platform: Platform, progress=None) -> ReplayResult:
 
 
 # Platforms of one run share nothing but the setting, so they run in parallel processes. Slowest
-# first (measured on openb: the ablations that keep a backlog), naive (a plain FIFO) last.
-_SLOWEST_FIRST = ("no-spot-fallback", "no-mig", "interval-checkpoints", "full", "no-spot", "no-borrowing",
-                  "bestfit-placement", "no-preemption", "no-gang")
+# first (CPU seconds measured on openb 0.005/42, the `bench replay` setting), naive (a plain FIFO) last.
+_SLOWEST_FIRST = ("no-spot-fallback", "no-mig", "no-borrowing", "interval-checkpoints", "no-gang", "no-spot",
+                  "full", "bestfit-placement", "no-preemption")
 _progress_queue = None  # a worker's end of the parent's progress queue (set by _init_worker)
 _worker_setting: Setting | None = None  # the worker's setting, inherited at fork (set by _init_worker)
 

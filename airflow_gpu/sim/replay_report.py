@@ -151,10 +151,14 @@ def plot(results: list[ReplayResult], summaries: dict[str, dict], directory: Pat
 
     names = list(summaries)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    axes[0].bar(names, [summaries[n]["gpu_utilization_pct"] for n in names], label="allocated")
-    axes[0].bar(names, [summaries[n]["useful_gpu_utilization_pct"] for n in names], label="useful")
-    axes[0].set(ylabel="%", title="GPU utilisation")
-    axes[0].legend()
+    x = np.arange(len(names))
+    series = (("gpu_utilization_pct", "allocated, over the horizon"), ("useful_gpu_utilization_pct", "useful, over the horizon"),
+              ("computing_when_contended_pct", "computing while GPU work waits"))
+    for k, (key, label) in enumerate(series):
+        axes[0].bar(x + (k - 1) * 0.27, [summaries[n][key] or 0 for n in names], 0.27, label=label)
+    axes[0].set_xticks(x, names)
+    axes[0].set(ylabel="%", title="GPU utilisation", ylim=(0, 100))
+    axes[0].legend(fontsize="small", loc="lower left")
     axes[1].bar(names, [summaries[n]["queue_wait_seconds"].get("production-training", {}).get("p95", 0) / 3600
                         for n in names])
     axes[1].set(ylabel="hours", title="production-training p95 queue wait")
@@ -170,11 +174,13 @@ def markdown(doc: dict) -> str:
     lines = [f"# Replay of {doc['trace']} (capacity {doc['capacity']}, seed {doc['seed']})", ""]
     if doc.get("parameters"):
         lines += ["Parameters: " + ", ".join(f"{k}={v}" for k, v in doc["parameters"].items()), ""]
-    lines += ["| platform | util % | useful % | prod p95 wait (s) | best-effort p95 (s) | lost GPU-h | cost | starved "
-              "| preemptions | interruptions | s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| platform | util % | useful % | computing while queued % | prod p95 wait (s) | best-effort p95 (s) "
+              "| lost GPU-h | cost | starved | preemptions | interruptions | s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in doc["platforms"].items():
         q = s["queue_wait_seconds"]
         lines.append(f"| {name} | {s['gpu_utilization_pct']} | {s['useful_gpu_utilization_pct']} | "
+                     f"{s['computing_when_contended_pct'] if s['computing_when_contended_pct'] is not None else '-'} | "
                      f"{q.get('production-training', {}).get('p95', '-')} | "
                      f"{q.get('best-effort-training', {}).get('p95', '-')} | {s['lost_gpu_seconds'] / 3600:.1f} | "
                      f"{s['cost']:.0f} | {s['starved_jobs']} | {s['preemptions']} | {s['interruptions']} | "
@@ -184,7 +190,11 @@ def markdown(doc: dict) -> str:
         n95 = naive["queue_wait_seconds"].get("production-training", {}).get("p95")
         f95 = full["queue_wait_seconds"].get("production-training", {}).get("p95")
         if n95:
+            # naive's allocation counts whole GPUs held by shares and partial gangs: useful work and
+            # the GPUs computing while work waits are the comparable utilisation
             lines += ["", f"Production p95 queue wait: {n95:.0f} s -> {f95:.0f} s "
-                          f"({100 * (f95 - n95) / n95:+.0f} %); utilisation {naive['gpu_utilization_pct']} % -> "
-                          f"{full['gpu_utilization_pct']} %."]
+                          f"({100 * (f95 - n95) / n95:+.1f} %); useful utilisation {naive['useful_gpu_utilization_pct']} "
+                          f"% -> {full['useful_gpu_utilization_pct']} %, computing while GPU work waits "
+                          f"{naive['computing_when_contended_pct']} % -> {full['computing_when_contended_pct']} % "
+                          f"(allocated {naive['gpu_utilization_pct']} % -> {full['gpu_utilization_pct']} %)."]
     return "\n".join(lines) + "\n"
