@@ -129,6 +129,21 @@ class TopologyRequirement:
     hard: bool = False  # hard: never place wider than `level`; soft: prefer, then widen
 
 
+class HashedTuple(tuple):
+    """A tuple that computes its hash once (a plain tuple hashes all its items on every lookup)."""
+
+    def __new__(cls, items) -> HashedTuple:
+        t = super().__new__(cls, items)
+        t._hash = tuple.__hash__(t)
+        return t
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self):
+        return HashedTuple, (tuple(self),)  # hashed again where it is loaded (str hashes differ per process)
+
+
 @dataclass(frozen=True)
 class Gang:
     """A unit of admission: all members are placed at once or none is (a PodGroup)."""
@@ -166,7 +181,7 @@ class Gang:
         sets = [PodSet(first[k], counts[k]) for k in first]
         return tuple(sorted(sets, key=lambda ps: (-ps.request.gpu_milli_total, -ps.request.cpu_milli)))
 
-    @property
+    @cached_property
     def uses_gpu(self) -> bool:
         return any(m.uses_gpu for m in self.members)
 
@@ -175,6 +190,13 @@ class Gang:
         """Its members' shapes in member order (everything but their names): gangs of one ask and
         team are charged and refused by quota alike."""
         return tuple(m.shape for m in self.members)
+
+    @cached_property
+    def plan_ask(self) -> HashedTuple:
+        """What a preemption plan search reads of it (core.queue.NoPlanMemo): gangs of one plan ask
+        get one answer. Hashed once: a cycle over a long backlog looks it up for every gang."""
+        return HashedTuple((self.team, self.tier, self.priority, self.topology, self.min_member, self.pinned,
+                            self.pod_set_shapes))
 
     @cached_property
     def pod_set_shapes(self) -> tuple:

@@ -87,10 +87,10 @@ from airflow_gpu.core.snapshot import Snapshot
 
 def queue_order(pending: Iterable[Gang]) -> list[Gang]:
     """Priority first, then first come first served; the name breaks exact ties deterministically."""
-    return sorted(pending, key=_QUEUE_KEY)
+    return sorted(pending, key=QUEUE_KEY)
 
 
-_QUEUE_KEY = attrgetter("queue_key")  # kept on the gang: a cycle over a long backlog sorts it every time
+QUEUE_KEY = attrgetter("queue_key")  # kept on the gang: a cycle over a long backlog sorts it every time
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ class Refusal:
     quota_products: frozenset[str] = frozenset()  # GangDecision.quota_products
     filters: tuple = ()  # the profile's filters (the static ones say where an ask may ever go)
     epoch: int = 0  # Backoff wakes heard before it (set by Backoff.record)
-    shape_id: int = -1  # its shape's number in its Backoff (set by Backoff.record): a key that hashes cheaply
+    shape_id: int = -1  # its shape's number in its Backoff (set by Backoff.ready): a key that hashes cheaply
     _where: list[np.ndarray] | None = field(default=None, repr=False)
     _shape: tuple | None = field(default=None, repr=False)
 
@@ -265,6 +265,8 @@ class Backoff:
             return False  # nothing gained, nothing opened: the common case, without a new set
         if snap is None:
             return True
+        if r.shape_id < 0:  # numbered on first use: most refusals are replaced before they are read
+            r.shape_id = self._shape_ids.setdefault(r.shape, len(self._shape_ids))
         key = (r.shape_id, r.epoch, r.kept_off, kept_off)
         got = fits.answers.get(key) if fits is not None else None
         if got is None:
@@ -337,8 +339,8 @@ class Backoff:
                 if refusal is not None:
                     if old is not None and old.asks == refusal.asks and old.filters is refusal.filters:
                         refusal._where = old._where  # where its asks may go does not change
+                        refusal.shape_id = old.shape_id
                     refusal.epoch = len(self._wakes)
-                    refusal.shape_id = self._shape_ids.setdefault(refusal.shape, len(self._shape_ids))
                     self.refusals[name] = refusal
         for d in result.admitted:
             self.forget(d.gang.name)
@@ -444,8 +446,7 @@ class NoPlanMemo:
     @staticmethod
     def key(gang: Gang, where: tuple = ()) -> tuple:
         """`where`: what else the search was restricted by (nodes it could not use)."""
-        return (gang.team, gang.tier, gang.priority, gang.topology, gang.min_member, gang.pinned,
-                gang.pod_set_shapes) + where
+        return gang.plan_ask, where
 
     def failed(self, gang: Gang, where: tuple = ()) -> bool:
         return self.key(gang, where) in self._failed

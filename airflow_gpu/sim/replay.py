@@ -14,6 +14,7 @@ last periodic checkpoint, without checkpoints nothing.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import defaultdict
@@ -31,7 +32,8 @@ from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, SPREAD_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPolicy
 from airflow_gpu.core.cycle import CycleState
-from airflow_gpu.core.queue import Backoff, NoPlanMemo, RefusedAsks, ReservationHold, StartMemo, schedule_cycle
+from airflow_gpu.core.queue import (QUEUE_KEY, Backoff, NoPlanMemo, RefusedAsks, ReservationHold, StartMemo,
+                                    schedule_cycle)
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements
 from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.sim.workload import Job, mark_spot, whole_gpus
@@ -326,6 +328,9 @@ class Replay:
         self.seq = 0
         self.states: dict[str, JobState] = {}
         self.pending: dict[str, Gang] = {}
+        # the same gangs in queue order (core.queue.queue_order), kept sorted as gangs come and go: the
+        # cycle sorts its input, and a sorted backlog of thousands costs it one pass instead of a sort
+        self.queue: list[Gang] = []
         self.placed: dict[str, tuple[str, tuple[Placement, ...], float]] = {}  # unit -> (job, placements, since)
         self.attempts: list[Attempt] = []
         self.preemptions = self.interruptions = 0
@@ -376,10 +381,18 @@ class Replay:
 
     def _enqueue(self, st: JobState) -> None:
         for name, gang in st.units.items():
+            if name in self.pending:
+                self._dequeue(self.pending[name])
             self.pending[name] = gang
+            bisect.insort(self.queue, gang, key=QUEUE_KEY)
             if self.fifo is not None:
                 self.fifo.enqueue(name)
         self.team_pending[st.job.team] += sum(g.gpu_milli_total for g in st.units.values())
+
+    def _dequeue(self, gang: Gang) -> None:
+        i = bisect.bisect_left(self.queue, gang.queue_key, key=QUEUE_KEY)
+        assert self.queue[i] is gang, gang.name
+        del self.queue[i]
 
     def _bind(self, gang: Gang, placements: tuple[Placement, ...], borrowed: bool, now: float) -> None:
         job_name = gang.name.split("/")[0]
@@ -387,6 +400,7 @@ class Replay:
         for p in placements:
             self.snap.assume(p)
         del self.pending[gang.name]
+        self._dequeue(gang)
         if self.fifo is not None:
             self.fifo.dequeue(gang.name)
         milli = gang.gpu_milli_total
@@ -426,7 +440,8 @@ class Replay:
                 self.team_alloc[st.job.team] -= milli
                 self.allocated -= milli
             else:
-                self.pending.pop(unit, None)
+                if self.pending.pop(unit, None) is not None:
+                    self._dequeue(st.units[unit])
                 if self.fifo is not None:
                     self.fifo.dequeue(unit)
                 self.team_pending[st.job.team] -= st.units[unit].gpu_milli_total
@@ -553,7 +568,7 @@ class Replay:
             if self.fifo is not None:
                 admitted, plans = self.fifo.run(self.snap), []
             else:
-                admitted, plans = self.cycle.run(self.snap, list(self.pending.values()), self._running(now),
+                admitted, plans = self.cycle.run(self.snap, list(self.queue), self._running(now),
                                                  self.usage, now)
             for gang, placements, borrowed in admitted:
                 self._bind(gang, placements, borrowed, now)
