@@ -116,22 +116,32 @@ def write_events(r: ReplayResult, directory: Path) -> Path:
     return path
 
 
-def plot(results: list[ReplayResult], summaries: dict[str, dict], directory: Path) -> list[Path]:
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot(results: list[ReplayResult], summaries: dict[str, dict], directory: Path) -> list[Path]:
+    """utilization.png and wait_cdf.png (naive and full), ablations.png (every platform)."""
+    plt = _pyplot()
     directory.mkdir(parents=True, exist_ok=True)
     out = []
     fig, ax = plt.subplots(figsize=(9, 4))
     for r in results:
         if r.platform.name in ("naive", "full"):
             t = np.array([x for x, *_ in r.util_curve]) / 86400
-            u = np.array([y for _, y, *_ in r.util_curve]) * 100
-            ax.step(t, u, where="post", label=r.platform.name, lw=0.8)
-    ax.set(xlabel="day", ylabel="GPUs allocated %", title="GPU utilisation over time")
-    ax.legend()
+            held = np.array([y for _, y, *_ in r.util_curve]) * 100
+            computing = np.array([c for _, _, c, _ in r.util_curve]) * 100
+            line, = ax.step(t, computing, where="post", label=f"{r.platform.name}: computing", lw=0.8)
+            if np.any(held > computing + 1e-9):  # naive holds whole GPUs for shares and partial gangs
+                ax.step(t, held, where="post", label=f"{r.platform.name}: allocated", lw=0.6, ls=":",
+                        color=line.get_color())
+    ax.set(xlabel="day", ylabel="% of the GPUs", title="GPU utilisation over time", ylim=(0, 105))
+    ax.legend(fontsize="small", loc="upper left")
     out.append(directory / "utilization.png")
     fig.savefig(out[-1], dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -149,25 +159,32 @@ def plot(results: list[ReplayResult], summaries: dict[str, dict], directory: Pat
     fig.savefig(out[-1], dpi=110, bbox_inches="tight")
     plt.close(fig)
 
+    out.append(plot_ablations(summaries, directory / "ablations.png"))
+    return out
+
+
+def plot_ablations(summaries: dict[str, dict], path: Path) -> Path:
+    """Utilisation (allocated and useful over the horizon, computing while GPU work waits) and
+    production p95 wait per platform, from the summaries alone (the --json output's platforms)."""
+    plt = _pyplot()
     names = list(summaries)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     x = np.arange(len(names))
-    series = (("gpu_utilization_pct", "allocated, over the horizon"), ("useful_gpu_utilization_pct", "useful, over the horizon"),
+    series = (("gpu_utilization_pct", "allocated, over the horizon"),
+              ("useful_gpu_utilization_pct", "useful, over the horizon"),
               ("computing_when_contended_pct", "computing while GPU work waits"))
     for k, (key, label) in enumerate(series):
         axes[0].bar(x + (k - 1) * 0.27, [summaries[n][key] or 0 for n in names], 0.27, label=label)
-    axes[0].set_xticks(x, names)
-    axes[0].set(ylabel="%", title="GPU utilisation", ylim=(0, 100))
-    axes[0].legend(fontsize="small", loc="lower left")
-    axes[1].bar(names, [summaries[n]["queue_wait_seconds"].get("production-training", {}).get("p95", 0) / 3600
-                        for n in names])
+    axes[0].set(ylabel="%", title="GPU utilisation", ylim=(0, 140), yticks=range(0, 101, 20))
+    axes[0].legend(fontsize="small", loc="upper left")
+    axes[1].bar(x, [summaries[n]["queue_wait_seconds"].get("production-training", {}).get("p95", 0) / 3600
+                    for n in names])
     axes[1].set(ylabel="hours", title="production-training p95 queue wait")
     for ax in axes:
-        ax.tick_params(axis="x", rotation=60)
-    out.append(directory / "ablations.png")
-    fig.savefig(out[-1], dpi=110, bbox_inches="tight")
+        ax.set_xticks(x, names, rotation=60, ha="right")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
-    return out
+    return path
 
 
 def markdown(doc: dict) -> str:
