@@ -178,8 +178,9 @@ class Marker:
     def lines(self) -> list[str]:
         return list(self._lines)
 
-    def started(self) -> bool:
-        return "started" in self._lines
+    def started(self, pods: int = 1) -> bool:
+        """`pods` of them run their SIGTERM handler (a pod still starting Python would die unheard)."""
+        return self._lines.count("started") >= pods
 
     def close(self) -> None:
         self._stop.set()
@@ -243,7 +244,7 @@ def test_production_gang_preempts_the_whole_gang_losing_least_work(kube_cluster,
                           env={"MARKER": marker.address}, pg_annotations=None)
         G.wait_until(lambda: all(_bound_at(G.list_pods(api, ns)).values()) and len(G.list_pods(api, ns)) == 8,
                      30, what="best-effort gangs bound")
-        G.wait_until(marker.started, 20, what="best-effort pods running")
+        G.wait_until(lambda: marker.started(8), 30, what="every best-effort pod running its SIGTERM handler")
         victims_expected = {"be-b-0", "be-b-1"}
         nodes_before = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in G.list_pods(api, ns)}
 
