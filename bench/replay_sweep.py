@@ -18,9 +18,8 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
+from bench.replay import TRACES
 TARGET_NAIVE_ALLOCATED = 55.0
 PROD = "production-training"
 

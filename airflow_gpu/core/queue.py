@@ -79,7 +79,7 @@ from airflow_gpu.constants import DEFAULT_RESERVATION_HOLD_SECONDS
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile, static_mask
 from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, QuotaAnswers, admit, place_gang
-from airflow_gpu.core.model import Gang, Placement, PodRequest, RunningGang
+from airflow_gpu.core.model import Gang, HashedTuple, Placement, PodRequest, RunningGang
 from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy, plan_preemption, under_guarantee
 from airflow_gpu.core.room import RoomEstimate
 from airflow_gpu.core.snapshot import Snapshot
@@ -132,15 +132,15 @@ class Refusal:
     quota_products: frozenset[str] = frozenset()  # GangDecision.quota_products
     filters: tuple = ()  # the profile's filters (the static ones say where an ask may ever go)
     epoch: int = 0  # Backoff wakes heard before it (set by Backoff.record)
-    shape_id: int = -1  # its shape's number in its Backoff (set by Backoff.ready): a key that hashes cheaply
     _where: list[np.ndarray] | None = field(default=None, repr=False)
-    _shape: tuple | None = field(default=None, repr=False)
+    _shape: HashedTuple | None = field(default=None, repr=False)
 
     @property
-    def shape(self) -> tuple:
-        """What may_fit reads of it: gangs of one shape get one answer (FitMasks.answers)."""
+    def shape(self) -> HashedTuple:
+        """What may_fit reads of it: gangs of one shape get one answer (FitMasks.answers; hashed once,
+        as every refusal of a long backlog is looked up there)."""
         if self._shape is None:
-            self._shape = (tuple(a.shape for a in self.asks), self.filters)
+            self._shape = HashedTuple((tuple(a.shape for a in self.asks), self.filters))
         return self._shape
 
     def may_fit(self, snap: Snapshot, nodes: Sequence[int], fits: FitMasks | None = None) -> bool:
@@ -204,7 +204,6 @@ class Backoff:
     _wakes: list[tuple[tuple[int, ...], frozenset[str]]] = field(default_factory=list, repr=False)
     _failed_at: dict[str, int] = field(default_factory=dict, repr=False)  # wakes heard before its last failure
     _since: dict[int, tuple[frozenset[int], frozenset[str]]] = field(default_factory=dict, repr=False)
-    _shape_ids: dict[tuple, int] = field(default_factory=dict, repr=False)  # Refusal.shape -> Refusal.shape_id
 
     def __post_init__(self) -> None:
         if self.base <= 0 or self.cap < self.base:
@@ -235,10 +234,15 @@ class Backoff:
                 self.forget(name)
                 return True
             return False
-        if r.epoch < epoch and r.quota_products and not self._woken_since(r.epoch)[1].isdisjoint(r.quota_products):
+        if self._quota_woken(r, epoch):
             self.forget(name)
             return True
         return False
+
+    def _quota_woken(self, r: Refusal, epoch: int) -> bool:
+        """Usage fell, since the refusal, on a GPU product quota limited it on."""
+        return r.epoch < epoch and bool(r.quota_products) \
+            and not self._woken_since(r.epoch)[1].isdisjoint(r.quota_products)
 
     def ready(self, name: str, now: float, kept_off: frozenset[str] = frozenset(),
               snap: Snapshot | None = None, fits: FitMasks | None = None) -> bool:
@@ -257,17 +261,14 @@ class Backoff:
         if r is None:
             return self._settle(name)
         if r.epoch < epoch:
-            # _settle, inline: this is the path of most gangs in a long backlog (a wake every cycle)
-            if r.quota_products and not self._woken_since(r.epoch)[1].isdisjoint(r.quota_products):
+            if self._quota_woken(r, epoch):
                 self.forget(name)
                 return True
         elif r.kept_off <= kept_off:
             return False  # nothing gained, nothing opened: the common case, without a new set
         if snap is None:
             return True
-        if r.shape_id < 0:  # numbered on first use: most refusals are replaced before they are read
-            r.shape_id = self._shape_ids.setdefault(r.shape, len(self._shape_ids))
-        key = (r.shape_id, r.epoch, r.kept_off, kept_off)
+        key = (r.shape, r.epoch, r.kept_off, kept_off)
         got = fits.answers.get(key) if fits is not None else None
         if got is None:
             gained = self._woken_since(r.epoch)[0] if r.epoch < epoch else frozenset()
@@ -339,7 +340,7 @@ class Backoff:
                 if refusal is not None:
                     if old is not None and old.asks == refusal.asks and old.filters is refusal.filters:
                         refusal._where = old._where  # where its asks may go does not change
-                        refusal.shape_id = old.shape_id
+                        refusal._shape = old._shape
                     refusal.epoch = len(self._wakes)
                     self.refusals[name] = refusal
         for d in result.admitted:
@@ -646,9 +647,7 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
 
     for gang in queue_order(pending):
         res = result.reservation
-        # (expected_duration checked first: most gangs have none, and this runs for every gang)
-        exclude = reserved if res is not None and (gang.expected_duration is None
-                                                   or not res.lets_through(gang, now)) else None
+        exclude = reserved if res is not None and not res.lets_through(gang, now) else None
         lent = exclude is not None and not res.by_preemption and may_backfill_reserved(res.gang, gang, policy)
         if lent:
             exclude = None  # tried on every node; kept off the reserved ones unless the head can take it back
