@@ -103,6 +103,8 @@ def print_queue(data: dict) -> None:
     from rich.text import Text  # reasons may hold [brackets]: never markup
 
     console = Console(width=200)
+    for warning in data.get("warnings") or []:
+        console.print(Text(f"warning: {warning}", style="bold yellow"))
     t = Table(title="Team pools")
     for col in ("team", "pool", "slots (GPUs)", "occupied", "deferred", "queued"):
         t.add_column(col)

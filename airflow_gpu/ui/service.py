@@ -89,7 +89,17 @@ def build_queue(session, settings: Settings, now: float | None = None, view=None
     pools, tasks = sources.read_pools_and_tasks(session)
     inputs = queue.Inputs(pools, tasks, _view(settings) if view is None else view,
                           ConversionContext.from_config(cfg), base_url=settings.base_url)
-    return queue.build(inputs, now, memo=memo)
+    data = queue.build(inputs, now, memo=memo)
+    data["warnings"] = _deployment_warnings()
+    return data
+
+
+def _deployment_warnings() -> list[str]:
+    """What a platform team must know about this deployment's trust settings (shown above the queue)."""
+    from airflow_gpu.policy import ownership
+
+    warning = ownership().warning
+    return [warning] if warning else []
 
 
 QUEUE_MAX_AGE = 5.0  # seconds one build of the queue serves every request (the page is this fresh at worst)
