@@ -39,6 +39,7 @@ class Hold(BaseOperator):
     def __init__(self, mode, **kwargs):
         super().__init__(**kwargs)
         self.mode = mode
+        self.team = self.pool.split(".")[1]  # the team's own pool (the cluster policy refuses another's)
 
     def execute(self, context):
         if self.mode == "defer":
