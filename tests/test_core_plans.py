@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from fixtures.core_gang import cluster, gang, profile, start
 
 from airflow_gpu import constants as C
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.model import Placement, Taint
-from airflow_gpu.core.plans import recheck_plan
+from airflow_gpu.core.plans import may_bind, recheck_plan
 from airflow_gpu.core.quota import QuotaBook, TeamQuota
 from airflow_gpu.core.snapshot import Snapshot
 
@@ -59,3 +62,47 @@ def test_a_plan_beyond_the_team_quota_is_refused():
     reason = recheck_plan(state, g, [Placement(m.name, "n0000", tuple((4 * i + k, 1000) for k in range(4)))
                                      for i, m in enumerate(g.members)], now=1.0)
     assert reason and "quota" in reason
+
+
+def test_a_preemptor_does_not_bind_while_its_own_teams_victim_still_saves():
+    """The soak's case: nlp's production gang preempts nlp's best-effort gang (8 GPUs on a guarantee
+    of 8) and has room on other nodes. While the victim runs its SIGTERM save it still holds its GPUs
+    and quota: binding now would run 8 + 8. The plan itself stays valid (it fits once the victim is gone)."""
+    snap = Snapshot.from_nodes(_nodes()[:2])
+    book = QuotaBook({"t": TeamQuota.from_gpus("t", {"H100": 8})})
+    low = start(snap, gang("low", 1, 8, priority=1), profile())
+    state = CycleState.build(snap, [], book, terminating=[low])  # evicted, saving
+    g = gang("g", 1, 8, priority=100)
+    free_node = next(n.name for n in _nodes()[:2] if n.name != low.placements[0].node)
+    placements = _placements(g, free_node)
+    assert recheck_plan(state, g, placements, now=1.0, leaving=[low]) is None
+    assert not may_bind(state, g, placements, victims_alive=True)
+    assert may_bind(CycleState.build(Snapshot.from_nodes(_nodes()[:2]), [], book), g, placements, victims_alive=False)
+
+
+@settings(max_examples=150, deadline=None)
+@given(quota=st.integers(0, 16), borrow=st.integers(0, 8), sizes=st.lists(st.integers(1, 8), min_size=1, max_size=4),
+       want=st.integers(1, 8), other_team=st.booleans())
+def test_may_bind_never_takes_a_team_past_its_ceiling_while_victims_run(quota, borrow, sizes, want, other_team):
+    """Property: whenever may_bind says yes with victims still running, the team's usage with the
+    victims still counted and the plan bound stays within every quota limit of the book."""
+    from airflow_gpu.core.quota import within_limits
+
+    nodes = cluster(6, gpus=8)
+    snap = Snapshot.from_nodes(nodes)
+    book = QuotaBook({"t": TeamQuota.from_gpus("t", {"H100": quota}, borrowing_limit={"H100": borrow}),
+                      "u": TeamQuota.from_gpus("u", {"H100": 16}, borrowing_limit={"H100": 16})})
+    victims = [start(snap, gang(f"v{i}", 1, s, priority=1, team="u" if other_team else "t"), profile())
+               for i, s in enumerate(sizes)]
+    state = CycleState.build(snap, [], book, terminating=victims)
+    if within_limits(book, state.usage):
+        return  # the generated victims already break the book: no statement to make
+    g = gang("g", 1, want, priority=100)
+    decision_free = [i for i in range(len(nodes)) if snap.gpu_free[i].min() == 1000]
+    if not decision_free:
+        return
+    placements = [Placement(g.members[0].name, nodes[decision_free[-1]].name,
+                            tuple((k, 1000) for k in range(want)))]
+    if may_bind(state, g, placements, victims_alive=True):
+        state.hold(g.team, placements)
+        assert not within_limits(book, state.usage), within_limits(book, state.usage)

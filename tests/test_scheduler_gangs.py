@@ -392,3 +392,49 @@ def test_a_head_of_unknown_start_holds_its_node_for_the_configured_time_then_let
     finally:
         scheduler.stop()
         runner.join(10)
+
+
+def test_a_preemptor_binds_only_after_its_slow_saving_victims_are_gone(kube_cluster, api, namespace, tmp_path):
+    """Team ml (guarantee 8) runs a best-effort gang of 6 GPUs on node A beside another team's 2-GPU
+    pod; its production gang of 8 fits only on the free node B but has no quota, so it preempts the
+    best-effort gang, whose SIGTERM save takes 6 s. The production gang binds once the victim is
+    gone, never while it still saves (6 + 8 on a guarantee of 8)."""
+    ns, other = namespace("slow-save"), namespace("slow-save-other")
+    cfg = load_config(_quota_config(tmp_path, [{"name": "ml", "namespace": ns, "quota": {"h100": 8}},
+                                               {"name": "other", "namespace": other, "quota": {"h100": 8}}]))
+    scheduler = Scheduler(G.api_client(kube_cluster.kubeconfig), cfg, Settings(), identity="slow-save")
+    runner = threading.Thread(target=scheduler.run, daemon=True)
+    runner.start()
+    marker = Marker()
+    try:
+        node_a = sorted(n.metadata.name for n in client.CoreV1Api(api).list_node().items)[0]
+        on_a = {"kubernetes.io/hostname": node_a}
+        G.create_gang(api, other, "keep", 1, 2, priority_class="airflow-gpu-production-training", sim_seconds=120,
+                      node_selector=on_a)
+        slow = SIGTERM_SCRIPT.replace("time.sleep(1.0)  # checkpointing", "time.sleep(6.0)  # a slow checkpoint")
+        G.create_gang(api, ns, "be", 1, 6, priority_class="airflow-gpu-best-effort-training", grace=20,
+                      command=[sys.executable, "-c", slow], annotations={C.ANNOTATION_CHECKPOINTABLE: "true"},
+                      env={"MARKER": marker.address}, pg_annotations=None, node_selector=on_a)
+        G.wait_until(lambda: all(_bound_at(G.list_pods(api, ns) + G.list_pods(api, other)).values())
+                     and marker.started(1), 30, what="best-effort gang bound and running its SIGTERM handler")
+        G.create_gang(api, ns, "prod", 1, 8, priority_class="airflow-gpu-production-training", sim_seconds=30)
+        first_bound = None
+        deadline = time.time() + 60
+        while time.time() < deadline and first_bound is None:
+            if G.gang_binding_state(G.list_pods(api, ns)).get(f"{ns}/prod", (0, 1))[0] == 1:
+                first_bound = time.time()
+            time.sleep(0.1)
+        assert first_bound is not None, "production gang never bound"
+        prod = next(p for p in G.list_pods(api, ns) if p["metadata"]["name"].startswith("prod"))
+        assert prod["spec"]["nodeName"] != node_a  # the free node: only quota stood in its way
+        said = marker.lines()
+        saved = [float(line.split()[1]) for line in said if line.startswith("saved")]
+        sigterm = [float(line.split()[1]) for line in said if line.startswith("sigterm")]
+        assert sigterm, f"the victim got no SIGTERM: {said}"
+        assert saved and first_bound >= saved[0], (
+            f"production bound at {first_bound:.2f}, while its victim was still saving (sigterm at "
+            f"{sigterm[0]:.2f}, saved at {saved[0] if saved else 'never'}): {said}")
+    finally:
+        marker.close()
+        scheduler.stop()
+        runner.join(10)

@@ -34,13 +34,15 @@ def _reason_at(reason, i: int) -> str:
 
 def recheck_plan(state: CycleState, gang: Gang, placements: Sequence[Placement],
                  victims: Sequence[RunningGang] = (), *, now: float,
-                 policy: PreemptionPolicy = PreemptionPolicy()) -> str | None:
+                 policy: PreemptionPolicy = PreemptionPolicy(),
+                 leaving: Sequence[RunningGang] = ()) -> str | None:
     """None if the plan may still be acted on, else why not (for the gang's Event).
 
     `gang`: its pending members as converted now (decided tier, spot eligibility, tolerations);
     `placements`: the plan's placements of those members; `victims`: the running gangs the plan
-    still has to stop (those already terminating are gone either way and are left out by the
-    caller). `state` holds everything but this plan."""
+    still has to stop; `leaving`: its victims already terminating (gone either way: not checked
+    as candidates, but the plan is judged once they are gone). `state` holds everything but this
+    plan, terminating gangs included."""
     members = {m.name: m for m in gang.members}
     snap = state.snap
     for p in placements:
@@ -61,8 +63,17 @@ def recheck_plan(state: CycleState, gang: Gang, placements: Sequence[Placement],
             if v.gang.name not in allowed:
                 return (f"the plan would preempt gang {v.gang.name} (priority {v.gang.priority}), which gang "
                         f"{gang.name} (priority {gang.priority}) may not preempt now")
-    work = state.without(victims) if victims else state
+    gone = [*victims, *leaving]
+    work = state.without(gone) if gone else state
     verdict = work.check(gang.team, work.demand(placements))
     if not verdict.fits:
         return f"the plan no longer fits its quota: {verdict.reason}"
     return None
+
+
+def may_bind(state: CycleState, gang: Gang, placements: Sequence[Placement], victims_alive: bool) -> bool:
+    """May a plan's members bind now (their nodes have room: checked by the caller)? Not while a
+    victim still runs (a SIGTERM save can take minutes) unless quota allows both: the team would
+    otherwise hold its preempted gangs and the preemptor at once, above its guarantee. `state`
+    counts every gang still holding GPUs (terminating victims too) and not this plan."""
+    return not victims_alive or state.check(gang.team, state.demand(placements)).fits

@@ -20,7 +20,7 @@ import numpy as np
 from airflow_gpu import constants as C
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.model import GPU_MILLI, Gang, Node, Placement, PodRequest, RunningGang
-from airflow_gpu.core.plans import recheck_plan
+from airflow_gpu.core.plans import may_bind, recheck_plan
 from airflow_gpu.core.preemption import PreemptionPolicy
 from airflow_gpu.core.quota import QuotaBook
 from airflow_gpu.core.snapshot import OverCommitError, Snapshot
@@ -453,27 +453,34 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
             continue
         alive = [v for v in record.victims if v in view.pods and _uid(view.pods[v]) == record.victim_uids.get(v)]
         to_stop: dict[str, RunningGang] = {}
+        leaving: dict[str, RunningGang] = {}  # victims already terminating: they hold GPUs and quota until gone
         for v in alive:
-            if pod_is_terminating(view.pods[v]):
-                continue  # already going, whatever happens next
             rg = by_unit.get(pod_unit[v].key) if v in pod_unit else None
+            if pod_is_terminating(view.pods[v]):
+                if rg is not None:
+                    leaving[rg.gang.name] = rg
+                continue  # already going, whatever happens next
             if rg is None:
                 break
             to_stop[rg.gang.name] = rg
         else:
             if check_state is None:
-                check_state = CycleState.build(snap.copy(), [rg for rg in running if not any(
-                    pod_is_terminating(p) for p in running_units[rg.gang.name].pods)], book)
+                going = {rg.gang.name for rg in running
+                         if any(pod_is_terminating(p) for p in running_units[rg.gang.name].pods)}
+                check_state = CycleState.build(snap.copy(), [rg for rg in running if rg.gang.name not in going], book,
+                                               terminating=[rg for rg in running if rg.gang.name in going])
+            leaving_gangs = [rg for name, rg in leaving.items() if name not in to_stop]
             reason = recheck_plan(check_state, gang, list(placements.values()), list(to_stop.values()),
-                                  now=now, policy=policy)
+                                  now=now, policy=policy, leaving=leaving_gangs)
             if reason is None:
+                bindable = may_bind(check_state, gang, list(placements.values()), bool(alive))
                 if record.state == PLAN_NOMINATED:
-                    check_state.nominate(gang.team, list(placements.values()), list(to_stop.values()))
+                    check_state.nominate(gang.team, list(placements.values()), [*to_stop.values(), *leaving_gangs])
                 else:
                     check_state.hold(gang.team, list(placements.values()), assume=False)
                 plan = replace(record, placements=placements, victims=tuple(alive))
                 plans[key] = plan
-                ready = True
+                ready = bindable
                 for pkey in sorted(pending):
                     placement = placements.get(pkey)
                     if placement is None or placement.node not in nodes:
