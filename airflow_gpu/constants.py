@@ -72,6 +72,12 @@ ANNOTATION_SCHEDULED = f"{DOMAIN}/scheduled"
 LABEL_PLAN_OF = f"{DOMAIN}/plan-of"
 PLAN_CONFIGMAP_PREFIX = "airflow-gpu-plan-"
 PLAN_DATA_KEY = "plan.json"
+# The scheduler's record of the pods it preempted (pod UID -> preemptor, time), in its own namespace:
+# how the Airflow side tells a preemption from an interruption once the pods are gone. The Eviction
+# API replaces the pod's DisruptionTarget reason (PreemptionByScheduler -> EvictionByEvictionAPI),
+# on a real API server as on the local cluster, so the pod's condition alone cannot say it.
+PREEMPTIONS_CONFIGMAP_PREFIX = "airflow-gpu-preemptions-"
+DEFAULT_SCHEDULER_NAMESPACE = "airflow-gpu-system"  # deploy/base/namespace.yaml
 ANNOTATION_EXPECTED_DURATION = f"{DOMAIN}/expected-duration-seconds"  # lets smaller gangs backfill safely
 
 # Marker in an Airflow pool description: only pools carrying it are changed or deleted. Capitalised

@@ -15,7 +15,7 @@ USER_AGENT = "airflow-gpu-scheduler"
 
 
 def register(subparsers) -> None:
-    from airflow_gpu.constants import DEFAULT_SCHEDULER_NAME
+    from airflow_gpu.constants import DEFAULT_SCHEDULER_NAME, DEFAULT_SCHEDULER_NAMESPACE
 
     p = subparsers.add_parser("scheduler", help="run the GPU scheduler (gangs, preemption, quotas) against a cluster")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
@@ -30,7 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("--metrics-address", default="127.0.0.1", help="address for --metrics-port")
     p.add_argument("--leader-elect", action=argparse_bool(), default=True,
                    help="take a coordination.k8s.io Lease before binding (default on; --no-leader-elect)")
-    p.add_argument("--leader-elect-namespace", default="default",
+    p.add_argument("--leader-elect-namespace", default=DEFAULT_SCHEDULER_NAMESPACE,
                    help="the scheduler's own namespace: its Lease and its plan records (ConfigMaps); "
                         "deploy/ passes the namespace it runs in")
     p.add_argument("--lease-name", default="airflow-gpu-scheduler", help="name of the Lease")

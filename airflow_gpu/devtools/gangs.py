@@ -160,9 +160,10 @@ def scheduler_process(kubeconfig: str | Path, log_path: Path, config_path: str |
                       extra: list[str] | None = None) -> ManagedProcess:
     """`airflow-gpu scheduler` as a child process (stopped by PID). Short lease timings by default so
     that a standby takes over within seconds after a kill -9."""
+    ensure_namespace(api_client(kubeconfig), C.DEFAULT_SCHEDULER_NAMESPACE)  # as deploy/base creates it
     argv = [sys.executable, "-m", "airflow_gpu", "scheduler", "--kubeconfig", str(kubeconfig),
             "--lease-duration", str(lease[0]), "--renew-deadline", str(lease[1]), "--retry-period", str(lease[2]),
-            "--leader-elect-namespace", "default"]
+            "--leader-elect-namespace", C.DEFAULT_SCHEDULER_NAMESPACE]
     if config_path:
         argv += ["--config", str(config_path)]
     if identity:

@@ -3,10 +3,12 @@ GpuTrainingOperator.execute_complete reads (JSON-safe both ways)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from airflow_gpu.kube import state as S
+from airflow_gpu.kube.preemptions import Preempted
 
 # status values: the gang's terminal phase, or "error" when the trigger could not watch it
 STATUS_SUCCEEDED = S.SUCCEEDED
@@ -83,3 +85,13 @@ def outcome_of(state: S.GangState, namespace: str, gang: str, attempt: int, fini
         last_checkpoint_step=checkpoint[0] if checkpoint else None,
         last_checkpoint_time=checkpoint[1] if checkpoint else None,
     )
+
+
+def with_recorded_preemption(outcome: GangOutcome, record: Mapping[str, Preempted], pod_uids: Iterable[str]) -> GangOutcome:
+    """`outcome` as a preemption when the scheduler's record names one of the attempt's pods (by UID:
+    a pod of an earlier attempt under the same name does not count)."""
+    hits = [record[uid] for uid in pod_uids if uid in record]
+    if outcome.status != STATUS_DISRUPTED or not hits:
+        return outcome
+    return replace(outcome, cause=S.CAUSE_PREEMPTION,
+                   reason=f"preempted by gang {hits[0].by} (the scheduler's record); {outcome.reason}")

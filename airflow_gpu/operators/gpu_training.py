@@ -34,6 +34,7 @@ CONFIG_SECTION = "airflow_gpu"
 CONFIG_OPTION = "config_file"  # [airflow_gpu] config_file, env AIRFLOW__AIRFLOW_GPU__CONFIG_FILE
 CAPACITY_LABELS_OPTION = "capacity_labels"  # [airflow_gpu] capacity_labels: karpenter | eks | gke
 SETTLE_OPTION = "deferral_settle_seconds"  # [airflow_gpu] deferral_settle_seconds (triggers/gang.py)
+SCHEDULER_NAMESPACE_OPTION = "scheduler_namespace"  # [airflow_gpu] scheduler_namespace: where the scheduler records
 DERIVED = ("pool", "pool_slots", "priority_weight", "weight_rule")
 DERIVED_MESSAGE = ("is derived from team and tier (the team's pool for the tier class, the GPU demand in 1/7-GPU "
                    "slots, the tier's priority with weight_rule 'absolute'); remove it")
@@ -71,6 +72,13 @@ def capacity_labels_setting() -> str:
     `[airflow_gpu] capacity_labels`, default karpenter. One value per Airflow deployment: it follows
     the cluster, not the DAG."""
     return _setting(CAPACITY_LABELS_OPTION) or "karpenter"
+
+
+def scheduler_namespace_setting() -> str:
+    """`[airflow_gpu] scheduler_namespace`: the GPU scheduler's own namespace (deploy/ installs it in
+    airflow-gpu-system), where it records the pods it preempted; the workers and triggerer read that
+    one ConfigMap (deploy/README.md, RBAC for the Airflow side)."""
+    return _setting(SCHEDULER_NAMESPACE_OPTION) or C.DEFAULT_SCHEDULER_NAMESPACE
 
 
 def deferral_settle_setting() -> float:
@@ -467,12 +475,22 @@ class GpuTrainingOperator(BaseOperator):
             poll_interval=self.poll_interval, checkpoint_status_uri=self._status_uri(ref),
             # marked failed / cleared while deferred: the trigger deletes the task instance's objects
             cleanup_selector=ref.selector(), cleanup_grace_period=self.termination_grace_period,
-            settle_seconds=deferral_settle_setting())
+            settle_seconds=deferral_settle_setting(),
+            preemption_record=self._preemption_record())
         timeout = None
         if self.execution_timeout is not None and context["ti"].start_date is not None:
             started = context["ti"].start_date
             timeout = max(dt.timedelta(seconds=1), self.execution_timeout - (dt.datetime.now(dt.timezone.utc) - started))
         self.defer(trigger=trigger, method_name="execute_complete", kwargs={"run": run}, timeout=timeout)
+
+    def _preemption_record(self) -> dict[str, str] | None:
+        """Where the airflow-gpu scheduler records the pods it preempted (other backends' schedulers
+        keep no such record: their evictions are read from the pods alone)."""
+        if self.gang_backend != C.GANG_BACKEND_AIRFLOW_GPU:
+            return None
+        from airflow_gpu.kube.preemptions import record_name
+
+        return {"namespace": scheduler_namespace_setting(), "name": record_name(C.DEFAULT_SCHEDULER_NAME)}
 
     def _status_uri(self, ref) -> str | None:
         base = self.checkpoint_uri_for(ref)

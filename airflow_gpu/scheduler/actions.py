@@ -15,6 +15,7 @@ from kubernetes.client.rest import ApiException
 
 from airflow_gpu import constants as C
 from airflow_gpu.constants import PODGROUP_GROUP, PODGROUP_KIND, PODGROUP_PLURAL, PODGROUP_VERSION
+from airflow_gpu.kube import preemptions
 
 log = logging.getLogger(__name__)
 MERGE = "application/merge-patch+json"
@@ -163,6 +164,38 @@ class Api:
         if data.get("kind") == "Status":  # older servers answer a Status
             return {"metadata": {"name": name, "namespace": namespace}}
         return data
+
+    # --- the record of preempted pods (kube/preemptions.py) ------------------------------------
+    def read_preemptions(self, namespace: str, scheduler_name: str) -> dict:
+        """The record as stored (empty when there is none); a list by name: the scheduler's Role has
+        no `get` on ConfigMaps."""
+        resp = self.core.list_namespaced_config_map(
+            namespace, field_selector=f"metadata.name={preemptions.record_name(scheduler_name)}",
+            _preload_content=False, _request_timeout=TIMEOUT)
+        items = json.loads(resp.data).get("items") or []
+        return items[0] if items else {}
+
+    def record_preemptions(self, namespace: str, scheduler_name: str, entries: list, expired: list[str]) -> None:
+        """Add preempted pods to the record (and drop expired ones): a merge patch, or the record's
+        creation when there is none yet."""
+        name = preemptions.record_name(scheduler_name)
+        patch = preemptions.record_patch(entries, expired)
+        for _ in range(2):
+            try:
+                self.core.patch_namespaced_config_map(name, namespace, patch, _preload_content=False,
+                                                      _request_timeout=TIMEOUT, _content_type=MERGE)
+                return
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+            try:
+                self.core.create_namespaced_config_map(
+                    namespace, preemptions.record_manifest(namespace, scheduler_name, entries),
+                    _preload_content=False, _request_timeout=TIMEOUT)
+                return
+            except ApiException as exc:
+                if exc.status != 409:  # created meanwhile: patch it
+                    raise
 
     # --- events -----------------------------------------------------------------------------
     def event(self, obj: dict, reason: str, message: str, type_: str = "Normal") -> None:

@@ -56,6 +56,7 @@ from airflow_gpu.core.queue import Backoff, ReservationHold, schedule_cycle
 from airflow_gpu.core.quota import QuotaBook
 from airflow_gpu.core.tiers import (borrow_within_cohort_tiers, borrowing_priority, never_preempting_tiers,
                                     non_preemptible_tiers, preempt_behind_head_tiers)
+from airflow_gpu.kube import preemptions
 from airflow_gpu.scheduler.actions import Api, default_identity, grace_seconds_of
 from airflow_gpu.scheduler.cache import ClusterCache, View
 from airflow_gpu.scheduler.convert import (
@@ -159,6 +160,7 @@ class Scheduler:
                 else C.DEFAULT_RESERVATION_HOLD_SECONDS)
         self.hold = ReservationHold(hold, hold) if hold > 0 else None
         self._room = RoomWatch()
+        self._preempted: dict[str, preemptions.Preempted] | None = None  # the record, as last written
 
     # --- lifecycle ------------------------------------------------------------------------
     def is_leader(self) -> bool:
@@ -513,6 +515,7 @@ class Scheduler:
         whom = "of lower priority or borrowing this team's quota" if plan.reclaim else "of lower priority"
         message = (f"preempting {len(plan.victims)} gang(s) {whom} ({names}); about "
                    f"{plan.lost_gpu_seconds:.0f} GPU-seconds since their last checkpoints are lost")
+        self._record_preemptions(victim_pods, nomination, plan.gang.name, now)
         self.api.event(unit.owner, "Preempting", message)
         self._wait(unit, f"preempting: waiting for {len(victim_pods)} pod(s) {whom} to stop")
         for rg in plan.victims:
@@ -525,6 +528,26 @@ class Scheduler:
                                                          f"each pod gets its grace period to checkpoint", "Warning")
         for key, pod in victim_pods:
             self._evict(key, pod, f"preempted by gang {plan.gang.name} (priority {plan.gang.priority})")
+
+    def _record_preemptions(self, victim_pods: list[tuple[str, dict]], nomination: Plan, preemptor: str,
+                            now: float) -> None:
+        """Say who preempted whom where only the scheduler writes, before any eviction: the Airflow
+        side reads it to count a preemption, not an interruption (kube/preemptions.py says why).
+        A failed write is logged, not fatal: the preemption goes on, reported as an interruption."""
+        ns, name = self.settings.state_namespace, self.settings.scheduler_name
+        entries = [preemptions.Preempted(nomination.victim_uids.get(k, ""), k, preemptor, now) for k, _ in victim_pods]
+        try:
+            if self._preempted is None:  # after a start: learn what is recorded, to expire it
+                self._preempted = preemptions.read_record(self.api.read_preemptions(ns, name))
+            self._preempted.update({e.uid: e for e in entries if e.uid})
+            expired = preemptions.expired_uids(self._preempted, now)
+            self.api.record_preemptions(ns, name, entries, expired)
+            for uid in expired:
+                self._preempted.pop(uid, None)
+        except ApiException as exc:
+            self._preempted = None  # read it again next time
+            log.warning("gang %s: the record of its preempted pods was not written (%s); they will be "
+                        "reported as interruptions", preemptor, exc.status)
 
     def _evict(self, key: str, pod: dict, message: str) -> None:
         if not self.is_leader():

@@ -31,7 +31,8 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_gpu import constants as C
 from airflow_gpu.kube import state as S
-from airflow_gpu.kube.outcome import STATUS_ERROR, GangOutcome, outcome_of
+from airflow_gpu.kube.outcome import STATUS_DISRUPTED, STATUS_ERROR, GangOutcome, outcome_of, with_recorded_preemption
+from airflow_gpu.kube.preemptions import read_record
 from airflow_gpu.kube.state import GangState, gang_state
 
 
@@ -120,6 +121,7 @@ class GangTrigger(BaseTrigger):
         cleanup_selector: str | None = None,
         cleanup_grace_period: int | None = None,
         settle_seconds: float | None = None,
+        preemption_record: dict[str, str] | None = None,
     ):
         super().__init__()
         if not pod_names:
@@ -150,6 +152,8 @@ class GangTrigger(BaseTrigger):
         self.cleanup_selector = cleanup_selector
         self.cleanup_grace_period = cleanup_grace_period
         self.settle_seconds = float(settle_seconds)
+        # {"namespace", "name"} of the scheduler's record of preempted pods (kube/preemptions.py)
+        self.preemption_record = dict(preemption_record) if preemption_record else None
         # watch state (not serialised)
         self._pods: dict[str, dict] = {}
         self._group_obj: dict | None = None
@@ -181,6 +185,7 @@ class GangTrigger(BaseTrigger):
             "cleanup_selector": self.cleanup_selector,
             "cleanup_grace_period": self.cleanup_grace_period,
             "settle_seconds": self.settle_seconds,
+            "preemption_record": self.preemption_record,
         }
 
     # --- the cluster ---------------------------------------------------------------------------
@@ -244,16 +249,29 @@ class GangTrigger(BaseTrigger):
                                      status or f"{type(exc).__name__}: {exc}", self.poll_interval)
                     await asyncio.sleep(self.poll_interval)
                     continue
-                done = self._evaluate()
+                done = self._evaluate() or await self._watch(core, custom, pod_rv, group_rv)
                 if done is not None:
-                    return done
-                done = await self._watch(core, custom, pod_rv, group_rv)
-                if done is not None:
-                    return done
+                    return await self._with_recorded_preemption(core, done)
                 await asyncio.sleep(self.poll_interval)  # a watch failed: never relist in a tight loop
         finally:
             if mirror is not None:
                 mirror.cancel()
+
+    async def _with_recorded_preemption(self, core, outcome: GangOutcome) -> GangOutcome:
+        """A disruption the pods call an interruption is a preemption when the scheduler recorded one
+        of them as preempted: the Eviction API overwrites the pod's PreemptionByScheduler reason."""
+        if outcome.status != STATUS_DISRUPTED or outcome.cause == S.CAUSE_PREEMPTION or not self.preemption_record:
+            return outcome
+        try:
+            resp = await core.read_namespaced_config_map(self.preemption_record["name"],
+                                                         self.preemption_record["namespace"], _preload_content=False)
+            record = read_record(await resp.json())
+        except Exception as exc:  # noqa: BLE001 - the outcome stands as the pods tell it
+            if getattr(exc, "status", None) != 404:
+                self.log.warning("Gang %s: the scheduler's record of preemptions could not be read (%s); the "
+                                 "disruption counts as an interruption", self.gang_name, getattr(exc, "status", exc))
+            return outcome
+        return with_recorded_preemption(outcome, record, self.pod_uids.values())
 
     async def _list(self, core, custom) -> tuple[str, str | None]:
         pods = await core.list_namespaced_pod(self.namespace, **self._pod_selector(), _preload_content=False)
