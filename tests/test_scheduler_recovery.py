@@ -146,7 +146,7 @@ def _metric(port: int, name: str) -> float:
 
 
 def _lease_holder(api) -> str:
-    lease = client.CoordinationV1Api(api).read_namespaced_lease("airflow-gpu-scheduler", "default",
+    lease = client.CoordinationV1Api(api).read_namespaced_lease("airflow-gpu-scheduler", C.DEFAULT_SCHEDULER_NAMESPACE,
                                                                 _preload_content=False)
     return json.loads(lease.data)["spec"].get("holderIdentity") or ""
 
