@@ -56,6 +56,14 @@ CASES = {
     "empty label": (_with(_label("")).encode(), "products[0].node_label"),
     "300-char label": (_with(_label("A" * 300)).encode(), "products[0].node_label"),
     "shared label": (_with(_second_product_same_label).encode(), "products[2].node_label: node_label"),  # the seed has two
+    # YAML 1.1 number forms stay text (YAML 1.2): a quota never changes silently (0x10 was 16, 1:20 was 80)
+    "hex quota": (SEED.read_bytes().replace(b"a100-80gb: 8", b"a100-80gb: 0x10", 1), ".quota.a100-80gb"),
+    "sexagesimal quota": (SEED.read_bytes().replace(b"a100-80gb: 8", b"a100-80gb: 1:20", 1), ".quota.a100-80gb"),
+    "underscore quota": (SEED.read_bytes().replace(b"a100-80gb: 8", b"a100-80gb: 1_6", 1), ".quota.a100-80gb"),
+    "infinite memory": (_with(lambda d: d["products"][0].__setitem__("memory_gb", float("inf"))).encode(),
+                        "products[0].memory_gb"),
+    "kube-system namespace": (_with(lambda d: d["teams"][0].__setitem__("namespace", "kube-system")).encode(),
+                              "belongs to the cluster or to airflow-gpu itself"),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -170,7 +171,19 @@ def check_references(cfg: QuotaConfig) -> list[ConfigIssue]:
 
 
 class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml parser when present
-    """PyYAML keeps the last of duplicate keys silently; a repeated quota key must be an error."""
+    """PyYAML keeps the last of duplicate keys silently; a repeated quota key must be an error.
+
+    Numbers as YAML 1.2 (the core schema) reads them: PyYAML follows YAML 1.1, where `0x10` is 16,
+    `010` is 8, `1_0` is 10 and `1:20` is 80, so a quota could silently change. Here only plain
+    decimal integers and floats are numbers; any other form stays text and fails validation with
+    the field named. (`yes`/`no` stay booleans: the schema's StrictInt/StrictBool refuse them where
+    they do not belong.)"""
+
+    yaml_implicit_resolvers = {
+        first: [(tag, regex) for tag, regex in resolvers
+                if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+        for first, resolvers in getattr(yaml, "CSafeLoader", yaml.SafeLoader).yaml_implicit_resolvers.items()
+    }
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -184,6 +197,15 @@ class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyam
                     None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
+# decimal, also with a leading 0 (YAML 1.1's constructor reads 010 as octal 8)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", lambda loader, node: int(loader.construct_scalar(node), 10))
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+.0123456789"))
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -38,6 +38,8 @@ MIG_PROFILE = r"^([1-7])g\.([1-9][0-9]*)gb$"
 LABEL_VALUE = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 
 MAX_GPUS = 1_000_000  # per team and product: far above any cluster, far below what overflows quota arithmetic
+# the cluster's own namespaces and the scheduler's (its plan records): never a team's
+RESERVED_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", constants.DEFAULT_SCHEDULER_NAMESPACE})
 GpuCount = Annotated[StrictInt, Field(ge=0, le=MAX_GPUS)]
 """A whole, non-negative number of GPUs (2.5, -1 and "8" are rejected)."""
 InstanceCount = Annotated[StrictInt, Field(ge=0, le=7 * MAX_GPUS)]
@@ -60,7 +62,7 @@ class MigProfile(_Strict):
     """A MIG profile offered on a product, e.g. `1g.10gb` (Kubernetes resource nvidia.com/mig-1g.10gb)."""
 
     name: Annotated[str, Field(pattern=MIG_PROFILE)]
-    memory_gb: Annotated[float, Field(gt=0)]  # default: from the name ("10gb")
+    memory_gb: Annotated[float, Field(gt=0, allow_inf_nan=False)]  # default: from the name ("10gb")
     slices: Annotated[StrictInt, Field(ge=1, le=SLOTS_PER_GPU)]  # pool slots; default: the name's "Ng"
 
     @model_validator(mode="before")
@@ -86,7 +88,7 @@ class GpuProduct(_Strict):
     """A GPU model offered by the cluster (one Airflow pool per team and product)."""
 
     name: Annotated[str, Field(pattern=DNS_LABEL, max_length=40)]
-    memory_gb: Annotated[float, Field(gt=0)]
+    memory_gb: Annotated[float, Field(gt=0, allow_inf_nan=False)]
     relative_speed: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0  # A100 = 1.0
     price_per_gpu_hour: Price
     mig_profiles: list[MigProfile] = []
@@ -146,6 +148,13 @@ class Team(_Strict):
     # Kueue's borrowWithinCohort: while borrowing, preempt other teams' borrowers of lower priority
     # up to this priority. Absent: off (Kueue's default; reclaim within the guarantee still works).
     borrow_within_cohort: int | None = None
+
+    @model_validator(mode="after")
+    def _own_namespace(self) -> "Team":
+        if self.namespace in RESERVED_NAMESPACES or self.namespace.startswith("kube-"):
+            raise ValueError(f"namespace {self.namespace!r} belongs to the cluster or to airflow-gpu itself, not to a "
+                             f"team: give team {self.name!r} a namespace of its own (e.g. team-{self.name})")
+        return self
 
     @property
     def airflow_team_name(self) -> str:
