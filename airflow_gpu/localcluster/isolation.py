@@ -42,6 +42,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,7 +128,7 @@ class ImageRoot:
     lower: Path  # the skeleton: the overlay's lower layer (never changed while a pod runs)
     binds: tuple[tuple[str, bool], ...]  # (host path, is a file): bound read-only at the same path
     masks: tuple[str, ...]  # host dirs never shown that lie inside a bound one: an empty tmpfs if they exist
-    devices: tuple[tuple[str, bool], ...]  # (name under /dev, is a directory): bound from the host
+    devices: tuple[tuple[str, str | None], ...]  # (name under /dev, None or its symlink's target as on the host)
 
     def shows(self, path: str) -> bool:
         """Whether a host path is in the container's root (through a read-only bind)."""
@@ -137,8 +138,6 @@ class ImageRoot:
 
 def hidden_roots(state_dir: Path) -> list[str]:
     """Host directories no container sees (except what the kubelet binds from them: its pod dir)."""
-    import tempfile
-
     home = os.environ.get("HOME") or str(Path.home())
     candidates = ["/tmp", "/var/tmp", "/dev/shm", "/root", tempfile.gettempdir(), home, str(Path.home()),
                   os.environ.get("AIRFLOW_HOME") or os.path.join(home, "airflow"), str(state_dir)]
@@ -206,18 +205,23 @@ def image_root(state_dir: Path) -> ImageRoot:
     for directory, children, files in os.walk(lower):  # traversable by any user, as an image's (pyenv in /root)
         if children or files or directory != str(lower / "root"):
             os.chmod(directory, os.stat(directory).st_mode | 0o555)
-    masks = tuple(h for h in hidden if any(_under(h, b) for b in binds))
-    devices = [(name, False) for name in DEVICES if os.path.exists(f"/dev/{name}")]
-    devices += [(name, os.path.isdir(f"/dev/{name}")) for name in sorted(os.listdir("/dev"))
-                if name.startswith(GPU_DEVICE_PREFIXES)]
-    return ImageRoot(lower, tuple(out), masks, tuple(devices))
+    masks = tuple(h for h in hidden if any(_under(h, b) and h != b for b in binds))
+    names = [n for n in DEVICES if os.path.lexists(f"/dev/{n}")]
+    names += sorted(n for n in os.listdir("/dev") if n.startswith(GPU_DEVICE_PREFIXES))
+    devices = tuple((n, os.readlink(f"/dev/{n}") if os.path.islink(f"/dev/{n}") else None) for n in names)
+    return ImageRoot(lower, tuple(out), masks, devices)
 
 
 def _copy_public(src: str, dst: str) -> None:
-    """Copy a file, symlink or tree of /etc into the skeleton, leaving out what others cannot read."""
+    """Copy a file, symlink or tree of /etc into the skeleton, leaving out what others cannot read. A
+    symlink stays one where its target is in the container too (/etc/localtime into /usr), else its
+    target is copied (resolv.conf into /run, by systemd-resolved)."""
     if os.path.islink(src):
-        os.symlink(os.readlink(src), dst)
-        return
+        target = os.path.realpath(src)
+        if not os.path.exists(target) or any(_under(target, top) for top in ("/usr", "/etc", "/proc")):
+            os.symlink(os.readlink(src), dst)
+            return
+        src = target
     st = os.stat(src)
     if not st.st_mode & 0o004:
         return
@@ -304,8 +308,11 @@ class MountPlan:
     def _dev(self, dev: str) -> None:
         """A container runtime's /dev: a tmpfs with the harmless nodes, terminals, GPUs and /dev/shm."""
         _mount("tmpfs", dev, "tmpfs", MS_NOSUID, "mode=0755,size=64k")
-        for name, is_dir in self.image.devices:
-            if is_dir:
+        for name, link in self.image.devices:
+            if link is not None:
+                os.symlink(link, f"{dev}/{name}")
+                continue
+            if os.path.isdir(f"/dev/{name}"):
                 os.mkdir(f"{dev}/{name}")
             else:
                 os.close(os.open(f"{dev}/{name}", os.O_CREAT | os.O_WRONLY, 0o644))
