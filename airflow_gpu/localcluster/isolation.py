@@ -40,6 +40,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -168,10 +169,14 @@ def image_root(state_dir: Path) -> ImageRoot:
         os.chmod(lower / name, mode)
     if os.path.islink("/var/run"):
         os.symlink(os.readlink("/var/run"), lower / "var" / "run")
+    public_trees = []  # bound, not copied: hundreds of symlinks (ssl/certs) take long to create
     for entry in ETC_ENTRIES:
-        if os.path.lexists(f"/etc/{entry}"):
+        src = f"/etc/{entry}"
+        if os.path.isdir(src) and not os.path.islink(src) and _all_public(src):
+            public_trees.append(src)
+        elif os.path.lexists(src):
             (lower / "etc" / entry).parent.mkdir(parents=True, exist_ok=True)
-            _copy_public(f"/etc/{entry}", str(lower / "etc" / entry))
+            _copy_public(src, str(lower / "etc" / entry))
     hidden = hidden_roots(state_dir)
     binds: list[str] = []
     for name in SYSTEM_DIRS:
@@ -192,6 +197,7 @@ def image_root(state_dir: Path) -> ImageRoot:
             (lower / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
             os.symlink(os.readlink(path), lower / path.lstrip("/"))  # the link itself, as on the host
         binds = [b for b in binds if not _under(b, real)] + [real]
+    binds += public_trees
     out = []
     for path in sorted(binds):
         is_file = not os.path.isdir(path)
@@ -210,6 +216,18 @@ def image_root(state_dir: Path) -> ImageRoot:
     names += sorted(n for n in os.listdir("/dev") if n.startswith(GPU_DEVICE_PREFIXES))
     devices = tuple((n, os.readlink(f"/dev/{n}") if os.path.islink(f"/dev/{n}") else None) for n in names)
     return ImageRoot(lower, tuple(out), masks, devices)
+
+
+def _all_public(top: str) -> bool:
+    """Whether others can read every file and enter every directory of a tree (symlinks aside)."""
+    for directory, _, files in os.walk(top):
+        if os.stat(directory).st_mode & 0o005 != 0o005:
+            return False
+        for name in files:
+            mode = os.lstat(os.path.join(directory, name)).st_mode
+            if not stat.S_ISLNK(mode) and not mode & 0o004:
+                return False
+    return True
 
 
 def _copy_public(src: str, dst: str) -> None:
