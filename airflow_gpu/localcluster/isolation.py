@@ -5,9 +5,11 @@ Why: a container process runs on the host, so without this its absolute paths (`
 token file, /etc/shadow, Airflow's password file). The root is composed from an allow-list instead,
 once per kubelet (`image_root`):
   - an image skeleton in the state dir: the top-level directories an image has (empty /tmp, /run,
-    /var, /root, /home, /opt), the host's /bin, /lib* symlinks as they are, and a curated copy of /etc
+    /var, /root, /home, /opt), the host's /bin, /lib* symlinks as they are, and a curated /etc
     (passwd, group, hosts, resolv.conf, nsswitch.conf, ld.so.cache, certificates, alternatives,
-    localtime...; never shadow, gshadow, sudoers, ssh or ssl/private, nor any file others cannot read);
+    localtime...: files copied, trees every user can read bound read-only; never shadow, gshadow,
+    sudoers, ssh or ssl/private, nor any file others cannot read). It is a snapshot: /etc edited on the
+    host later reaches containers when the cluster restarts;
   - the host's system directories (/usr, and /bin, /sbin, /lib* where they are not symlinks into it)
     and what runs this project's Python: the interpreter's prefix and base prefix, and the entries of
     the cluster's import path (editable installs' mappings too), bound read-only at their paths;
