@@ -1,14 +1,16 @@
 """securityContext on the local cluster (security.py), through the official client and kubectl: the
 user, groups, capabilities and no_new_privs a container process runs with (also for `kubectl exec`),
-a read-only root, runAsNonRoot refusing to start a root container, and 422 for what a local process
-cannot be given."""
+a read-only root, runAsNonRoot refusing to start a root container, 422 for what a local process
+cannot be given, and a root that shows none of the host's files but an image's (isolation.py)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -239,3 +241,53 @@ def test_the_runtime_default_profile_follows_the_containers_capabilities():
     clone3 = run(DEFAULT_CAPS, sys.executable, "-c", "import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
                  "print(libc.syscall(435, None, 0), ctypes.get_errno())")  # clone3(NULL, 0)
     assert clone3.stdout.split() == ["-1", "38"]  # ENOSYS
+
+
+READ_ALL = """
+import errno, json, os, stat, sys
+def read(path):
+    try:
+        with open(path, "rb") as fh:
+            fh.read(1)
+        return "read"
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+import airflow_gpu  # this project's Python runs: the interpreter, its packages and the source are there
+print(json.dumps({"reads": {path: read(path) for path in sys.argv[1:]},
+                  "disks": sorted(n for n in os.listdir("/dev") if stat.S_ISBLK(os.stat("/dev/" + n).st_mode)),
+                  "tmp": sorted(os.listdir("/tmp")), "etc": sorted(os.listdir("/etc"))}), flush=True)
+"""
+
+
+def test_a_pod_reads_no_host_secret(kube_cluster, ns, tmp_path):
+    """Even as root (which reads any file on the host): a 0600 file under /tmp, a token file outside the
+    state dir, the cluster's admin kubeconfig and cluster.json, /etc/shadow and the Airflow password file
+    are not there; /dev has no disk; /etc is an image's (passwd, no shadow) and /tmp holds nothing of the host's."""
+    private = tmp_path / "private.key"
+    private.write_text("host secret")
+    token_file = tmp_path / "cluster-token"
+    token_file.write_text("admin-token")
+    passwords = Path(os.environ["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated"
+    created = not passwords.exists()
+    if created:
+        passwords.write_text('{"admin": "hunter2"}')
+    for path in (private, token_file, passwords):
+        os.chmod(path, 0o600)
+    secrets = [str(private), str(token_file), str(kube_cluster.kubeconfig), str(kube_cluster.state_dir / "cluster.json"),
+               "/etc/shadow", "/etc/gshadow", str(passwords)]
+    assert all(os.path.exists(p) for p in secrets), "the host files the pod must not see are there"
+    try:
+        body = pod("reader", script=READ_ALL)
+        body["spec"]["containers"][0]["command"] += [*secrets, "/etc/passwd"]
+        kube_cluster.core().create_namespaced_pod(ns, body)
+        seen = report(kube_cluster, ns, "reader")
+    finally:
+        if created:
+            passwords.unlink()
+    assert {p: seen["reads"][p] for p in secrets} == {p: "ENOENT" for p in secrets}
+    assert seen["reads"]["/etc/passwd"] == "read"
+    # /tmp holds only the path to the pod's own directory (the tests' state dir is under /tmp)
+    pods_dir = kube_cluster.state_dir.resolve()
+    assert seen["tmp"] == ([pods_dir.relative_to("/tmp").parts[0]] if pods_dir.is_relative_to("/tmp") else [])
+    assert seen["disks"] == []
+    assert "passwd" in seen["etc"] and not {"shadow", "gshadow", "sudoers", "ssh"} & set(seen["etc"])

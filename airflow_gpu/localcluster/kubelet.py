@@ -25,7 +25,7 @@ from airflow_gpu.localcluster import errors, seccomp, security
 from airflow_gpu.localcluster.containerlog import LogReader, LogWriter
 from airflow_gpu.localcluster.events import Recorder
 from airflow_gpu.localcluster import isolation
-from airflow_gpu.localcluster.isolation import MountPlan, probe
+from airflow_gpu.localcluster.isolation import ImageRoot, MountPlan, image_root, probe
 from airflow_gpu.localcluster.nodeagent import Devices, PodIPs, admit
 from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
 from airflow_gpu.localcluster.podenv import VAR_REF, PodEnv
@@ -49,12 +49,14 @@ def _no_tokens(pod, audience, seconds) -> str:
 
 
 def _missing_executable(program: str, env: dict, plan: MountPlan) -> bool:
-    """The container's root is the host's, so the host tells, except for a path inside a volume."""
+    """The container's root shows host directories at their paths, so the host tells which of them
+    holds the program, except for a path inside a volume."""
     if not os.path.isabs(program):
-        return shutil.which(program, path=env.get("PATH")) is None
+        candidates = [os.path.join(d, program) for d in (env.get("PATH") or "").split(":") if d]
+        return not any(os.access(p, os.X_OK) and not os.path.isdir(p) and plan.image.shows(p) for p in candidates)
     if any(program.startswith(b.target.rstrip("/") + "/") for b in plan.binds):
         return False
-    return not os.access(program, os.X_OK)
+    return not (os.access(program, os.X_OK) and plan.image.shows(program))
 
 
 def _die_with_parent() -> None:
@@ -116,7 +118,15 @@ class Kubelet:
         self.volumes = PodVolumes(store, self.env, issue_token or _no_tokens)
         self.isolation = isolation
         # why containers cannot be confined here (None: they can); checked once, not per container
-        self.isolation_problem = probe(state_dir) if isolation == "mountns" else None
+        self.isolation_problem: str | None = None
+        self.image: ImageRoot | None = None  # what every container's root is made of (podIsolation: mountns)
+        if isolation == "mountns":
+            try:
+                self.image = image_root(state_dir)
+            except OSError as exc:
+                self.isolation_problem = f"the container's root could not be composed: {exc}"
+            else:
+                self.isolation_problem = probe(state_dir, self.image)
         if self.isolation_problem:
             log.warning("kubelet: containers with a command will not start: %s; %s", self.isolation_problem, ISOLATION_FIX)
         # a container naming no capabilities gets the runtime's default set only where they can be dropped
@@ -353,15 +363,11 @@ class Kubelet:
             except asyncio.TimeoutError:
                 pass
 
-    def _mount_plan(self, run: PodRun, c: ContainerRun, who: security.Identity, program: str, env: dict) -> MountPlan:
+    def _mount_plan(self, run: PodRun, c: ContainerRun, who: security.Identity) -> MountPlan:
         binds = PodVolumes.binds(c.spec, run.volume_paths)
-        traversable = []
-        if who.uid not in (None, 0):  # its interpreter must be reachable, as in an image
-            found = shutil.which(program, path=env.get("PATH")) if not os.path.isabs(program) else program
-            traversable = isolation.traversable_for_others([p for p in (found, sys.executable) if p])
-        plan = MountPlan(run.workdir / ".rootfs" / f"{c.name}-{c.restarts}", run.workdir, self.state_dir, run.workdir,
+        plan = MountPlan(run.workdir / ".rootfs" / f"{c.name}-{c.restarts}", run.workdir, self.image, run.workdir,
                          binds, shm_is_volume=any(b.target.rstrip("/") == "/dev/shm" for b in binds),
-                         read_only_root=who.read_only_root, traversable=traversable)
+                         read_only_root=who.read_only_root)
         plan.prepare()
         return plan
 
@@ -439,7 +445,7 @@ class Kubelet:
                                          "(user, groups, capabilities or no_new_privs) needs the cluster to run as root "
                                          "with util-linux's setpriv")
             if self.isolation == "mountns":
-                plan = self._mount_plan(run, c, who, command[0], env)
+                plan = self._mount_plan(run, c, who)
             elif [m for m in c.spec.get("volumeMounts") or [] if m.get("mountPath") != TOKEN_MOUNT_PATH] \
                     or who.read_only_root:
                 # the injected service-account token alone is left out (nothing can show it at its path):

@@ -147,7 +147,8 @@ class ClusterSpec(_Model):
     )
     pod_isolation: Literal["mountns", "none"] = Field(
         alias="podIsolation", default="mountns",
-        description="mountns: each container sees a copy-on-write root in a private mount namespace with its volumes "
+        description="mountns: each container sees an image-like copy-on-write root (the host's system directories "
+                    "and Python runtime read-only, no host secrets) in a private mount namespace with its volumes "
                     "at their mountPaths (needs root); none: containers run on the host filesystem, without volumes",
     )
 
