@@ -386,9 +386,10 @@ class GpuTrainingOperator(BaseOperator):
     def _client(self):
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
+        from airflow_gpu.kube.retry import with_retries
         from airflow_gpu.operators.cluster import GangClient
 
-        return GangClient(KubernetesHook(conn_id=self.kubernetes_conn_id).api_client, self.log)
+        return GangClient(with_retries(KubernetesHook(conn_id=self.kubernetes_conn_id).api_client), self.log)
 
     def _task_instance(self, context):
         from airflow_gpu.kube.names import TaskInstanceRef
