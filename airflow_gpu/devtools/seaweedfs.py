@@ -11,7 +11,8 @@ Checkpoints are per team. Local-cluster pods share the host's network, so every 
 is reachable from them; each one is locked:
 - S3: the admin identity (the platform: buckets, the demo's report, the workers' status.json reads)
   comes from the `-s3.config` identities file; each team is an IAM user created through the embedded
-  IAM API with TEAM_POLICY on its bucket (the same policy document as on AWS, deploy/README.md).
+  IAM API with team_policy(bucket) (the same policy document as on AWS, deploy/README.md); the IAM
+  API takes writes from the admin identity only (tests/test_checkpoint_tenancy.py).
 - filer HTTP (TCP and its unix socket) and volume HTTP: JWTs (WEED_JWT_* keys in weed's environment
   only) for reads and writes; only the S3 gateway inside weed holds the keys.
 - every gRPC port (master, volume, filer, S3, admin; their /tmp unix sockets too): mutual TLS with a
