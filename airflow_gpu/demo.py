@@ -39,7 +39,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SEED_CLUSTER = REPO_ROOT / "examples" / "cluster-seed.yaml"
 SEED_QUOTAS = REPO_ROOT / "examples" / "seed-quotas.yaml"
 DAGS = REPO_ROOT / "dags"
-BUCKET = "airflow-gpu-demo"
+BUCKET = "airflow-gpu-demo-{team}"  # one bucket per team, and an S3 identity limited to it
 S3_SECRET = "s3-credentials"
 ABLATION, FINETUNE, SWEEP = "nlp_ablation", "finetune_pipeline", "sweep_best_effort"
 DEMO_DAGS = (ABLATION, FINETUNE, SWEEP)
@@ -252,12 +252,12 @@ class Demo:
         from airflow_gpu.devtools.airflow_stack import AirflowStack
         from airflow_gpu.devtools.gangs import scheduler_process
         from airflow_gpu.devtools.kube import start_kube_cluster
-        from airflow_gpu.devtools.seaweedfs import SeaweedFS
+        from airflow_gpu.devtools.seaweedfs import SeaweedFS, create_team_secrets
 
         self.step("Starting the platform (everything on 127.0.0.1, stopped by PID at the end)")
         self.s3 = self.stack.enter_context(SeaweedFS(root=self.workdir / "s3"))
-        self.s3.create_bucket(BUCKET)
-        self.say(f"S3 (SeaweedFS) {self.s3.endpoint_url}, bucket {BUCKET!r}, pid {self.s3.pid}")
+        self.say(f"S3 (SeaweedFS) {self.s3.endpoint_url}, pid {self.s3.pid}; filer, volume and gRPC ports locked "
+                 "(JWT, mutual TLS)")
 
         self.cluster = self.stack.enter_context(start_kube_cluster(self.workdir / "cluster", SEED_CLUSTER))
         self.api = self.cluster.api_client()
@@ -274,10 +274,11 @@ class Demo:
         self.cluster.kubectl("apply", "-f", "-", input=rendered)
         core = client.CoreV1Api(self.api)
         self.namespaces = tuple(t.namespace for t in self.config.teams)
-        for ns in self.namespaces:
-            core.create_namespaced_secret(ns, {"metadata": {"name": S3_SECRET}, "stringData": self.s3.env()})
-        self.say(f"quotas of {SEED_QUOTAS.name} applied: Namespaces, ResourceQuotas, PriorityClasses; "
-                 f"Secret {S3_SECRET!r} (the pods' S3 credentials) in {len(self.namespaces)} team namespaces")
+        for team in self.config.teams:
+            self.s3.add_team(team.name, BUCKET.format(team=team.name))
+        create_team_secrets(core, self.s3, {t.name: t.namespace for t in self.config.teams}, S3_SECRET)
+        self.say(f"quotas of {SEED_QUOTAS.name} applied: Namespaces, ResourceQuotas, PriorityClasses; per team a "
+                 f"bucket {BUCKET!r} and Secret {S3_SECRET!r} with an S3 identity limited to it")
 
         self.scheduler = scheduler_process(self.cluster.kubeconfig, self.workdir / "scheduler.log",
                                            config_path=SEED_QUOTAS, identity="demo-scheduler").start()
@@ -286,12 +287,12 @@ class Demo:
 
         conn = json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(self.cluster.kubeconfig)}})
         self.airflow = AirflowStack(home=self.workdir / "airflow", dags_folder=DAGS, extra_env={
-            **self.s3.env(),  # the workers read the checkpoints' status.json (rank 0's progress)
+            **self.s3.env(),  # the platform's identity: workers read every team's status.json (rank 0's progress)
             "AIRFLOW_CONN_KUBERNETES_DEFAULT": conn,
             "AIRFLOW__AIRFLOW_GPU__CONFIG_FILE": str(SEED_QUOTAS),  # the operator's quota config
             "AIRFLOW__AIRFLOW_GPU__QUOTA_CONFIG": str(SEED_QUOTAS),  # the UI plugin's
             "AIRFLOW__AIRFLOW_GPU__KUBECONFIG": str(self.cluster.kubeconfig),
-            C.ENV_EXAMPLE_CHECKPOINTS: f"s3://{BUCKET}/checkpoints",
+            C.ENV_EXAMPLE_CHECKPOINTS: f"s3://{BUCKET}/checkpoints",  # the DAGs fill in {team}
             C.ENV_EXAMPLE_S3_SECRET: S3_SECRET,
             # only the runs the demo triggers: finetune_pipeline's @daily schedule stays quiet
             "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",

@@ -6,10 +6,10 @@ best-effort work (nlp_ablation.py).
 
 Runs on the local cluster with the example numpy trainer (`airflow_gpu.checkpoint.examples.train_numpy`,
 run as the pod's process). Settings: `[airflow_gpu] config_file` (the quota config), and in the
-environment AIRFLOW_GPU_EXAMPLE_CHECKPOINTS (checkpoint URI prefix, default s3://airflow-gpu-demo/checkpoints)
-and AIRFLOW_GPU_EXAMPLE_S3_SECRET (the Secret in each team namespace with the pods' AWS_* variables,
-default s3-credentials). A lost node or a preemption costs no retry: the gang resumes from its newest
-checkpoint within the same try.
+environment AIRFLOW_GPU_EXAMPLE_CHECKPOINTS (checkpoint URI prefix, `{team}` replaced by the task's
+team, default s3://airflow-gpu-demo-{team}/checkpoints) and AIRFLOW_GPU_EXAMPLE_S3_SECRET (the Secret in
+each team namespace with that team's AWS_* variables, default s3-credentials). A lost node or a
+preemption costs no retry: the gang resumes from its newest checkpoint within the same try.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from airflow.sdk import dag, task
 from airflow_gpu import constants as C
 from airflow_gpu.operators import GpuTrainingOperator
 
-CHECKPOINTS = os.environ.get(C.ENV_EXAMPLE_CHECKPOINTS, "s3://airflow-gpu-demo/checkpoints")
+# one bucket per team: its namespace's Secret (and IAM role on AWS) allows that bucket only
+CHECKPOINTS = os.environ.get(C.ENV_EXAMPLE_CHECKPOINTS, "s3://airflow-gpu-demo-{team}/checkpoints")
 S3_SECRET = os.environ.get(C.ENV_EXAMPLE_S3_SECRET, "s3-credentials")
 TRAINER = [sys.executable, "-m", "airflow_gpu.checkpoint.examples.train_numpy"]
 
@@ -40,7 +41,8 @@ def finetune_pipeline():
     data = prepare_data()
     finetune = GpuTrainingOperator(
         task_id="finetune", team="nlp", tier="production-training", workers=2, gpus_per_worker=4,
-        checkpoint=f"{CHECKPOINTS}/finetune", spot="always", max_interruptions=3, deadline=dt.timedelta(hours=6),
+        checkpoint=CHECKPOINTS.format(team="nlp") + "/finetune", spot="always", max_interruptions=3,
+        deadline=dt.timedelta(hours=6),
         image="python:3.11", cmds=TRAINER, secrets=[{"secret": S3_SECRET}], termination_grace_period=20,
         env_vars={C.ENV_EXAMPLE_EPOCHS: "30", C.ENV_EXAMPLE_STEP_SECONDS: "0.02", C.ENV_EXAMPLE_SEED: "7"},
         container_resources={"requests": {"cpu": "1", "memory": "2Gi"}})

@@ -19,7 +19,8 @@ from airflow.sdk import dag
 from airflow_gpu import constants as C
 from airflow_gpu.operators import GpuTrainingOperator
 
-CHECKPOINTS = os.environ.get(C.ENV_EXAMPLE_CHECKPOINTS, "s3://airflow-gpu-demo/checkpoints")
+# one bucket per team: its namespace's Secret (and IAM role on AWS) allows that bucket only
+CHECKPOINTS = os.environ.get(C.ENV_EXAMPLE_CHECKPOINTS, "s3://airflow-gpu-demo-{team}/checkpoints")
 S3_SECRET = os.environ.get(C.ENV_EXAMPLE_S3_SECRET, "s3-credentials")
 
 
@@ -28,7 +29,7 @@ S3_SECRET = os.environ.get(C.ENV_EXAMPLE_S3_SECRET, "s3-credentials")
 def nlp_ablation():
     GpuTrainingOperator(
         task_id="ablation", team="nlp", tier="best-effort-training", workers=2, gpus_per_worker=4,
-        checkpoint=f"{CHECKPOINTS}/ablation", spot="auto", image="python:3.11",
+        checkpoint=CHECKPOINTS.format(team="nlp") + "/ablation", spot="auto", image="python:3.11",
         cmds=[sys.executable, "-m", "airflow_gpu.checkpoint.examples.train_numpy"],
         secrets=[{"secret": S3_SECRET}], termination_grace_period=20,
         env_vars={C.ENV_EXAMPLE_EPOCHS: "80", C.ENV_EXAMPLE_STEP_SECONDS: "0.02", C.ENV_EXAMPLE_SEED: "11"},

@@ -16,7 +16,8 @@ from airflow.sdk import dag, task
 from airflow_gpu import constants as C
 from airflow_gpu.operators import GpuTrainingOperator
 
-CHECKPOINTS = os.environ.get(C.ENV_EXAMPLE_CHECKPOINTS, "s3://airflow-gpu-demo/checkpoints")
+# one bucket per team: its namespace's Secret (and IAM role on AWS) allows that bucket only
+CHECKPOINTS = os.environ.get(C.ENV_EXAMPLE_CHECKPOINTS, "s3://airflow-gpu-demo-{team}/checkpoints")
 S3_SECRET = os.environ.get(C.ENV_EXAMPLE_S3_SECRET, "s3-credentials")
 LEARNING_RATES = ["0.01", "0.03", "0.1"]
 
@@ -31,7 +32,7 @@ def sweep_best_effort():
 
     GpuTrainingOperator.partial(
         task_id="sweep", team="research", tier="best-effort-training", workers=1, gpus_per_worker=2,
-        checkpoint=f"{CHECKPOINTS}/sweep", spot="always", image="python:3.11",
+        checkpoint=CHECKPOINTS.format(team="research") + "/sweep", spot="always", image="python:3.11",
         cmds=[sys.executable, "-m", "airflow_gpu.checkpoint.examples.train_numpy"],
         secrets=[{"secret": S3_SECRET}], termination_grace_period=20,
     ).expand(env_vars=learning_rates())

@@ -100,8 +100,13 @@ def platform(kube_cluster, seaweedfs, tmp_path_factory):
     from kubernetes import client
 
     from airflow_gpu.devtools.gangs import scheduler_process
+    from airflow_gpu.devtools.seaweedfs import create_team_secrets
 
-    bucket = seaweedfs.create_bucket("acceptance-ckpt")
+    # each team its bucket, and in its namespace a Secret with an identity limited to that bucket
+    template = "acceptance-{team}-ckpt"
+    for team in ("nlp", "vision", "serving"):
+        seaweedfs.add_team(f"acceptance-{team}", template.format(team=team))
+    bucket = template.format(team="nlp")
     root = tmp_path_factory.mktemp("acceptance")
     dags = root / "dags"
     dags.mkdir()
@@ -111,7 +116,7 @@ def platform(kube_cluster, seaweedfs, tmp_path_factory):
     stack = AirflowStack(home=root / "home", dags_folder=dags, extra_env={
         "AIRFLOW_CONN_KUBERNETES_DEFAULT": conn,
         "AIRFLOW__AIRFLOW_GPU__CONFIG_FILE": str(SEED),
-        C.ENV_EXAMPLE_CHECKPOINTS: f"s3://{bucket}/examples",
+        C.ENV_EXAMPLE_CHECKPOINTS: f"s3://{template}/examples",  # the DAGs fill in {team}
         C.ENV_EXAMPLE_S3_SECRET: S3_SECRET,
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",  # each test unpauses its DAG: no overlap
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",  # the operator's INFO lines are the task log we read
@@ -120,7 +125,7 @@ def platform(kube_cluster, seaweedfs, tmp_path_factory):
         "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
         # on this loaded machine the execution API's first answers take seconds (default timeout 5 s)
         "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
-        **seaweedfs.env(),  # the worker and the triggerer read rank 0's status.json
+        **seaweedfs.env(),  # the platform's identity: the worker and the triggerer read rank 0's status.json
     })
 
     def prepare_airflow() -> None:  # the DB migration is the slow part: it runs while the cluster is set up
@@ -135,8 +140,8 @@ def platform(kube_cluster, seaweedfs, tmp_path_factory):
                                   capture_output=True, text=True, timeout=60, check=True).stdout
         kube_cluster.kubectl("apply", "-f", "-", input=rendered)
         core = client.CoreV1Api(kube_cluster.api_client())
-        for ns in ("team-nlp", "team-vision", "team-serving"):
-            core.create_namespaced_secret(ns, {"metadata": {"name": S3_SECRET}, "stringData": seaweedfs.env()})
+        create_team_secrets(core, seaweedfs, {f"acceptance-{t}": f"team-{t}" for t in ("nlp", "vision", "serving")},
+                            S3_SECRET)
         gpu_scheduler = scheduler_process(kube_cluster.kubeconfig, root / "gpu-scheduler.log", config_path=SEED,
                                           identity="acceptance").start()
         try:

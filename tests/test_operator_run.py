@@ -54,18 +54,20 @@ def platform(kube_cluster, seaweedfs, tmp_path_factory):
     from kubernetes import client
 
     from airflow_gpu.devtools.gangs import scheduler_process
+    from airflow_gpu.devtools.seaweedfs import create_team_secrets
 
     rendered = subprocess.run([sys.executable, "-m", "airflow_gpu", "pools", "render-k8s", "--config", str(SEED)],
                               capture_output=True, text=True, timeout=60, check=True).stdout
     kube_cluster.kubectl("apply", "-f", "-", input=rendered)
     core = client.CoreV1Api(kube_cluster.api_client())
-    for ns in ("team-nlp", "team-research"):
-        core.create_namespaced_secret(ns, {"metadata": {"name": S3_SECRET}, "stringData": seaweedfs.env()})
-    bucket = seaweedfs.create_bucket("operator-ckpt")
+    # each team its bucket, and in its namespace a Secret with an identity limited to that bucket
+    identities = {"nlp": "operator-nlp", "research": "operator-research"}
+    buckets = {team: seaweedfs.add_team(ident, f"{ident}-ckpt").bucket for team, ident in identities.items()}
+    create_team_secrets(core, seaweedfs, {identities[t]: f"team-{t}" for t in identities}, S3_SECRET)
     log = tmp_path_factory.mktemp("scheduler") / "scheduler.log"
     scheduler = scheduler_process(kube_cluster.kubeconfig, log, config_path=SEED, identity="op-test").start()
     try:
-        yield {"bucket": bucket, "core": core}
+        yield {"buckets": buckets, "core": core}
     finally:
         scheduler.stop()
 
@@ -105,7 +107,7 @@ def leftovers(core, dag_id: str) -> list[str]:
 
 
 def test_success_returns_the_counters_and_leaves_nothing(platform, sqlite_airflow_db, kube_cluster, seaweedfs):
-    bucket = platform["bucket"]
+    bucket = platform["buckets"]["nlp"]
     result, log = run_dag(sqlite_airflow_db, kube_cluster, seaweedfs, "op_success", (
         f'team="nlp", tier="production-training", workers=2, gpus_per_worker=2, checkpoint="s3://{bucket}/ok", '
         f'spot="never", retries=1, image="python:3.11", cmds={TRAINER!r}, secrets=[{{"secret": "{S3_SECRET}"}}], '
@@ -135,7 +137,7 @@ def test_application_failure_spends_a_retry_with_a_new_attempt(platform, sqlite_
 
 def test_spot_interruption_resumes_from_checkpoint_within_the_try(platform, sqlite_airflow_db, kube_cluster,
                                                                  seaweedfs):
-    bucket = platform["bucket"]
+    bucket = platform["buckets"]["research"]
     core = platform["core"]
     interrupted: dict = {}
 
@@ -217,7 +219,7 @@ def test_production_preempts_the_teams_best_effort_gang(platform, kube_cluster, 
     monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(
         {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kube_cluster.kubeconfig)}}))
     monkeypatch.setenv("AIRFLOW__AIRFLOW_GPU__DEFERRAL_SETTLE_SECONDS", "0")  # the trigger runs here, no scheduler
-    core, bucket = platform["core"], platform["bucket"]
+    core, bucket = platform["core"], platform["buckets"]["nlp"]
 
     def make(task_id, tier, **kw):
         return GpuTrainingOperator(task_id=task_id, team="nlp", tier=tier, workers=2, gpus_per_worker=4,
