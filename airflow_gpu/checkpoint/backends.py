@@ -49,12 +49,7 @@ class Backend(Protocol):
     def list_dirs(self, prefix: str) -> list[str]: ...
     def delete(self, keys: list[str]) -> None: ...
     def multipart_begin(self, key: str) -> Any: ...
-    def multipart_put(self, handle: Any, index: int, offset: int, data: bytes) -> None:
-        view = memoryview(data)
-        while view:  # pwrite may write less than asked
-            written = os.pwrite(handle["fd"], view, offset)
-            view, offset = view[written:], offset + written
-
+    def multipart_put(self, handle: Any, index: int, offset: int, data: bytes) -> None: ...
     def multipart_complete(self, handle: Any) -> None: ...
     def multipart_abort(self, handle: Any) -> None: ...
 
@@ -245,10 +240,9 @@ class FileBackend:
 
     def multipart_put(self, handle: Any, index: int, offset: int, data: bytes) -> None:
         view = memoryview(data)
-        while view:
-            view = view[os.pwrite(handle["fd"], view, offset) :]
-            offset += 0 if not view else len(data) - len(view) - (offset - offset)
-        # pwrite on regular files writes everything in one call; the loop guards short writes only
+        while view:  # pwrite may write less than asked: go on after the bytes it did write
+            written = os.pwrite(handle["fd"], view, offset)
+            view, offset = view[written:], offset + written
 
     def multipart_complete(self, handle: Any) -> None:
         self._finish(handle["fd"])
