@@ -218,7 +218,7 @@ def test_environment_contract(tmp_path):
 def test_file_backend_survives_short_writes(tmp_path, monkeypatch):
     """os.write/os.pwrite may write less than asked, several times in a row: the bytes on disk are
     still the payload, each part at its own offset (parts written out of order)."""
-    from airflow_gpu.checkpoint.backends import FileBackend
+    from airflow_gpu.checkpoint.storage.file import FileBackend
 
     real_write, real_pwrite, calls = os.write, os.pwrite, {"write": 0, "pwrite": 0}
 
