@@ -184,7 +184,8 @@ def main() -> None:
             runs = by[(t.stem, pol)]
             if runs and pol.startswith(DEFAULT_POLICY):
                 gap = np.mean([r["unallocated_gpus"] for r in runs])
-                print(f"  {t.stem:28s} {mark(pol):22s} {np.mean([r['final'] for r in runs]):6.2f} %  gap {gap:6.1f} GPUs")
+                final = np.mean([r["final"] for r in runs])
+                print(f"  {t.stem:28s} {mark(pol):22s} {final:6.2f} %  gap {gap:6.1f} GPUs")
     explain()
 
     curves = defaultdict(dict)
