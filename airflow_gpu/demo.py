@@ -8,6 +8,9 @@ API for three teams; their GpuTrainingOperator tasks submit the gangs. The demo 
 plays the cloud once: it interrupts the spot node under nlp's best-effort ablation mid-training.
 
     airflow-gpu demo [--headless] [--report FILE] [--keep-running] [--workdir DIR]
+
+The options are parsed by the command line (cli/demo.py), which calls run(); this module imports
+nothing from the command line.
 """
 
 from __future__ import annotations
@@ -634,14 +637,3 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     return code
 
-
-def main(argv: list[str] | None = None) -> int:
-    from airflow_gpu.cli.demo import add_arguments
-
-    parser = argparse.ArgumentParser(prog="airflow-gpu demo", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

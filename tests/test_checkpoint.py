@@ -213,3 +213,34 @@ def test_environment_contract(tmp_path):
     assert ckpt.resume_uri == env[C.ENV_RESUME_URI] and ckpt.env.deadline.isoformat() == "2026-12-02T15:00:00+00:00"
     saved = ckpt.save(1, b"x")
     assert saved.extra["interruptions"] == 2 and json.loads(ckpt.store.backend.get("status.json"))["attempt"] == 7
+
+
+def test_file_backend_survives_short_writes(tmp_path, monkeypatch):
+    """os.write/os.pwrite may write less than asked, several times in a row: the bytes on disk are
+    still the payload, each part at its own offset (parts written out of order)."""
+    from airflow_gpu.checkpoint.storage.file import FileBackend
+
+    real_write, real_pwrite, calls = os.write, os.pwrite, {"write": 0, "pwrite": 0}
+
+    def short_write(fd, data):
+        calls["write"] += 1
+        return real_write(fd, bytes(data[:7]))
+
+    def short_pwrite(fd, data, offset):
+        calls["pwrite"] += 1
+        return real_pwrite(fd, bytes(data[:7]), offset)
+
+    backend = FileBackend(f"file://{tmp_path}", fsync=False)
+    payload = os.urandom(100)
+    monkeypatch.setattr(os, "write", short_write)
+    monkeypatch.setattr(os, "pwrite", short_pwrite)
+    backend.put("whole.bin", payload)
+    handle = backend.multipart_begin("parts.bin")
+    part = 40
+    for index in (2, 0, 1):  # the last part first: the other parts land at their offsets regardless
+        backend.multipart_put(handle, index, index * part, payload[index * part : (index + 1) * part])
+    backend.multipart_complete(handle)
+    monkeypatch.undo()
+    assert calls["write"] > 10 and calls["pwrite"] > 10  # the short writes happened, many in a row
+    assert (tmp_path / "whole.bin").read_bytes() == payload
+    assert (tmp_path / "parts.bin").read_bytes() == payload

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
-from airflow_gpu.checkpoint.backends import Backend, ObjectMissing, open_backend
+from airflow_gpu.checkpoint.storage import Backend, ObjectMissing, open_backend
 from airflow_gpu.checkpoint.errors import ConfigError, CorruptCheckpointError
 from airflow_gpu.checkpoint.layout import (
     DATA,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from airflow_gpu.checkpoint.backends import Backend, ObjectMissing
+from airflow_gpu.checkpoint.storage.base import Backend, ObjectMissing
 from airflow_gpu.checkpoint.errors import CorruptCheckpointError
 from airflow_gpu.checkpoint.layout import ObjectEntry
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from airflow_gpu import constants as C
-from airflow_gpu.checkpoint.backends import AlreadyExists, ObjectMissing
+from airflow_gpu.checkpoint.storage.base import AlreadyExists, ObjectMissing
 from airflow_gpu.checkpoint.env import TrainingEnv
 from airflow_gpu.checkpoint.errors import CheckpointExistsError, ConfigError, CorruptCheckpointError, StaleAttemptError
 from airflow_gpu.checkpoint.layout import (

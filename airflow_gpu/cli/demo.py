@@ -2,16 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--headless", action="store_true", help="plain log lines, no spinner (CI, tests)")
-    parser.add_argument("--report", type=Path, help="write the outcome as JSON to this file")
-    parser.add_argument("--keep-running", action="store_true",
-                        help="leave everything running at the end (Ctrl-C stops it)")
-    parser.add_argument("--workdir", type=Path, help="state and logs (default: a temp dir, removed after a success)")
 
 
 def register(subparsers) -> None:
@@ -19,7 +10,11 @@ def register(subparsers) -> None:
         "demo", help="the seed scenario end to end through Airflow, on 127.0.0.1",
         description="SeaweedFS, the local GPU cluster, the GPU scheduler and Airflow, started and stopped by PID; "
                     "the example DAGs triggered through the REST API; a spot node interrupted mid-training.")
-    add_arguments(parser)
+    parser.add_argument("--headless", action="store_true", help="plain log lines, no spinner (CI, tests)")
+    parser.add_argument("--report", type=Path, help="write the outcome as JSON to this file")
+    parser.add_argument("--keep-running", action="store_true",
+                        help="leave everything running at the end (Ctrl-C stops it)")
+    parser.add_argument("--workdir", type=Path, help="state and logs (default: a temp dir, removed after a success)")
     parser.set_defaults(func=_demo)
 
 

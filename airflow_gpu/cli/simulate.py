@@ -1,7 +1,8 @@
 """`airflow-gpu simulate`: trace simulation on the same core/ placement code as the scheduler.
 
-    airflow-gpu simulate inflation --nodes CSV --pods CSV --policy NAME --seed N [--ratio 1.3]
-                                   [--scale K] [--json] [--assignments FILE] [--bound]
+    airflow-gpu simulate inflation --nodes CSV --pods CSV [--policy NAME] [--seed N] [--ratio 1.3]
+                                   [--scale K] [--json] [--assignments FILE] [--bound] [--hold [F]]
+    (no options: the policy the scheduler runs, as it runs it; --hold is an experiment, named in the output)
     airflow-gpu simulate replay (--pods CSV --nodes CSV | --seed-scenario) [--capacity F] [--seed N]
                                 [--platforms a,b] [--jobs N] [--json] [--events DIR] [--plots DIR] [--report FILE]
 """
@@ -13,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+from airflow_gpu.core.hold import EXPERIMENT_HOLD_FRACTION
 from airflow_gpu.core.policies import DEFAULT_POLICY, POLICIES
 
 ANCHOR_POINTS = (100, 110, 120, 130)
@@ -27,16 +29,20 @@ def register(subparsers) -> None:
     )
     inflation.add_argument("--nodes", required=True, type=Path, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)")
     inflation.add_argument("--pods", required=True, type=Path, help="pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli,...)")
-    inflation.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICIES, help=f"placement policy (default {DEFAULT_POLICY})")
+    inflation.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICIES,
+                           help=f"placement policy (default {DEFAULT_POLICY}, the one the scheduler runs)")
     inflation.add_argument("--seed", type=int, default=42, help="shuffle/sampling/tie-order seed (the artifact uses 42..51)")
     inflation.add_argument("--ratio", type=float, default=1.3, help="arrived GPU demand as a multiple of capacity (default 1.3)")
     inflation.add_argument("--scale", type=int, default=1,
                            help="repeat the node list and the trace pods this many times (a cluster that many "
                                 "times larger with the same mix; default 1)")
-    inflation.add_argument("--hold", type=float, default=None, metavar="FRACTION",
-                           help="budget of held placements as a fraction of GPU capacity (core/hold.py: shares that "
-                                "strand capacity stay provisional; a pod that fits nowhere may displace them); "
-                                "0 = the artifact's method; default: the policy's own (fgd-lookahead 0.08, others 0)")
+    inflation.add_argument("--hold", type=float, nargs="?", default=0.0, const=EXPERIMENT_HOLD_FRACTION,
+                           metavar="FRACTION",
+                           help="experiment, not run by the scheduler: held placements (core/hold.py: shares that "
+                                "strand capacity stay provisional; a pod that fits nowhere may displace them) with "
+                                "this budget as a fraction of GPU capacity (--hold alone: "
+                                f"{EXPERIMENT_HOLD_FRACTION:g}); default 0: off, as the scheduler places; the "
+                                "output names the experiment")
     inflation.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     inflation.add_argument("--assignments", type=Path, help="write the final placement as CSV to this file")
     inflation.add_argument("--bound", action="store_true",
@@ -162,7 +168,7 @@ def _inflation(args) -> int:
     from airflow_gpu.sim.inflation import run_inflation, scaled
     from airflow_gpu.sim.traces import TraceError, load_nodes, load_pods, trace_name
 
-    if args.hold is not None and not 0 <= args.hold <= 1:
+    if not 0 <= args.hold <= 1:
         print(f"--hold must be in [0, 1] (a fraction of the GPU capacity), got {args.hold}", file=sys.stderr)
         return 2
     if not 0 < args.ratio <= 10:
@@ -206,6 +212,7 @@ def _inflation(args) -> int:
         "placed_pods": len(result.placements),
         "failed_pods": len(result.failed_pods),
         "hold": result.hold,
+        "experiment": result.experiment,  # None: the scheduler's own placement
         "displaced_pods": result.displaced,
         "seconds": round(result.seconds, 3),
     }
@@ -226,14 +233,15 @@ def _inflation(args) -> int:
         print(json.dumps(summary))
     else:
         print(
-            f"{summary['trace']} policy={args.policy} seed={args.seed} ratio={args.ratio}: "
+            f"{summary['trace']} policy={args.policy} seed={args.seed} ratio={args.ratio}"
+            f"{' hold=' + format(summary['hold'], 'g') if summary['hold'] else ''}: "
             f"GPU allocation {summary['gpu_allocation_pct']:.2f}% "
             f"({summary['unallocated_gpus']:.1f} of {summary['total_gpus']} GPUs unallocated), "
             f"{summary['failed_pods']} of {summary['pods']} pods failed, {summary['seconds']:.1f}s"
         )
-        if summary["hold"]:
-            print(f"  held placements up to {summary['hold']:.0%} of GPU capacity: "
-                  f"{summary['displaced_pods']} held pods displaced by larger ones")
+        if summary["experiment"]:
+            print(f"  experiment: {summary['experiment']}; {summary['displaced_pods']} held pods displaced "
+                  f"by larger ones")
         print("  at arrived " + ", ".join(f"{k}%: {v:.2f}%" for k, v in summary["allocation_at_pct"].items()))
         if args.bound:
             b = summary["bound"]

@@ -18,9 +18,11 @@ of smaller total GPU demand (fewest milli lost first, one node, at most as many 
 On a real cluster a held pod is one the scheduler has reserved but not yet bound (kube-scheduler's
 Permit stage can keep a pod waiting like this): its GPUs are reserved and idle while it waits, so
 holding costs GPU time the inflation experiment does not see, bounded by the budget. Once a pod is
-bound Kubernetes cannot move it (only delete it), so displacement applies to held pods only; the
-live scheduler does not hold placements yet: this is simulator-only today.
-Pure: no I/O.
+bound Kubernetes cannot move it (only delete it), so displacement applies to held pods only.
+
+An experiment, not the policy: the scheduler binds at once and holds nothing, so the simulator
+holds only when asked (`simulate inflation --hold [F]`, off by default) and every output of such a
+run names it (experiment_label). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -35,8 +37,14 @@ from airflow_gpu.core.model import GPU_MILLI, Placement, PodRequest
 from airflow_gpu.core.plugins.fgd import TypicalPods, final_waste_table
 from airflow_gpu.core.snapshot import Snapshot
 
-# the default budget: at most this fraction of the cluster's GPU milli held at once
-DEFAULT_HOLD_FRACTION = 0.08
+# the experiment's budget when none is given (at most this fraction of the cluster's GPU milli held
+# at once); the scheduler holds none
+EXPERIMENT_HOLD_FRACTION = 0.08
+
+
+def experiment_label(budget_fraction: float) -> str:
+    """How every output of a run with held placements names them: not what the scheduler runs."""
+    return f"held placements (hold={budget_fraction:g}), not run by the scheduler"
 
 
 @dataclass(frozen=True)
@@ -62,7 +70,7 @@ class Displacement:
 class PlacementHold:
     """The held (provisional) placements of one snapshot, oldest first."""
 
-    def __init__(self, typical: TypicalPods, capacity_milli: int, budget_fraction: float = DEFAULT_HOLD_FRACTION):
+    def __init__(self, typical: TypicalPods, capacity_milli: int, budget_fraction: float = EXPERIMENT_HOLD_FRACTION):
         if not 0 <= budget_fraction <= 1:
             raise ValueError(f"hold: budget_fraction must be in [0, 1] (a fraction of the GPU capacity), "
                              f"got {budget_fraction}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 
 from airflow_gpu.core.framework import Profile
-from airflow_gpu.core.hold import DEFAULT_HOLD_FRACTION
 from airflow_gpu.core.plugins.fgd import FGDScore, TypicalPods
 from airflow_gpu.core.plugins.filters import default_filters
 from airflow_gpu.core.plugins.scores import (
@@ -32,14 +31,14 @@ from airflow_gpu.core.plugins.scores import (
     RandomScore,
 )
 
+# the policy the scheduler runs (scheduler/loop.Settings, `airflow-gpu scheduler --policy`) and the
+# simulator's default: a number measured with `simulate inflation` is one the scheduler produces
 DEFAULT_POLICY = "fgd-lookahead"
 # fgd-lookahead: weights of the stranded milli and of the expected final waste against FGD's
 # fragmentation, and the sigmoid scale (milli) of the integer score
 STRANDING_WEIGHT = 2.0
 WASTE_WEIGHT = 6.0
 LOOKAHEAD_DIVISOR = 500.0
-# the default policy also holds placements that strand capacity (core/hold.py; simulator-only today)
-HOLD_FRACTIONS = {DEFAULT_POLICY: DEFAULT_HOLD_FRACTION}
 BASELINES = ("random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd")
 # spread: kube-scheduler's default spreading (LeastAllocated), the naive platform of the replay
 SPREAD_POLICY = "spread"
@@ -55,11 +54,6 @@ ANCHOR_LABELS = {
     "bestfit": "05-BestFit",
     "fgd": "06-FGD",
 }
-
-
-def hold_fraction(name: str) -> float:
-    """The hold budget (fraction of GPU capacity, core/hold.py) policy `name` uses; 0: none."""
-    return HOLD_FRACTIONS.get(name.lower(), 0.0)
 
 
 def make_profile(

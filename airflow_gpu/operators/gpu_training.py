@@ -22,7 +22,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_gpu import constants as C
-from airflow_gpu.checkpoint.backends import uri_problem
+from airflow_gpu.checkpoint.storage.base import uri_problem
 from airflow_gpu.config import ConfigError, load_config_cached
 from airflow_gpu.config.workload import GpuTaskPlan, WorkloadError, plan_gpu_task
 from airflow_gpu.core.capacity import choose_capacity, spot_request_problem

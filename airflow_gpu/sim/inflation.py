@@ -10,9 +10,10 @@ Method (the artifact's Simulate with shufflePod and workloadTuningConfig, seeds 
    (the seed feeds numpy, not Go's math/rand: per-seed sequences differ from the artifact's, the
    distribution over seeds is the same)
 5. pods are placed one by one, never removed; a pod that fits nowhere fails and is skipped.
-   Beyond the artifact, with a hold budget (the default policy's, core/hold.py): a share that
-   strands capacity stays provisional, and a pod that fits nowhere may take the room of held pods
-   of smaller GPU demand; a displaced pod is placed again where it fits, else it fails.
+   Beyond the artifact, only as an experiment (hold > 0, core/hold.py; the scheduler does not hold
+   placements, so the default is 0): a share that strands capacity stays provisional, and a pod that
+   fits nowhere may take the room of held pods of smaller GPU demand; a displaced pod is placed again
+   where it fits, else it fails. Such a result names the experiment (InflationResult.experiment).
 The curve records allocated GPU milli against arrived (attempted) GPU milli, both over capacity.
 """
 
@@ -24,10 +25,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from airflow_gpu.core.framework import place_pod
-from airflow_gpu.core.hold import PlacementHold
+from airflow_gpu.core.hold import PlacementHold, experiment_label
 from airflow_gpu.core.model import GPU_MILLI, Node, Placement, PodRequest
 from airflow_gpu.core.plugins.fgd import TypicalPods
-from airflow_gpu.core.policies import hold_fraction, make_profile
+from airflow_gpu.core.policies import make_profile
 from airflow_gpu.core.snapshot import Snapshot
 
 DEFAULT_RATIO = 1.3
@@ -45,8 +46,13 @@ class InflationResult:
     placements: list[Placement]
     seconds: float
     pods: list[PodRequest] = field(repr=False, default_factory=list)
-    hold: float = 0.0  # budget of held placements (fraction of GPU capacity; 0: none)
+    hold: float = 0.0  # budget of held placements (fraction of GPU capacity; 0: none, as the scheduler)
     displaced: int = 0  # held pods that gave their room to a larger pod and then fit nowhere
+
+    @property
+    def experiment(self) -> str | None:
+        """What this run did that the scheduler does not (None: the scheduler's own placement)."""
+        return experiment_label(self.hold) if self.hold else None
 
     @property
     def gpu_allocation_pct(self) -> float:
@@ -138,12 +144,12 @@ def run_inflation(
     seed: int,
     ratio: float = DEFAULT_RATIO,
     progress=None,
-    hold: float | None = None,
+    hold: float = 0.0,
 ) -> InflationResult:
     """One inflation run. `progress(done, total)` is called now and then (for a progress bar).
-    hold: budget (fraction of GPU capacity) of held placements (core/hold.py): shares that strand
-    capacity stay provisional and a pod that fits nowhere may displace them; 0 = off (the artifact's
-    method); None = the policy's own (core.policies.hold_fraction)."""
+    hold: the experiment of held placements (core/hold.py), its budget as a fraction of GPU capacity:
+    shares that strand capacity stay provisional and a pod that fits nowhere may displace them;
+    0 (default) = off, as the scheduler places (and the artifact's method)."""
     if not pods:
         raise ValueError("inflation: the pod list is empty")
     start = time.perf_counter()
@@ -159,7 +165,6 @@ def run_inflation(
     allocated = np.zeros(len(seq), dtype=np.int64)
     failed: list[str] = []
     placed: dict[str, Placement] = {}
-    hold = hold_fraction(policy) if hold is None else hold
     held = PlacementHold(typical, snap.shape.total_gpu_milli, hold) if hold else None
     displaced = 0
     got = come = 0

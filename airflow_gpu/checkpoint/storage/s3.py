@@ -1,6 +1,7 @@
-"""S3 backend (boto3). Endpoint, credentials and region come from explicit arguments or the standard
-AWS environment (AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
-AWS_SESSION_TOKEN, AWS_REGION / AWS_DEFAULT_REGION, AWS_PROFILE), exactly as boto3 reads them.
+"""The s3:// backend (boto3; interface: base.py). Endpoint, credentials and region come from explicit
+arguments or the standard AWS environment (AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3, AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION / AWS_DEFAULT_REGION, AWS_PROFILE), exactly as
+boto3 reads them.
 
 Network failures and 5xx answers are retried here with exponential back-off and jitter (botocore's
 own retries are switched off so the back-off, the log lines and the final error are ours); the final
@@ -29,14 +30,13 @@ from botocore.exceptions import (
     ResponseStreamingError,
 )
 
-from airflow_gpu.checkpoint.backends import AlreadyExists, ListedObject, ObjectMissing
 from airflow_gpu.checkpoint.errors import CheckpointError, ConfigError, StoreUnavailableError
 from airflow_gpu.checkpoint.layout import check_key
+from airflow_gpu.checkpoint.storage.base import CHUNK, AlreadyExists, Backend, ListedObject, ObjectMissing
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-CHUNK = 1024 * 1024  # streamed reads: hashed and written while the next chunk arrives
 MIN_PART_SIZE = 5 * 1024 * 1024  # S3 rejects smaller non-final multipart parts (EntityTooSmall)
 _RETRYABLE_EXC = (BotoConnectionError, ConnectionClosedError, ReadTimeoutError, IncompleteReadError, ResponseStreamingError)
 # ConditionalRequestConflict (409): a concurrent conditional write on the key; retrying yields 412
@@ -44,7 +44,7 @@ _RETRYABLE_EXC = (BotoConnectionError, ConnectionClosedError, ReadTimeoutError, 
 _RETRYABLE_CODES = {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "ConditionalRequestConflict"}
 
 
-class S3Backend:
+class S3Backend(Backend):
     min_part_size = MIN_PART_SIZE
 
     def __init__(
@@ -165,9 +165,6 @@ class S3Backend:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
                 raise ObjectMissing(f"{self.uri}/{key} does not exist") from None
             raise self._client_error("GetObject", key, exc) from exc
-
-    def get(self, key: str, start: int | None = None, length: int | None = None) -> bytes:
-        return self.read(key, b"".join, start, length)
 
     def list(self, prefix: str, *, max_keys: int | None = None) -> list[ListedObject]:
         found: list[ListedObject] = []

@@ -1,96 +1,23 @@
-"""Object-store backends: the few primitives the checkpoint protocol needs, for file:// and s3://.
-
-Every backend offers put (optionally create-only: the conditional write that commits a manifest),
-ranged get, sorted listing, delete, and multipart upload of large objects in parallel parts.
-The S3 backend lives in s3.py and is imported only for s3:// URIs (boto3 is not needed for file://).
-"""
+"""The file:// backend: a directory as an object store (interface: base.py)."""
 
 from __future__ import annotations
 
 import os
 import secrets
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import unquote, urlparse
 
-from airflow_gpu.checkpoint.errors import CheckpointError, ConfigError
+from airflow_gpu.checkpoint.errors import ConfigError
 from airflow_gpu.checkpoint.layout import check_key
+from airflow_gpu.checkpoint.storage.base import CHUNK, AlreadyExists, Backend, ListedObject, ObjectMissing
 
 
 T = TypeVar("T")
-CHUNK = 1024 * 1024
 
 
-class ObjectMissing(CheckpointError, KeyError):
-    """The key does not exist."""
-
-
-class AlreadyExists(CheckpointError):
-    """A create-only put found the key already present (S3: 412 Precondition Failed)."""
-
-
-@dataclass(frozen=True)
-class ListedObject:
-    key: str  # relative to the store prefix
-    size: int
-    modified: float  # unix seconds, the store's clock
-
-
-class Backend(Protocol):
-    uri: str  # the store URI, for messages
-    endpoint: str  # where the bytes go (S3 endpoint URL or directory), for messages
-
-    def put(self, key: str, data: bytes, *, create_only: bool = False) -> None: ...
-    def get(self, key: str, start: int | None = None, length: int | None = None) -> bytes: ...
-    def read(self, key: str, consume: Callable[[Iterator[bytes]], T], start: int | None = None, length: int | None = None) -> T: ...
-    def list(self, prefix: str, *, max_keys: int | None = None) -> list[ListedObject]: ...
-    def list_dirs(self, prefix: str) -> list[str]: ...
-    def delete(self, keys: list[str]) -> None: ...
-    def multipart_begin(self, key: str) -> Any: ...
-    def multipart_put(self, handle: Any, index: int, offset: int, data: bytes) -> None:
-        view = memoryview(data)
-        while view:  # pwrite may write less than asked
-            written = os.pwrite(handle["fd"], view, offset)
-            view, offset = view[written:], offset + written
-
-    def multipart_complete(self, handle: Any) -> None: ...
-    def multipart_abort(self, handle: Any) -> None: ...
-
-
-def uri_problem(uri: object) -> str | None:
-    """Why `uri` cannot be a checkpoint store, or None: s3://bucket[/prefix] or file:///absolute/path."""
-    if not isinstance(uri, str) or "://" not in uri:
-        return f"checkpoint URI {uri!r} must look like s3://bucket/prefix or file:///absolute/path"
-    scheme, rest = uri.split("://", 1)
-    if scheme.lower() not in ("s3", "file"):
-        return f"checkpoint URI {uri!r}: scheme {scheme.lower()!r} is not supported; use s3:// or file://"
-    if scheme.lower() == "s3" and not rest.split("/", 1)[0]:
-        return f"checkpoint URI {uri!r} has no bucket: use s3://bucket/prefix"
-    if scheme.lower() == "file" and not rest.startswith(("/", "localhost/")):
-        return f"file URI {uri!r} must be absolute: file:///path/to/checkpoints"
-    return None
-
-
-def open_backend(uri: str, **options: Any) -> Backend:
-    """file:///abs/path or s3://bucket/prefix. S3 options: see S3Backend."""
-    problem = uri_problem(uri)
-    if problem:
-        raise ConfigError(problem)
-    scheme = uri.split("://", 1)[0].lower()
-    if scheme == "file":
-        if options:
-            raise ConfigError(f"options {sorted(options)} apply to s3:// URIs only, not to {uri}")
-        return FileBackend(uri)
-    if scheme == "s3":
-        from airflow_gpu.checkpoint.s3 import S3Backend
-
-        return S3Backend(uri, **options)
-    raise AssertionError(scheme)  # uri_problem admits only the two schemes
-
-
-class FileBackend:
+class FileBackend(Backend):
     """A directory as an object store. Atomic create-only puts use link(2), which fails if the
     name exists; other writes go to a temp file first and are renamed into place."""
 
@@ -183,9 +110,6 @@ class FileBackend:
 
             return consume(chunks())
 
-    def get(self, key: str, start: int | None = None, length: int | None = None) -> bytes:
-        return self.read(key, b"".join, start, length)
-
     def list(self, prefix: str, *, max_keys: int | None = None) -> list[ListedObject]:
         base, _, name_prefix = prefix.rpartition("/")
         top = self.root / base if base else self.root
@@ -245,10 +169,9 @@ class FileBackend:
 
     def multipart_put(self, handle: Any, index: int, offset: int, data: bytes) -> None:
         view = memoryview(data)
-        while view:
-            view = view[os.pwrite(handle["fd"], view, offset) :]
-            offset += 0 if not view else len(data) - len(view) - (offset - offset)
-        # pwrite on regular files writes everything in one call; the loop guards short writes only
+        while view:  # pwrite may write less than asked: go on after the bytes it did write
+            written = os.pwrite(handle["fd"], view, offset)
+            view, offset = view[written:], offset + written
 
     def multipart_complete(self, handle: Any) -> None:
         self._finish(handle["fd"])
