@@ -162,6 +162,12 @@ ENV_RANK = "RANK"
 ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 DEFAULT_MASTER_PORT = 29500
 EXIT_CODE_STOPPED = 143  # training saved a checkpoint on SIGTERM and stopped: NOT a success
+# the checkpoint store stayed unreachable past AIRFLOW_GPU_S3_OUTAGE_SECONDS (EX_TEMPFAIL): an
+# infrastructure failure, relaunched as the next attempt of the same try (as a Job's podFailurePolicy
+# ignores an exit code)
+EXIT_CODE_STORE_UNAVAILABLE = 75
+ENV_S3_OUTAGE_SECONDS = "AIRFLOW_GPU_S3_OUTAGE_SECONDS"
+DEFAULT_S3_OUTAGE_SECONDS = 300.0
 
 # --- tiers ----------------------------------------------------------------------------------
 TIER_PRODUCTION_TRAINING = "production-training"

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -21,7 +23,8 @@ from typing import Any, Mapping
 from airflow_gpu import constants as C
 from airflow_gpu.checkpoint.storage.base import AlreadyExists, ObjectMissing
 from airflow_gpu.checkpoint.env import TrainingEnv
-from airflow_gpu.checkpoint.errors import CheckpointExistsError, ConfigError, CorruptCheckpointError, StaleAttemptError
+from airflow_gpu.checkpoint.errors import (CheckpointExistsError, ConfigError, CorruptCheckpointError, StaleAttemptError,
+                                          StoreUnavailableError)
 from airflow_gpu.checkpoint.layout import (
     DATA,
     STATUS,
@@ -41,6 +44,32 @@ from airflow_gpu.checkpoint.transfer import upload
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
+
+
+_OUTAGE_HOOK_INSTALLED = False
+
+
+def _exit_on_store_outage() -> None:
+    """A training process that dies of StoreUnavailableError (the store stayed unreachable through
+    the whole outage window) exits with EXIT_CODE_STORE_UNAVAILABLE: the operator relaunches the
+    gang as the next attempt of the same try instead of spending a retry on an infrastructure
+    fault. Any other uncaught error keeps its usual exit (1: the application failed)."""
+    global _OUTAGE_HOOK_INSTALLED
+    if _OUTAGE_HOOK_INSTALLED:
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        if isinstance(value, StoreUnavailableError):
+            sys.stderr.write(f"airflow-gpu: the checkpoint store is unavailable; exiting with "
+                             f"{C.EXIT_CODE_STORE_UNAVAILABLE} (an infrastructure failure: the gang is "
+                             f"relaunched, no retry is spent)\n")
+            sys.stderr.flush()
+            os._exit(C.EXIT_CODE_STORE_UNAVAILABLE)
+
+    sys.excepthook = hook
+    _OUTAGE_HOOK_INSTALLED = True
 
 
 class Checkpointer:
@@ -86,6 +115,7 @@ class Checkpointer:
         self.env: TrainingEnv | None = None  # set by from_env()
         if handle_sigterm:
             self._install_sigterm_handler()
+            _exit_on_store_outage()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Checkpointer":

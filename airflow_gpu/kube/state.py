@@ -28,6 +28,7 @@ TERMINAL = (SUCCEEDED, FAILED, DISRUPTED)
 
 REASON_PARTIAL_LOSS = "PartialLoss"
 REASON_ALL_LOST = "AllMembersLost"
+REASON_STORE_UNAVAILABLE = "StoreUnavailable"  # an infrastructure failure: relaunched like an interruption
 # CAUSE_PREEMPTION: a scheduler took the GPUs for higher-priority work; CAUSE_INTERRUPTION: the capacity
 # went away (spot reclaim, drain, node lost, members lost). The chargeback's words, defined once there.
 
@@ -196,6 +197,11 @@ def gang_state(pods: Iterable[Any], podgroup: Any = None, *, expected: int | Non
         return GangState(DISRUPTED, f"{first.disruption} on {first.name}{detail}", **base)
     finished = [m for m in members if m.phase in ("Succeeded", "Failed")]
     failed = [m for m in members if m.phase == "Failed"]
+    if failed and all(m.exit_code == C.EXIT_CODE_STORE_UNAVAILABLE for m in failed):
+        names = ", ".join(m.name for m in failed)
+        return GangState(DISRUPTED, f"{REASON_STORE_UNAVAILABLE}: {names} exited {C.EXIT_CODE_STORE_UNAVAILABLE} "
+                                    f"(the checkpoint store stayed unreachable through "
+                                    f"{C.ENV_S3_OUTAGE_SECONDS})", **base)
     if failed:
         codes = ", ".join(f"{m.name} exit {m.exit_code}" for m in failed)
         return GangState(FAILED, f"application failure: {codes}", **base)

@@ -4,8 +4,10 @@ AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION / AWS_DEFAULT_REGION, AWS_P
 boto3 reads them.
 
 Network failures and 5xx answers are retried here with exponential back-off and jitter (botocore's
-own retries are switched off so the back-off, the log lines and the final error are ours); the final
-error names the endpoint, the operation and how long it tried.
+own retries are switched off so the back-off, the log lines and the final error are ours) for as long
+as an outage may last: `outage_seconds`, default AIRFLOW_GPU_S3_OUTAGE_SECONDS or 300 s (an S3 or
+network outage of minutes must not fail a multi-day training); `max_attempts` bounds the tries too
+when given. The final error names the endpoint, the operation and how long it tried.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from botocore.exceptions import (
     ResponseStreamingError,
 )
 
+from airflow_gpu import constants as C
 from airflow_gpu.checkpoint.errors import CheckpointError, ConfigError, StoreUnavailableError
 from airflow_gpu.checkpoint.layout import check_key
 from airflow_gpu.checkpoint.storage.base import CHUNK, AlreadyExists, Backend, ListedObject, ObjectMissing
@@ -44,6 +47,20 @@ _RETRYABLE_EXC = (BotoConnectionError, ConnectionClosedError, ReadTimeoutError, 
 _RETRYABLE_CODES = {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "ConditionalRequestConflict"}
 
 
+def _outage_seconds_from_env() -> float:
+    raw = os.environ.get(C.ENV_S3_OUTAGE_SECONDS)
+    if not raw:
+        return C.DEFAULT_S3_OUTAGE_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86400:
+        raise ConfigError(f"{C.ENV_S3_OUTAGE_SECONDS}={raw!r}: must be seconds between 0 and 86400 "
+                          f"(default {C.DEFAULT_S3_OUTAGE_SECONDS:g})")
+    return value
+
+
 class S3Backend(Backend):
     min_part_size = MIN_PART_SIZE
 
@@ -56,7 +73,8 @@ class S3Backend(Backend):
         aws_access_key_id: str | None = None,
         aws_secret_access_key: str | None = None,
         aws_session_token: str | None = None,
-        max_attempts: int = 6,
+        max_attempts: int | None = None,
+        outage_seconds: float | None = None,
         backoff_base: float = 0.2,
         backoff_max: float = 10.0,
         connect_timeout: float = 5.0,
@@ -67,13 +85,15 @@ class S3Backend(Backend):
         parsed = urlparse(uri)
         if not parsed.netloc:
             raise ConfigError(f"S3 URI {uri!r} has no bucket: use s3://bucket/prefix")
-        if max_attempts < 1:
+        if max_attempts is not None and max_attempts < 1:
             raise ConfigError(f"max_attempts must be >= 1, got {max_attempts}")
+        outage_seconds = outage_seconds if outage_seconds is not None else _outage_seconds_from_env()
         self.bucket = parsed.netloc
         self.prefix = parsed.path.strip("/")
         self.prefix = self.prefix + "/" if self.prefix else ""
         self.uri = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
         self.max_attempts = max_attempts
+        self.outage_seconds = outage_seconds
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
         if client is None:
@@ -105,7 +125,9 @@ class S3Backend(Backend):
     # --- retries ---------------------------------------------------------------------------
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         started = time.monotonic()
-        for attempt in range(1, self.max_attempts + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 return fn()
             except ClientError as exc:
@@ -115,16 +137,19 @@ class S3Backend(Backend):
                 error: Exception = exc
             except _RETRYABLE_EXC as exc:
                 error = exc
-            if attempt == self.max_attempts:
+            delay = min(self.backoff_max, self.backoff_base * 2 ** min(attempt - 1, 30)) * random.uniform(0.5, 1.0)
+            waited = time.monotonic() - started
+            if (self.max_attempts is not None and attempt >= self.max_attempts) or waited + delay > self.outage_seconds:
                 raise StoreUnavailableError(
-                    f"S3 endpoint {self.endpoint} unreachable: {what} failed {self.max_attempts} times over "
-                    f"{time.monotonic() - started:.1f}s with back-off (last error: {error}). Check the "
-                    f"endpoint (AWS_ENDPOINT_URL), network and credentials; nothing was committed by this call."
+                    f"S3 endpoint {self.endpoint} unreachable: {what} failed {attempt} times over "
+                    f"{waited:.1f}s with back-off (last error: {error}). Check the endpoint (AWS_ENDPOINT_URL), "
+                    f"network and credentials ({C.ENV_S3_OUTAGE_SECONDS}={self.outage_seconds:g} s is how long an "
+                    f"outage is waited out); nothing was committed by this call."
                 ) from error
-            delay = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
-            log.warning("S3 %s failed (%s); retry %d/%d in %.2fs", what, error, attempt, self.max_attempts - 1, delay)
+            left = f"/{self.max_attempts - 1}" if self.max_attempts is not None else \
+                f" ({self.outage_seconds - waited:.0f}s of the outage window left)"
+            log.warning("S3 %s failed (%s); retry %d%s in %.2fs", what, error, attempt, left, delay)
             time.sleep(delay)
-        raise AssertionError("unreachable")
 
     def _what(self, op: str, key: str) -> str:
         return f"{op} s3://{self.bucket}/{self.prefix}{key}"
