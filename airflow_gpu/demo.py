@@ -29,6 +29,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -37,6 +38,9 @@ from rich.text import Text
 
 from airflow_gpu import constants as C
 from airflow_gpu.airflow_api import AirflowApi
+
+if TYPE_CHECKING:
+    from airflow_gpu.scheduler.convert import ConversionContext
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SEED_CLUSTER = REPO_ROOT / "examples" / "cluster-seed.yaml"
@@ -86,6 +90,7 @@ class ClusterWatch:
     api: object
     namespaces: tuple[str, ...]
     gpus_total: float
+    ctx: ConversionContext | None = None  # team and tier as the scheduler reads them (None: no quota config)
     pods: dict[str, PodRecord] = field(default_factory=dict)  # uid -> record
     wait_reasons: dict[str, list[str]] = field(default_factory=dict)  # PodGroup ns/name -> reasons seen
     samples: list[tuple[float, float]] = field(default_factory=list)  # (time, GPUs allocated)
@@ -123,7 +128,7 @@ class ClusterWatch:
     def poll(self) -> None:
         from kubernetes import client
 
-        from airflow_gpu.scheduler.convert import capacity_type_of, parse_time
+        from airflow_gpu.scheduler.convert import ConversionContext, capacity_type_of, gang_identity, parse_time
         from airflow_gpu.ui.ledger import pod_gpus
 
         core, custom = client.CoreV1Api(self.api), client.CustomObjectsApi(self.api)
@@ -144,9 +149,10 @@ class ClusterWatch:
                         requests = [c.get("resources") or {} for c in pod["spec"].get("containers", [])]
                         mig = any(k.startswith(C.RESOURCE_MIG_PREFIX) for r in requests
                                   for k in {**(r.get("requests") or {}), **(r.get("limits") or {})})
+                        who = gang_identity(f"{ns}/{meta['name']}", None, [pod], self.ctx or ConversionContext())
                         rec = self.pods[uid] = PodRecord(
                             ns, meta["name"], labels[C.LABEL_DAG_ID], labels.get(C.LABEL_TASK_ID, ""),
-                            labels.get(C.LABEL_TIER, ""), labels.get(C.LABEL_TEAM, ""),
+                            who.tier, who.team,
                             labels.get(C.LABEL_ATTEMPT, ""), f"{ns}/{labels.get(C.LABEL_GANG, meta['name'])}",
                             pod_gpus(pod), mig, min(now, parse_time(meta.get("creationTimestamp")) or now))
                     node = pod["spec"].get("nodeName")
@@ -256,6 +262,7 @@ class Demo:
         from airflow_gpu.devtools.gangs import scheduler_process
         from airflow_gpu.devtools.kube import start_kube_cluster
         from airflow_gpu.devtools.seaweedfs import SeaweedFS, create_team_secrets
+        from airflow_gpu.scheduler.convert import ConversionContext
 
         self.step("Starting the platform (everything on 127.0.0.1, stopped by PID at the end)")
         self.s3 = self.stack.enter_context(SeaweedFS(root=self.workdir / "s3"))
@@ -311,7 +318,8 @@ class Demo:
         self.rest = self.airflow.api()
         self.stack.callback(self.rest.close)
 
-        self.watch = ClusterWatch(self.api, self.namespaces, self.gpus_total).start()
+        self.watch = ClusterWatch(self.api, self.namespaces, self.gpus_total,
+                                  ConversionContext.from_config(self.config)).start()
         self.stack.callback(self.watch.stop)
 
     # Airflow's REST API ------------------------------------------------------------------------

@@ -8,10 +8,13 @@ from airflow_gpu.config import load_config
 from airflow_gpu.core.model import PodRequest
 from airflow_gpu.core.tiers import (
     DEFAULT_TIER,
+    Identity,
     TierPolicy,
     decide,
+    identity,
     priority_class_name,
     resolve_tier,
+    team_of_namespace,
     tier_of_priority_class,
 )
 
@@ -39,10 +42,36 @@ def test_unknown_tier_keeps_what_the_pods_ask_for():
 def test_tier_names_and_priority_classes_round_trip():
     tiers = {"production-training": TierPolicy()}
     assert tier_of_priority_class(priority_class_name("inference")) == "inference"
-    assert resolve_tier("x", ["airflow-gpu-production-training"], tiers) == "x"
-    assert resolve_tier(None, ["other", "airflow-gpu-production-training"], tiers) == "production-training"
-    assert resolve_tier(None, ["other"], tiers) == "other"
-    assert resolve_tier(None, [], tiers) == DEFAULT_TIER
+    assert resolve_tier(["other", "airflow-gpu-production-training"], tiers) == "production-training"
+    assert resolve_tier(["other"], tiers) == "other"
+    assert resolve_tier([None, ""], tiers) == resolve_tier([], tiers) == DEFAULT_TIER
+
+
+def test_the_namespace_is_the_team_and_the_priority_class_the_tier_whatever_the_labels_say():
+    tiers = {"interactive": TierPolicy(preemptible=False), "best-effort-training": TierPolicy()}
+    teams = {"team-research": "research", "team-nlp": "nlp"}
+    be = ["airflow-gpu-best-effort-training"]
+    # labels that agree (what GpuTrainingOperator writes): nothing to say
+    agree = identity("team-research", be, teams, tiers,
+                     [{C.LABEL_TEAM: "research", C.LABEL_TIER: "best-effort-training"}, None, {}])
+    assert agree == Identity("research", "best-effort-training", ())
+    # the reproductions: a borrower claiming interactive, a pod of team-research claiming nlp
+    who = identity("team-research", be, teams, tiers, [{C.LABEL_TEAM: "nlp", C.LABEL_TIER: "interactive"}])
+    assert (who.team, who.tier) == ("research", "best-effort-training")
+    assert who.ignored == (
+        f"label {C.LABEL_TEAM}='nlp' contradicts namespace 'team-research' (team 'research'); ignored: "
+        "the namespace decides the team",
+        f"label {C.LABEL_TIER}='interactive' contradicts PriorityClass 'airflow-gpu-best-effort-training' "
+        "(tier 'best-effort-training'); ignored: the PriorityClass decides the tier")
+    # no PriorityClass: the default tier, whatever the label says; a foreign namespace is its own team
+    stray = identity("ml-sandbox", [None], teams, tiers, [{C.LABEL_TEAM: "nlp", C.LABEL_TIER: "interactive"}])
+    assert (stray.team, stray.tier) == ("ml-sandbox", DEFAULT_TIER)
+    assert [m.split(" contradicts ")[1].split(";")[0] for m in stray.ignored] == [
+        "namespace 'ml-sandbox' (team 'ml-sandbox')", f"no PriorityClass (tier {DEFAULT_TIER!r})"]
+    # one message per distinct value, however many pods carry it
+    many = identity("team-nlp", [], teams, tiers, [{C.LABEL_TEAM: "vision"}] * 8 + [{C.LABEL_TEAM: "recsys"}])
+    assert [m.split("=")[1].split(" ")[0] for m in many.ignored] == ["'recsys'", "'vision'"]
+    assert team_of_namespace("team-nlp", teams) == "nlp" and team_of_namespace("x", teams) == "x"
 
 
 def test_config_adapter(repo_root):

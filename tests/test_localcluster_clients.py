@@ -268,6 +268,21 @@ def test_admission_priority_quota_and_scheduler_name(kube_cluster, ns):
     body = json.loads(err.value.body)
     assert err.value.status == 403 and body["reason"] == "Forbidden"
     assert body["message"] == 'pods "noclass" is forbidden: no PriorityClass with name nope was found'
+    # spec.priority is the PriorityClass's, never the pod owner's (the scheduler orders and preempts by
+    # it): Priority admission rejects one that disagrees, with or without a class, and an update can't
+    # change it (issue 32)
+    for name, spec in (("self-prio", {}), ("over-prio", {"priorityClassName": pc_name})):
+        with pytest.raises(ApiException) as err:
+            core.create_namespaced_pod(ns, pod_body(name, scheduler="nobody", priority=1000000, **spec))
+        computed = 1000 if spec else 0
+        assert err.value.status == 403 and json.loads(err.value.body)["message"] == (
+            f'pods "{name}" is forbidden: the integer value of priority (1000000) must not be provided in pod spec; '
+            f"priority admission controller computed {computed} from the given PriorityClass name")
+    assert core.create_namespaced_pod(ns, pod_body("same-prio", scheduler="nobody", priority=1000,
+                                                   priorityClassName=pc_name)).spec.priority == 1000
+    with pytest.raises(ApiException) as err:
+        core.patch_namespaced_pod("same-prio", ns, {"spec": {"priority": 1000000}})
+    assert err.value.status == 422 and core.read_namespaced_pod("same-prio", ns).spec.priority == 1000
     # a pod naming another scheduler waits for a Binding
     time.sleep(0.3)
     assert core.read_namespaced_pod("prio", ns).spec.node_name is None

@@ -124,6 +124,46 @@ def test_a_pod_that_selects_spot_keeps_it_on_a_tier_that_defaults_to_on_demand(r
     assert gang_from_k8s("team-nlp/ft", pg, [spot], ctx).members[0].capacity_types == ("on-demand",)
 
 
+def test_labels_never_decide_team_or_tier_pending_or_running(repo_root):
+    """Issue 32's reproductions, converted: research's borrower labelled tier=interactive at the
+    best-effort PriorityClass stays best-effort (preemptible, so reclaimable); a team-vision pod
+    labelled team=nlp is vision's. Neither label stops the gang (it is no invalid hint): each is
+    reported as an ignored hint of the gang, pending and running alike."""
+    ctx = ConversionContext.from_config(load_config(repo_root / "examples" / "seed-quotas.yaml"))
+    liar = {C.LABEL_TEAM: "nlp", C.LABEL_TIER: C.TIER_INTERACTIVE}
+    borrower = pod("sweep", 4, ns="team-research", pc="airflow-gpu-best-effort-training", priority=1000)
+    borrower["metadata"]["labels"].update({C.LABEL_TIER: C.TIER_INTERACTIVE})
+    g = gang_from_k8s("team-research/sweep", None, [borrower], ctx)  # hints=None: still no ConversionError
+    assert (g.team, g.tier, g.preemptible, g.priority) == ("research", "best-effort-training", True, 1000)
+    hints: list[str] = []
+    pg = podgroup("ft", 1, ns="team-vision")
+    pg["metadata"]["labels"] = dict(liar)
+    member = pod("ft-0", 4, ns="team-vision", group="ft", pc="airflow-gpu-production-training", priority=100000)
+    member["metadata"]["labels"].update(liar)
+    g = gang_from_k8s("team-vision/ft", pg, [member], ctx, hints=hints)
+    assert (g.team, g.tier, g.preemptible) == ("vision", "production-training", False)
+    assert hints == [f"gang team-vision/ft: label {C.LABEL_TEAM}='nlp' contradicts namespace 'team-vision' "
+                     "(team 'vision'); ignored: the namespace decides the team",
+                     f"gang team-vision/ft: label {C.LABEL_TIER}='interactive' contradicts PriorityClass "
+                     "'airflow-gpu-production-training' (tier 'production-training'); ignored: the PriorityClass "
+                     "decides the tier"]
+    running = pod("run", 4, ns="team-vision", node_name="a", phase="Running", pc="airflow-gpu-production-training",
+                  priority=100000)
+    running["metadata"]["labels"].update(liar)
+    w = build_world(_view([borrower, member, running], [pg]), "airflow-gpu", ctx)
+    assert {g.name: (g.team, g.tier) for _, g in w.pending} == {
+        "team-research/sweep": ("research", "best-effort-training"), "team-vision/ft": ("vision", "production-training")}
+    assert [(rg.gang.name, rg.gang.team, rg.gang.tier) for rg in w.running] == [
+        ("team-vision/run", "vision", "production-training")]
+    assert not w.invalid and not w.incomplete
+    said = {}
+    for unit, problem in w.ignored_hints:
+        said.setdefault(unit.key, []).append(problem.split(" contradicts ")[0].split(": ", 1)[1])
+    assert said == {"team-research/sweep": [f"label {C.LABEL_TIER}='interactive'"],
+                    "team-vision/ft": [f"label {C.LABEL_TEAM}='nlp'", f"label {C.LABEL_TIER}='interactive'"],
+                    "team-vision/run": [f"label {C.LABEL_TEAM}='nlp'", f"label {C.LABEL_TIER}='interactive'"]}
+
+
 def _view(pods, podgroups=(), nodes=("a", "b"), plans=()):
     from airflow_gpu.scheduler.convert import key_of
 

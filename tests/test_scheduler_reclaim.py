@@ -1,11 +1,15 @@
 """The scheduler against the local cluster: a team reclaims its lent quota from a borrower of the
-same tier (SIGTERM + grace period, then the owner binds), and a PodGroup past its
+same tier (SIGTERM + grace period, then the owner binds), also from one whose tier label claims
+more than its PriorityClass; a team label moves neither quota nor billing; and a PodGroup past its
 spec.scheduleTimeoutSeconds is reported as timed out while its pods stay pending."""
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
+import time
+from contextlib import closing, contextmanager
 
 import pytest
 from kubernetes import client
@@ -16,8 +20,10 @@ from airflow_gpu.config import load_config
 from airflow_gpu.devtools import gangs as G
 from airflow_gpu.constants import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION
 from airflow_gpu.scheduler.loop import Scheduler, Settings
+from airflow_gpu.ui.service import usage_records
 
 BE_CLASS = "airflow-gpu-best-effort-training"
+PROD_CLASS = "airflow-gpu-production-training"
 
 
 @pytest.fixture(scope="module")
@@ -43,18 +49,32 @@ def bound(api, ns: str, name: str) -> int:
     return G.gang_binding_state(G.list_pods(api, ns)).get(f"{ns}/{name}", (0, 0))[0]
 
 
+@contextmanager
+def scheduling(kube_cluster, api, tmp_path, teams: list[dict], identity: str):
+    """The teams' namespaces and quota config, and a scheduler running on them; afterwards the
+    scheduler is stopped and the namespaces' pods are deleted."""
+    namespaces = [t["namespace"] for t in teams]
+    for ns in namespaces:
+        G.ensure_namespace(api, ns)
+    cfg = load_config(_quota_config(tmp_path, teams))
+    scheduler = Scheduler(G.api_client(kube_cluster.kubeconfig), cfg, Settings(), identity=identity)
+    runner = run(scheduler)
+    try:
+        yield cfg, scheduler
+    finally:
+        scheduler.stop()
+        runner.join(10)
+        for ns in namespaces:
+            client.CoreV1Api(api).delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        G.wait_until(lambda: not any(G.list_pods(api, ns) for ns in namespaces), 30, what="pods deleted")
+
+
 def test_owner_reclaims_lent_quota_from_a_same_tier_borrower(kube_cluster, api, tmp_path):
     a, b = "reclaim-a", "reclaim-b"
-    for ns in (a, b):
-        G.ensure_namespace(api, ns)
-    cfg = load_config(_quota_config(tmp_path, [
-        {"name": "a", "namespace": a, "quota": {"h100": 4}, "borrowing_limit": {"h100": 4}},
-        {"name": "b", "namespace": b, "quota": {"h100": 4}},
-    ]))
-    scheduler = Scheduler(G.api_client(kube_cluster.kubeconfig), cfg, Settings(), identity="reclaim-same-tier")
-    runner = run(scheduler)
+    teams = [{"name": "a", "namespace": a, "quota": {"h100": 4}, "borrowing_limit": {"h100": 4}},
+             {"name": "b", "namespace": b, "quota": {"h100": 4}}]
     marker = Marker()
-    try:
+    with scheduling(kube_cluster, api, tmp_path, teams, "reclaim-same-tier") as (_, scheduler), closing(marker):
         # team a runs its own 4 GPUs, then borrows team b's idle 4, all best-effort
         G.create_gang(api, a, "a-own", 1, 4, priority_class=BE_CLASS, sim_seconds=60)
         G.wait_until(lambda: bound(api, a, "a-own") == 1, 20, what="a-own bound")
@@ -83,13 +103,80 @@ def test_owner_reclaims_lent_quota_from_a_same_tier_borrower(kube_cluster, api, 
             "airflow_gpu_preemptions_total", {"team": "a", "tier": "best-effort-training", "reason": "reclaim"})
         assert value == 1.0
         assert G.overcommitted_nodes(api) == {}
-    finally:
-        marker.close()
-        scheduler.stop()
-        runner.join(10)
-        for ns in (a, b):
-            client.CoreV1Api(api).delete_collection_namespaced_pod(ns, grace_period_seconds=0)
-        G.wait_until(lambda: not G.list_pods(api, a) and not G.list_pods(api, b), 30, what="pods deleted")
+
+
+def ignored_label_events(api, ns: str, name: str, label: str) -> list[dict]:
+    return [e for e in G.events_for(api, ns, name) if e["reason"] == "InvalidHint" and e["type"] == "Warning"
+            and f"label {label}=" in e["message"]]
+
+
+def test_a_tier_label_on_a_borrower_does_not_stop_reclaim(kube_cluster, api, tmp_path):
+    """Issue 32, first reproduction: research's borrower, labelled tier=interactive at the best-effort
+    PriorityClass, was never reclaimed (interactive is never preempted) and nlp's production gang,
+    within its guarantee, waited ("reclaiming 8"). The PriorityClass is the tier: it is reclaimed."""
+    a, b = "tierlabel-research", "tierlabel-nlp"
+    teams = [{"name": "research", "namespace": a, "quota": {"h100": 4}, "borrowing_limit": {"h100": 4}},
+             {"name": "nlp", "namespace": b, "quota": {"h100": 4}}]
+    claim = {C.LABEL_TIER: C.TIER_INTERACTIVE}
+    with scheduling(kube_cluster, api, tmp_path, teams, "reclaim-tier-label") as (_, scheduler):
+        G.create_gang(api, a, "own", 1, 4, priority_class=BE_CLASS, sim_seconds=120, labels=claim)
+        G.wait_until(lambda: bound(api, a, "own") == 1, 20, what="research's own gang bound")
+        G.create_gang(api, a, "borrow", 1, 4, priority_class=BE_CLASS, sim_seconds=120, grace=1, labels=claim)
+        G.wait_until(lambda: bound(api, a, "borrow") == 1, 20, what="research's borrower bound")
+        assert (G.get_podgroup(api, a, "borrow")["metadata"].get("annotations") or {}).get(C.ANNOTATION_BORROWED) == "true"
+
+        G.create_gang(api, b, "prod", 1, 4, priority_class=PROD_CLASS, sim_seconds=30)
+        G.wait_until(lambda: bound(api, b, "prod") == 1, 30, what="nlp's production gang bound (reclaimed)")
+        events = G.events_for(api, a, "borrow")
+        assert any(e["reason"] == "Preempted" and "quota is reclaimed" in e["message"] for e in events), events
+        assert bound(api, a, "own") == 1  # within research's guarantee: untouched
+        (event,) = ignored_label_events(api, a, "borrow", C.LABEL_TIER)  # once, not every cycle
+        assert f"'{C.TIER_INTERACTIVE}' contradicts PriorityClass '{BE_CLASS}'" in event["message"], event
+        value = scheduler.metrics.registry.get_sample_value(
+            "airflow_gpu_preemptions_total", {"team": "research", "tier": "best-effort-training", "reason": "reclaim"})
+        assert value == 1.0
+        assert G.overcommitted_nodes(api) == {}
+
+
+def test_a_team_label_moves_neither_quota_nor_billing(kube_cluster, api, tmp_path):
+    """Issue 32, second reproduction: a pod of team-vision labelled team=nlp was counted on nlp's
+    quota and billed to nlp, and nlp's own production waited ("nlp uses N of N"). The namespace is the
+    team: vision's quota is used, nlp's gang binds, the bill is vision's, and the pod gets a Warning
+    Event (and, while it waits, its wait reason) naming the ignored label."""
+    nlp, vision = "teamlabel-nlp", "teamlabel-vision"
+    teams = [{"name": "nlp", "namespace": nlp, "quota": {"h100": 4}},
+             {"name": "vision", "namespace": vision, "quota": {"h100": 4}}]
+    core = client.CoreV1Api(api)
+    claim = {C.LABEL_TEAM: "nlp"}
+    with scheduling(kube_cluster, api, tmp_path, teams, "team-label") as (cfg, _):
+        core.create_namespaced_pod(vision, G.pod_manifest("impostor", vision, 4, priority_class=PROD_CLASS,
+                                                          sim_seconds=120, labels=claim), _preload_content=False)
+        G.wait_until(lambda: any(p["spec"].get("nodeName") for p in G.list_pods(api, vision)), 20,
+                     what="vision's pod bound")
+        # a second one waits on vision's quota, not nlp's; nlp's own production gets nlp's quota
+        core.create_namespaced_pod(vision, G.pod_manifest("impostor-2", vision, 4, priority_class=PROD_CLASS,
+                                                          sim_seconds=120, labels=claim), _preload_content=False)
+        core.create_namespaced_pod(nlp, G.pod_manifest("prod", nlp, 4, priority_class=PROD_CLASS, sim_seconds=120),
+                                   _preload_content=False)
+        G.wait_until(lambda: any(p["spec"].get("nodeName") for p in G.list_pods(api, nlp)), 20,
+                     what="nlp's production pod bound (nlp's quota is its own)")
+
+        def reason() -> str:
+            pod = core.read_namespaced_pod("impostor-2", vision)
+            return (pod.metadata.annotations or {}).get(C.ANNOTATION_WAIT_REASON, "")
+        G.wait_until(lambda: "team quota" in reason(), 20, what="impostor-2's wait reason")
+        assert reason().startswith("team quota: vision uses 4 of 4 h100"), reason()
+        assert f"label {C.LABEL_TEAM}='nlp' contradicts namespace '{vision}'" in reason(), reason()
+        assert not core.read_namespaced_pod("impostor-2", vision).spec.node_name
+        assert G.overcommitted_nodes(api) == {}
+        (event,) = ignored_label_events(api, vision, "impostor", C.LABEL_TEAM)
+        assert f"label {C.LABEL_TEAM}='nlp' contradicts namespace '{vision}' (team 'vision')" in event["message"], event
+
+        # chargeback reads the same pods: the impostor's GPU-hours are vision's
+        pods = G.list_pods(api, vision) + G.list_pods(api, nlp)
+        nodes = {n["metadata"]["name"]: n for n in json.loads(core.list_node(_preload_content=False).data)["items"]}
+        billed = {r.ref: r.team for r in usage_records(cfg, pods, nodes, [], now=time.time())}
+        assert billed == {f"{vision}/impostor": "vision", f"{nlp}/prod": "nlp"}, billed
 
 
 def test_podgroup_past_its_schedule_timeout_is_reported_and_left_pending(kube_cluster, api, tmp_path):

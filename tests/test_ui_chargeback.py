@@ -152,3 +152,38 @@ def test_an_older_result_without_the_causes_is_split_by_disruptions(cfg):
                     T0 - 1, T0 + 86400, "platform")
     assert row.gpu_hours == pytest.approx(8.0)
     assert (row.lost_interruption_hours, row.lost_preemption_hours) == pytest.approx((200 / 3600, 600 / 3600))
+
+
+def test_a_team_label_does_not_move_billing(cfg):
+    """Issue 32: a pod of team-vision labelled airflow-gpu.io/team=nlp is billed to vision, the team
+    whose quota it used (the namespace's), never to the team its label names; a pod in a namespace
+    outside the quota config is billed to that namespace."""
+    pods, nodes = scripted_run()
+    for p in pods:
+        p["metadata"]["labels"][C.LABEL_TEAM] = "nlp"  # what a KubernetesPodOperator or kubectl can set
+    pods[-1]["metadata"]["namespace"] = "team-vision"
+    pods[0]["metadata"]["namespace"] = "ml-sandbox"
+    rows = charge(usage_records(cfg, pods, nodes, [], now=T0 + 20000), prices_of(cfg), T0 - 1, T0 + 86400, "platform")
+    hours = {}
+    for r in rows:
+        hours[r.team] = hours.get(r.team, 0.0) + r.gpu_hours
+    assert hours == pytest.approx({"vision": 4 * 2.0, "ml-sandbox": 4 * 1.0, "nlp": 4 * 1.0 + 8 * 0.5})
+
+
+def test_the_queue_shows_the_namespace_team_and_the_priority_class_tier(cfg):
+    """The queue page reads team and tier as the scheduler does: a waiting gang (complete or still
+    incomplete) in team-vision labelled team=nlp, tier=interactive is vision's, at its PriorityClass's tier."""
+    from test_scheduler_convert import _view, pod as k8s_pod, podgroup
+
+    from airflow_gpu.scheduler.convert import ConversionContext
+    from airflow_gpu.ui import queue
+
+    liar = {C.LABEL_TEAM: "nlp", C.LABEL_TIER: C.TIER_INTERACTIVE}
+    pods = [k8s_pod("lone", 1, ns="team-vision", pc="airflow-gpu-best-effort-training", priority=1000),
+            k8s_pod("big-0", 8, ns="team-vision", group="big", pc="airflow-gpu-best-effort-training", priority=1000)]
+    for p in pods:
+        p["metadata"]["labels"].update(liar)
+    q = queue.build(queue.Inputs([], [], _view(pods, [podgroup("big", 2, ns="team-vision")]),
+                                 ConversionContext.from_config(cfg)), now=T0)
+    assert sorted((w["gang"], w["team"], w["tier"]) for w in q["waiting"]) == [
+        ("team-vision/big", "vision", "best-effort-training"), ("team-vision/lone", "vision", "best-effort-training")]

@@ -8,9 +8,9 @@ to `TierPolicy` values by `airflow_gpu.config.QuotaConfig.tier_policies()`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
-from airflow_gpu.constants import TIER_INTERACTIVE
+from airflow_gpu.constants import LABEL_TEAM, LABEL_TIER, TIER_INTERACTIVE
 from airflow_gpu.core.capacity import confine_to_eligible_capacity, is_spot_eligible
 from airflow_gpu.core.model import PodRequest
 
@@ -85,16 +85,59 @@ def decide(
     )
 
 
-def resolve_tier(named: str | None, priority_classes: list[str], tiers: Mapping[str, TierPolicy]) -> str:
-    """The tier of a gang: the one named (label), else the first PriorityClass that maps to a known
-    tier, else the first PriorityClass's tier, else DEFAULT_TIER."""
-    if named:
-        return named
+def resolve_tier(priority_classes: Iterable[str | None], tiers: Mapping[str, TierPolicy]) -> str:
+    """The tier of a gang: the first PriorityClass that maps to a known tier, else the first
+    PriorityClass's tier, else DEFAULT_TIER. Never a label: see `identity`."""
     classes = [tier_of_priority_class(pc) for pc in priority_classes if pc]
     for t in classes:
         if t in tiers:
             return t
     return classes[0] if classes else DEFAULT_TIER
+
+
+def team_of_namespace(namespace: str, team_by_namespace: Mapping[str, str]) -> str:
+    """The team of a namespace: the quota config's team of that namespace, else the namespace itself
+    (a foreign namespace, no team of the config)."""
+    return team_by_namespace.get(namespace) or namespace
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Whose a gang is and at which tier. `ignored`: labels that said otherwise, one message each."""
+
+    team: str
+    tier: str
+    ignored: tuple[str, ...] = ()
+
+
+def identity(
+    namespace: str,
+    priority_classes: Iterable[str | None],
+    team_by_namespace: Mapping[str, str],
+    tiers: Mapping[str, TierPolicy],
+    labels: Iterable[Mapping[str, str] | None] = (),
+) -> Identity:
+    """The namespace is the team; the PriorityClass is the tier. The API server is what ties both to
+    the team (RBAC per namespace, ResourceQuota per PriorityClass, spec.priority from the class):
+    labels a pod owner writes are hints that never change quota, billing, tier, preemptibility or
+    reclaim. A `airflow-gpu.io/team` or `/tier` label in `labels` (the PodGroup's and the pods') that
+    contradicts them is reported in `ignored`, and ignored."""
+    classes = [pc for pc in priority_classes if pc]
+    team = team_of_namespace(namespace, team_by_namespace)
+    tier = resolve_tier(classes, tiers)
+    deciding = next((pc for pc in classes if tier_of_priority_class(pc) == tier), None)
+    said = {LABEL_TEAM: set(), LABEL_TIER: set()}
+    for values in labels:
+        for key, seen in said.items():
+            value = (values or {}).get(key)
+            if value not in (None, ""):
+                seen.add(str(value))
+    ignored = [f"label {LABEL_TEAM}={value!r} contradicts namespace {namespace!r} (team {team!r}); ignored: "
+               "the namespace decides the team" for value in sorted(said[LABEL_TEAM] - {team})]
+    source = f"PriorityClass {deciding!r}" if deciding else "no PriorityClass"
+    ignored += [f"label {LABEL_TIER}={value!r} contradicts {source} (tier {tier!r}); ignored: "
+                "the PriorityClass decides the tier" for value in sorted(said[LABEL_TIER] - {tier})]
+    return Identity(team, tier, tuple(ignored))
 
 
 def non_preemptible_tiers(tiers: Mapping[str, TierPolicy]) -> frozenset[str]:

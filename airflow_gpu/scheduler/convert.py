@@ -33,7 +33,15 @@ from airflow_gpu.core.model import (
     TopologyLevel,
     TopologyRequirement,
 )
-from airflow_gpu.core.tiers import DEFAULT_TIER, TierPolicy, decide, resolve_tier, tier_of_priority_class  # noqa: F401
+from airflow_gpu.core.tiers import (  # noqa: F401
+    DEFAULT_TIER,
+    Identity,
+    TierPolicy,
+    decide,
+    identity,
+    resolve_tier,
+    tier_of_priority_class,
+)
 from airflow_gpu.kube.wire import as_dict
 
 
@@ -414,6 +422,17 @@ def _hint(parse, default, problems: list[str] | None):
         return default
 
 
+def gang_identity(key: str, podgroup: Mapping | None, pods: list[Mapping], ctx: ConversionContext) -> Identity:
+    """Team (the namespace's) and tier (the pods' PriorityClass's) of gang `key`; `ignored`: the
+    team and tier labels of the PodGroup and the pods that say otherwise, each message naming the gang
+    (core.tiers.identity)."""
+    namespace = (pods[0].get("metadata") or {}).get("namespace", "") if pods else key.partition("/")[0]
+    who = identity(namespace, [(p.get("spec") or {}).get("priorityClassName") for p in pods], ctx.team_by_namespace,
+                   ctx.tiers, [m.get("labels") for m in [(podgroup or {}).get("metadata") or {}]
+                               + [p.get("metadata") or {} for p in pods]])
+    return replace(who, ignored=tuple(f"gang {key}: {msg}" for msg in who.ignored)) if who.ignored else who
+
+
 def gang_from_k8s(
     key: str,
     podgroup: Mapping | None,
@@ -424,23 +443,24 @@ def gang_from_k8s(
     min_member: int = 0,
     hints: list[str] | None = None,
 ) -> Gang:
-    """A Gang for PodGroup `key` (or a lone pod) and its pods. Labels/annotations on the PodGroup win
-    over those on the pods; priority is the highest spec.priority among the pods. Each pod keeps its
-    own request (pod sets: a launcher and its workers). `pinned`: nodes where members of the group
-    already run, which pin the rest to their topology domain; `min_member`: how many of `pods` must
-    be placed together at least (0: all). `hints`: when a list, user-written hints that are invalid
-    (expected duration, topology) are ignored and their problems appended; when None, they raise
-    ConversionError (a pending gang waits with the field named)."""
+    """A Gang for PodGroup `key` (or a lone pod) and its pods. Team and tier are `gang_identity`'s
+    (the namespace, the PriorityClass; never a label). Annotations on the PodGroup win over those on
+    the pods; priority is the highest spec.priority among the pods. Each pod keeps its own request
+    (pod sets: a launcher and its workers). `pinned`: nodes where members of the group already run,
+    which pin the rest to their topology domain; `min_member`: how many of `pods` must be placed
+    together at least (0: all). `hints`: when a list, user-written hints that are invalid (expected
+    duration, topology) are ignored and their problems appended, and so are team/tier labels that
+    contradict the namespace/PriorityClass; when None, invalid hints raise ConversionError (a pending
+    gang waits with the field named), contradicting labels are ignored all the same."""
     if not pods:
         raise ConversionError(f"gang {key}: no pods")
     pg_meta = (podgroup or {}).get("metadata") or {}
     metas = [pg_meta] + [p.get("metadata") or {} for p in pods]
-    label = lambda k: _first((m.get("labels") or {}).get(k) for m in metas)  # noqa: E731
     annotation = lambda k: _first((m.get("annotations") or {}).get(k) for m in metas)  # noqa: E731
-    namespace = pods[0]["metadata"].get("namespace", "")
-    team = label(C.LABEL_TEAM) or ctx.team_by_namespace.get(namespace) or namespace
-    pcs = [(p.get("spec") or {}).get("priorityClassName") for p in pods]
-    tier = resolve_tier(label(C.LABEL_TIER), pcs, ctx.tiers)
+    who = gang_identity(key, podgroup, pods, ctx)
+    if hints is not None:
+        hints.extend(who.ignored)
+    team, tier = who.team, who.tier
     priorities = [(p.get("spec") or {}).get("priority") for p in pods]
     known = [int(p) for p in priorities if p is not None]
     checkpointable = (annotation(C.ANNOTATION_CHECKPOINTABLE) or "").lower() == "true"

@@ -150,6 +150,7 @@ class Scheduler:
         self._pool = ThreadPoolExecutor(max_workers=self.settings.bind_workers, thread_name_prefix="bind")
         self._gang_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gang")
         self._written: dict[str, tuple] = {}  # owner key -> last annotations/status written (dedup only)
+        self._ignored: dict[str, tuple[str, ...]] = {}  # unit key -> this cycle's ignored hints (wait reasons)
         self.cycles = 0
         self._memo = Memo()
         self._quota: QuotaLedger | None = None  # quota usage of the running gangs, kept by deltas
@@ -210,6 +211,10 @@ class Scheduler:
         self.metrics.observe(world)
         if not leader:
             return world
+        ignored: dict[str, dict[str, None]] = {}
+        for unit, problem in world.ignored_hints:
+            ignored.setdefault(unit.key, {})[problem] = None
+        self._ignored = {key: tuple(problems) for key, problems in ignored.items()}
         self._handle_plans(world, view, now)
         self._drop_plans(world, view)
         pending = [g for _, g in world.pending]
@@ -571,6 +576,7 @@ class Scheduler:
         owner = unit.owner
         if owner is None or not self.is_leader():
             return
+        reason = "; ".join((reason, *self._ignored.get(unit.key, ())))  # ignored hints: said while it waits
         if unit.annotation(C.ANNOTATION_WAIT_REASON) == reason or self._written.get(("reason", unit.key)) == reason:
             return
         # A reason that differs only in its numbers ("starts in ~41 s" -> "~40 s") is rewritten at most

@@ -29,6 +29,7 @@ from airflow_gpu.scheduler.convert import (
     ConversionContext,
     ConversionError,
     gang_from_k8s,
+    gang_identity,
     gang_key_of_pod,
     key_of,
     min_member,
@@ -195,7 +196,8 @@ class World:
     plan_ready: dict[str, bool]  # unit key -> every unbound member of the plan fits now
     invalid: list[tuple[Unit, str]]  # units whose objects cannot be understood, with the error
     nodes: dict[str, Node]
-    ignored_hints: list[tuple[Unit, str]] = field(default_factory=list)  # invalid user hints, ignored
+    # invalid user hints of running gangs and contradicting team/tier labels of any gang: ignored
+    ignored_hints: list[tuple[Unit, str]] = field(default_factory=list)
     rejected_plans: list[tuple[Unit, Plan, str]] = field(default_factory=list)  # failed the re-check now
     stale_plans: list[tuple[str, str]] = field(default_factory=list)  # plan record key -> why it goes
     records: dict[str, Plan] = field(default_factory=dict)  # unit key -> its plan record, as read
@@ -521,6 +523,8 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
             bound_nodes = [(p.get("spec") or {}).get("nodeName") or view.assumed.get(key_of(p)) for p in bound]
             gang = gang_from_k8s(unit.key, unit.podgroup, waiting, ctx, [memo.pod(p, ctx) for p in waiting],
                                  pinned=[n for n in bound_nodes if n], min_member=max(1, need - len(bound)))
+            # invalid hints stop a pending gang (above); labels that contradict its team or tier never do
+            ignored_hints += [(unit, h) for h in gang_identity(unit.key, unit.podgroup, waiting, ctx).ignored]
         except ConversionError as exc:
             invalid.append((unit, str(exc)))
             continue

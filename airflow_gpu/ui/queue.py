@@ -24,7 +24,7 @@ from airflow_gpu.core.queue import estimate_start
 from airflow_gpu.config import SLOTS_PER_GPU
 from airflow_gpu.pools.plan import POOL_PREFIX, parse_pool_name
 from airflow_gpu.scheduler.cache import View
-from airflow_gpu.scheduler.convert import ConversionContext, hint_time, key_of, parse_time
+from airflow_gpu.scheduler.convert import ConversionContext, gang_identity, hint_time, key_of, parse_time
 from airflow_gpu.scheduler.state import Memo, build_world
 from airflow_gpu.ui.ledger import try_key
 
@@ -148,7 +148,8 @@ def build(inputs: Inputs, now: float | None = None, estimate_limit: int = ESTIMA
         labels = ((unit.pods or [{}])[0].get("metadata") or {}).get("labels") or {}
         key = try_key(labels)
         seen.add(key)
-        waiting.append(_waiting_row(key, labels.get(C.LABEL_TEAM) or "", labels.get(C.LABEL_TIER) or "", 0, [], 0,
+        who = gang_identity(unit.key, unit.podgroup, unit.pods, inputs.ctx)  # the namespace's team, not a label's
+        waiting.append(_waiting_row(key, who.team, who.tier, 0, [], 0,
                                     reason, None, None, inputs.base_url, unit.key, NOTE_INCOMPLETE))
     full = {t["pool"]: t for t in teams}
     order = sorted((t for k, t in tis.items() if k not in seen and t.state in ("scheduled", "queued")),

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from airflow_gpu.core.chargeback import POLICY_PLATFORM, charge, check_policy
+from airflow_gpu.core.tiers import team_of_namespace
 from airflow_gpu.scheduler.convert import ConversionContext
 from airflow_gpu.scheduler.state import Memo
 from airflow_gpu.ui import ledger, queue, sources, watch
@@ -179,14 +180,13 @@ def prices_of(cfg) -> dict[str, tuple[float, float]]:
 
 
 def usage_records(cfg, pods: list[dict], nodes: dict, xcom_results: list[dict], now: float):
-    from airflow_gpu import constants as C
-
+    """A pod is billed to its namespace's team, as the scheduler counts it on that team's quota
+    (core.tiers.team_of_namespace); an `airflow-gpu.io/team` label moves nothing."""
     team_by_ns = {t.namespace: t.name for t in cfg.teams}
     aliases = cfg.node_label_aliases()
 
     def team_of(pod):
-        meta = pod.get("metadata") or {}
-        return (meta.get("labels") or {}).get(C.LABEL_TEAM) or team_by_ns.get(meta.get("namespace"), meta.get("namespace"))
+        return team_of_namespace((pod.get("metadata") or {}).get("namespace") or "", team_by_ns)
 
     records = ledger.usage_from_pods(pods, nodes, team_of, lambda label: aliases.get(label, label or "unknown"), now)
     covered = {ledger.try_key((p.get("metadata") or {}).get("labels") or {}) for p in pods} - {None}
