@@ -72,6 +72,12 @@ ANNOTATION_SCHEDULED = f"{DOMAIN}/scheduled"
 LABEL_PLAN_OF = f"{DOMAIN}/plan-of"
 PLAN_CONFIGMAP_PREFIX = "airflow-gpu-plan-"
 PLAN_DATA_KEY = "plan.json"
+# The scheduler's published queue (kube/queue_status.py): one ConfigMap per scheduler in its own
+# namespace, written only by its service account, read by the UI plugin and `airflow-gpu queue`.
+LABEL_QUEUE_OF = f"{DOMAIN}/queue-of"  # not LABEL_PLAN_OF: it is no plan record
+QUEUE_CONFIGMAP_PREFIX = "airflow-gpu-queue-"
+QUEUE_DATA_KEY = "queue.json.gz"
+DEFAULT_PUBLISH_INTERVAL = 5.0  # seconds between two publications at most (and on a change of the waiting set)
 ANNOTATION_EXPECTED_DURATION = f"{DOMAIN}/expected-duration-seconds"  # lets smaller gangs backfill safely
 
 # Marker in an Airflow pool description: only pools carrying it are changed or deleted. Capitalised

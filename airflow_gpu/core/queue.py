@@ -68,7 +68,7 @@ only when a member fits on a reserved node.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import NamedTuple
@@ -775,14 +775,14 @@ class _Ahead:
 
 def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleResult, profile: Profile,
                     now: float, limit: int = ESTIMATE_LIMIT,
-                    nominated: Iterable[str] = ()) -> dict[str, StartEstimate]:
+                    nominated: Mapping[str, Sequence[str]] | None = None) -> dict[str, StartEstimate]:
     """When and where each of the first `limit` gangs of `waiting` (queue order, what the cycle of
     `result` left waiting) is expected to start, under the cycle's own profile, quota book and
     reservation (conservative backfilling: each estimate holds its placement on the what-if from its
     start, so the gangs behind it never delay it):
     - the head of line's capacity reservation starts when the cycle said (Reservation.start);
-    - a gang with a preemption plan (of this cycle, or `nominated`: names of gangs whose nomination is
-      held) starts now, once its victims are gone;
+    - a gang with a preemption plan (of this cycle, or `nominated`: gang name -> nodes of a held
+      nomination) starts now, once its victims are gone;
     - any other: running gangs (and the gangs admitted in this cycle) are released on a copy by
       expected end until core.gang.admit admits it, capacity AND quota (a quota-blocked gang gets
       the end of the gang of its team or cohort that frees its quota, not the time capacity frees).
@@ -805,23 +805,30 @@ def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRes
         ends.append(RunningGang(plan.gang, tuple(plan.placements), now))
     ends.sort(key=lambda r: (math.inf if r.expected_end is None else r.expected_end, r.started_at, r.gang.name))
     ahead: list[_Ahead] = []
-    nominated = set(nominated)
+    nominated = dict(nominated or {})
     res = result.reservation
+    head = res.gang.name if res is not None and not res.by_preemption else None
+    if head is not None and head in {g.name for g in order[:limit]}:
+        # the scheduler keeps every other gang off the head's nodes, those ahead of it in the queue too
+        # (a quota-blocked gang is never head): its reservation is held first
+        out[head] = StartEstimate(None if math.isinf(res.start) else res.start, tuple(sorted(res.nodes)),
+                                  NOTE_NO_END if math.isinf(res.start) else "")
+        if not math.isinf(res.start):
+            d = res.gang.expected_duration
+            ahead.append(_Ahead(res.gang.team, tuple(res.placements), res.start,
+                                math.inf if d is None else res.start + d))
     for i, gang in enumerate(order):
         if i >= limit:
             out[gang.name] = StartEstimate(None, (), NOTE_NOT_ESTIMATED.format(limit=limit))
             continue
+        if gang.name == head:
+            continue
         if gang.name in planned or gang.name in nominated:
             plan = planned.get(gang.name)
-            nodes = tuple(sorted({p.node for p in plan.placements})) if plan is not None else ()
-            out[gang.name] = StartEstimate(now, nodes, NOTE_PREEMPTING)
+            nodes = tuple(sorted({p.node for p in plan.placements})) if plan is not None else nominated[gang.name]
+            out[gang.name] = StartEstimate(now, tuple(nodes), NOTE_PREEMPTING)
             continue
-        if res is not None and not res.by_preemption and res.gang.name == gang.name:
-            est = StartEstimate(None if math.isinf(res.start) else res.start, tuple(sorted(res.nodes)),
-                                NOTE_NO_END if math.isinf(res.start) else "")
-            placements = res.placements
-        else:
-            est, placements = _estimate_one(base, ends, ahead, gang, profile, now)
+        est, placements = _estimate_one(base, ends, ahead, gang, profile, now)
         out[gang.name] = est
         if est.start is not None:
             d = gang.expected_duration

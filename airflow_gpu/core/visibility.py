@@ -60,23 +60,27 @@ def gpus_of(members: Iterable[PodRequest]) -> float:
 
 
 def waiting_entries(state: CycleState, pending: Sequence[Gang], result: CycleResult, profile: Profile,
-                    now: float, nominated: Sequence[Gang] = (), reasons: Mapping[str, str] | None = None,
+                    now: float, nominated: Sequence[tuple[Gang, Sequence[str]]] = (),
+                    reasons: Mapping[str, str] | None = None,
                     limit: int = ESTIMATE_LIMIT) -> list[WaitingEntry]:
     """Every gang of `pending` the cycle of `result` did not admit, and every gang of `nominated`
-    (a held preemption plan waiting for its victims, not pending any more), in queue order.
-    Reason: the cycle's; for a gang it skipped in back-off, or a nominated one, `reasons` (the last
-    reason the scheduler gave it). `state`: the cycle's state before the cycle."""
+    ((gang, its nodes): a held preemption plan waiting for its victims, not pending any more), in
+    queue order.
+    Reason: `reasons` where given (the scheduler passes the reason it last wrote for a gang the
+    cycle skipped in back-off, or one that preempts), else the cycle's. `state`: the cycle's state
+    before the cycle."""
     reasons = reasons or {}
     admitted = {d.gang.name for d in result.admitted}
-    waiting = queue_order([g for g in pending if g.name not in admitted] + list(nominated))
-    starts = estimate_starts(state, waiting, result, profile, now, limit, nominated=[g.name for g in nominated])
+    waiting = queue_order([g for g in pending if g.name not in admitted] + [g for g, _ in nominated])
+    starts = estimate_starts(state, waiting, result, profile, now, limit,
+                             nominated={g.name: tuple(nodes) for g, nodes in nominated})
     product = state.node_product
     per_team: dict[str, int] = {}
     out = []
     for i, gang in enumerate(waiting, start=1):
         per_team[gang.team] = per_team.get(gang.team, 0) + 1
         est = starts[gang.name]
-        reason = result.waiting.get(gang.name) or reasons.get(gang.name) or REASON_NOT_TRIED
+        reason = reasons.get(gang.name) or result.waiting.get(gang.name) or REASON_NOT_TRIED
         out.append(WaitingEntry(
             gang.name, gang.team, gang.tier, gang.priority, gpus_of(gang.members),
             tuple(sorted({p for m in gang.members for p in m.gpu_products})), gang.created_at, i,
