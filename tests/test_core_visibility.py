@@ -98,3 +98,22 @@ def test_entries_positions_per_cluster_and_team_and_deferred_reasons_and_the_pic
     pic = cluster_picture(state.snap, ["n0000"], [m for g in pending for m in g.members])
     assert pic["gpus_total"] == 16 and pic["allocation_ratio"] == 0.5 and pic["nodes"][0]["held"]
     assert pic["nodes"][0]["gpus"] == [0] * 8 and not pic["nodes"][1]["held"]
+
+
+def test_a_quota_blocked_gang_ahead_of_the_head_is_kept_off_the_heads_reserved_nodes():
+    """The scheduler keeps every other gang off the head's reservation, gangs ahead of it in the queue
+    too (a quota-blocked gang is never head): the estimate holds the reservation first."""
+    snap = Snapshot.from_nodes(cluster(3, gpus=8))
+    book = QuotaBook({"a": TeamQuota.from_gpus("a", {"H100": 8}), "b": TeamQuota.from_gpus("b", {"H100": 32})})
+    a_run = start(snap, timed(gang("a-run", 1, 8, team="a", created_at=1), 1000), profile(), at=NOW)  # ends 2000
+    b_one = start(snap, timed(gang("b-one", 1, 8, team="b", created_at=2), 1000), profile(), at=NOW)  # ends 2000
+    b_two = start(snap, timed(gang("b-two", 1, 8, team="b", created_at=3), 3000), profile(), at=NOW)  # ends 4000
+    a_next = timed(gang("a-next", 1, 8, team="a", created_at=10), 100)  # quota: at 2000, when a-run ends
+    head = timed(gang("b-head", 2, 8, team="b", created_at=11), 100)  # capacity: two nodes at 2000
+    state, result = cycle(snap, [a_run, b_one, b_two], [a_next, head], book)
+    assert "quota" in result.waiting["a-next"] and result.reservation.gang.name == "b-head"
+    assert result.reservation.start == 2000.0
+    est = estimate_starts(state, [a_next, head], result, profile(), NOW)
+    assert est["b-head"].start == 2000.0 and set(est["b-head"].nodes) == set(result.reservation.nodes)
+    # not on the head's nodes while it runs (2000-2100; the third node frees at 4000): after it, at 2100
+    assert est["a-next"].start == 2100.0
