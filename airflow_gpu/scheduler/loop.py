@@ -250,11 +250,12 @@ class Scheduler:
 
     def _publish(self, world: World, view: View, state: CycleState, result, now: float) -> None:
         """The queue as this cycle decided it, where the UI reads it (scheduler/publish.py); bounded rate."""
-        nominated = nominated_gangs(world, self.settings.scheduler_name, view.assumed, self._gang_of)
-        waiting = frozenset(g.name for _, g in world.pending if g.name not in {d.gang.name for d in result.admitted}) \
-            | frozenset(g.name for _, g in nominated)
+        admitted = {d.gang.name for d in result.admitted}
+        waiting = frozenset(g.name for _, g in world.pending if g.name not in admitted) \
+            | frozenset(k for k, plan in world.plans.items() if plan.state == PLAN_NOMINATED)
         if not self.publisher.due(waiting) or not self.is_leader():
             return
+        nominated = nominated_gangs(world, self.settings.scheduler_name, view.assumed, self._gang_of)
         units = {g.name: u for u, g in world.pending} | {g.name: u for u, g in nominated}
         tried = set(result.waiting) - {p.gang.name for p in result.preemptions}
         reasons = {name: self._written.get(("reason", u.key)) or u.annotation(C.ANNOTATION_WAIT_REASON) or ""
