@@ -22,7 +22,7 @@ from airflow_gpu.devtools import gangs as G
 from airflow_gpu.devtools.airflow_rows import insert_task_instances
 from airflow_gpu.devtools.airflow_stack import AirflowStack
 from airflow_gpu.kube import queue_status
-from airflow_gpu.ui.queue import NOTE_IN_AIRFLOW
+from airflow_gpu.ui.queue import NOTE_IN_AIRFLOW, NOTE_INCOMPLETE
 
 pytestmark = pytest.mark.slow
 
@@ -96,6 +96,11 @@ def script_cluster(api) -> None:
     gang(api, "team-vision", "train", 1, 4, PROD, ti_labels("vision_detector", "fit", "vision"), 1800,
          sim_seconds=1800)
     gang(api, "team-recsys", "big", 2, 4, PROD, ti_labels("recsys_big", "train", "recsys"), 1800, sim_seconds=1800)
+    # a gang whose second member was never created: not in the queue, shown after it with the scheduler's reason
+    G.create_podgroup(api, "team-nlp", "half", 2)
+    client.CoreV1Api(api).create_namespaced_pod("team-nlp", G.pod_manifest(
+        "half-0", "team-nlp", 1, group="half", priority_class=PROD, labels=ti_labels("llm_half", "train", "nlp")),
+        _preload_content=False)
 
 
 def published(api) -> dict | None:
@@ -182,6 +187,10 @@ def test_queue_for_admin_is_what_the_scheduler_published(stack):
     big = by_gang["team-recsys/big"]
     assert "reserved" in big["reason"] and big["estimated_start"] is not None and len(big["nodes"]) == 2
     assert big["estimated_start"] >= more["estimated_start"] - 1  # conservative: behind nlp's more in the queue
+    # gangs not complete yet after the queue, with the scheduler's reason
+    half = next(w for w in q["waiting"] if w["gang"] == "team-nlp/half")
+    assert half["estimate_note"] == NOTE_INCOMPLETE and half["reason"] == pub["incomplete"][0]["reason"]
+    assert half["reason"].startswith("gang has 1 of 2 pods") and half["cluster_position"] == len(pub["waiting"]) + 1
     # the scheduler's queue first, then what Airflow holds back, each with its run's link
     assert [w["cluster_position"] for w in q["waiting"]] == list(range(1, len(q["waiting"]) + 1))
     by_dag = {w["dag_id"]: w for w in q["waiting"]}
@@ -286,7 +295,7 @@ def test_page_in_airflow_ui_headless_chromium(stack, tmp_path):
             assert {c.strip() for c in frame.locator("#waiting tbody td:nth-child(4)").all_inner_texts()} == {"vision"}
             assert {c.strip() for c in frame.locator("#running tbody td:nth-child(2)").all_inner_texts()} == {"vision"}
             frame.select_option("#team", "")
-            assert frame.locator("#waiting tbody tr").count() == len(pub["waiting"]) + len(DB_TASKS)
+            assert frame.locator("#waiting tbody tr").count() == len(pub["waiting"]) + len(pub["incomplete"]) + len(DB_TASKS)
             nodes = frame.locator("canvas#nodes")
             assert nodes.get_attribute("data-nodes") == "6" and int(nodes.get_attribute("data-gpus-used")) >= 16
             assert nodes.bounding_box()["height"] > 10  # drawn, not an empty canvas

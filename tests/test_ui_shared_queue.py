@@ -98,6 +98,9 @@ def test_nothing_published_or_too_old_is_said_not_guessed():
     assert {k: row[k] for k in ("cluster_position", "position", "reason", "estimated_start")} == \
         {k: entry(0)[k] for k in ("cluster_position", "position", "reason", "estimated_start")}
     assert fresh["waiting"][1]["cluster_position"] == 2  # Airflow's held task after the scheduler's queue
+    cut = queue.build(queue.Inputs(pools, tasks, {**pub, "truncated": {"waiting": 12, "nodes": 0}}), now=1901.0)
+    assert cut["warnings"] == ["the scheduler's publication leaves out 12 waiting gangs (object size limit); "
+                               "the rows shown are the first in its order"]
     old = queue.build(queue.Inputs(pools, tasks, pub), now=1900.0 + 3 * 5 + queue.STALE_GRACE + 1)
     assert old["stale"] is True and "46 s ago" in old["warnings"][0]
 

@@ -69,9 +69,8 @@ def document(world: World, state: CycleState, result: CycleResult, profile: Prof
                                       "ti": Q.task_instance_of(unit.pods)})
     incomplete = []
     for unit, reason in list(world.incomplete) + list(world.invalid):
-        labels = ((unit.pods or [{}])[0].get("metadata") or {}).get("labels") or {}
-        incomplete.append({"gang": unit.key, "namespace": unit.key.partition("/")[0],
-                           "team": labels.get(C.LABEL_TEAM) or "", "tier": labels.get(C.LABEL_TIER) or "",
+        team, tier = Q.team_and_tier(unit.pods)
+        incomplete.append({"gang": unit.key, "namespace": unit.key.partition("/")[0], "team": team, "tier": tier,
                            "reason": reason, "ti": Q.task_instance_of(unit.pods)})
     running = []
     for rg in world.running:

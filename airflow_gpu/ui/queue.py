@@ -139,6 +139,11 @@ def build(inputs: Inputs, now: float | None = None) -> dict:
         row["cluster_position"], row["position"] = i, per_team[row["team"]]
     running = [_running_row(r, now, inputs.base_url) for r in pub.get("running") or []]
     warnings = [message] if message else []
+    cut = {k: v for k, v in (pub.get("truncated") or {}).items() if v}
+    if cut:  # the publication was capped under the API's object size limit (kube.queue_status.encode)
+        warnings.append("the scheduler's publication leaves out " +
+                        ", ".join(f"{n} {'nodes' if k == 'nodes' else k + ' gangs'}" for k, n in sorted(cut.items())) +
+                        " (object size limit); the rows shown are the first in its order")
     return {"generated_at": now, "published_at": published_at, "stale": stale,
             "scheduler": pub.get("scheduler"), "profile": pub.get("profile"), "cycle": pub.get("cycle"),
             "truncated": pub.get("truncated") or {}, "teams": teams, "waiting": waiting + later, "running": running,
