@@ -267,13 +267,14 @@ class Scheduler:
             blob = queue_status.encode(doc)
             self.api.write_queue_status(queue_status.manifest(self.settings.state_namespace,
                                                               self.settings.scheduler_name, blob))
-        except (ApiException, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a failed publication must not fail the cycle's own work
             self.metrics.api_errors.labels("publish").inc()
-            log.warning("queue not published: %s", getattr(exc, "status", exc))
+            log.warning("queue not published: %s", getattr(exc, "status", None) or exc)
             return
         self.publisher.done(waiting)
 
     def _gang_of(self, unit: Unit, pods: list[dict]):
+        """The gang of `pods` (a unit's pending members); None when they cannot be read."""
         try:
             return gang_from_k8s(unit.key, unit.podgroup, pods, self.ctx, hints=[])
         except ValueError:
@@ -337,11 +338,11 @@ class Scheduler:
         return self._quota.cycle_state(world.snapshot, running, held=held, nominated=nominated)
 
     def _team_of(self, unit: Unit, pods: list[dict]) -> str:
-        try:
-            return gang_from_k8s(unit.key, unit.podgroup, pods, self.ctx, hints=[]).team
-        except ValueError:  # unreadable members: the plan is reported and dropped elsewhere
-            namespace = unit.key.partition("/")[0]
-            return self.ctx.team_by_namespace.get(namespace, namespace)
+        gang = self._gang_of(unit, pods)
+        if gang is not None:
+            return gang.team
+        namespace = unit.key.partition("/")[0]  # unreadable members: the plan is reported and dropped elsewhere
+        return self.ctx.team_by_namespace.get(namespace, namespace)
 
     @staticmethod
     def _terminating(world: World, rg: RunningGang) -> bool:
