@@ -78,6 +78,12 @@ PLAN_DATA_KEY = "plan.json"
 # on a real API server as on the local cluster, so the pod's condition alone cannot say it.
 PREEMPTIONS_CONFIGMAP_PREFIX = "airflow-gpu-preemptions-"
 DEFAULT_SCHEDULER_NAMESPACE = "airflow-gpu-system"  # deploy/base/namespace.yaml
+# The scheduler's published queue (kube/queue_status.py): one ConfigMap per scheduler in its own
+# namespace, written only by its service account, read by the UI plugin and `airflow-gpu queue`.
+LABEL_QUEUE_OF = f"{DOMAIN}/queue-of"  # not LABEL_PLAN_OF: it is no plan record
+QUEUE_CONFIGMAP_PREFIX = "airflow-gpu-queue-"
+QUEUE_DATA_KEY = "queue.json.gz"
+DEFAULT_PUBLISH_INTERVAL = 5.0  # seconds between two publications at most (and on a change of the waiting set)
 ANNOTATION_EXPECTED_DURATION = f"{DOMAIN}/expected-duration-seconds"  # lets smaller gangs backfill safely
 
 # Marker in an Airflow pool description: only pools carrying it are changed or deleted. Capitalised

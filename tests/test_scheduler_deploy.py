@@ -66,10 +66,11 @@ def test_priority_classes_match_the_seed_tiers():
         assert pc.get("preemptionPolicy", "PreemptLowerPriority") == tier.preemption_policy
 
 
-def _granted() -> set[tuple[str, str, str]]:
+def _granted(name: str = "airflow-gpu-scheduler") -> set[tuple[str, str, str]]:
+    """What the roles of component `name` (label app.kubernetes.io/name) grant."""
     out = set()
     for _, doc in _docs():
-        if doc["kind"] in ("ClusterRole", "Role"):
+        if doc["kind"] in ("ClusterRole", "Role") and doc["metadata"]["labels"]["app.kubernetes.io/name"] == name:
             for rule in doc["rules"]:
                 for g in rule["apiGroups"]:
                     for r in rule["resources"]:
@@ -77,6 +78,24 @@ def _granted() -> set[tuple[str, str, str]]:
                             assert "*" not in (g, r, v), f"wildcard in {doc['metadata']['name']}: {rule}"
                             out.add((g, r, v))
     return out
+
+
+def test_the_airflow_side_may_only_get_the_published_queue():
+    from airflow_gpu.kube.queue_status import configmap_name
+
+    assert _granted("airflow-gpu-ui") == {("", "configmaps", "get")}
+    (role,) = [d for _, d in _docs() if d["kind"] == "Role" and d["metadata"]["name"] == "airflow-gpu-queue-reader"]
+    assert role["rules"][0]["resourceNames"] == [configmap_name(C.DEFAULT_SCHEDULER_NAME)]
+    assert role["metadata"]["namespace"] == "airflow-gpu-system"
+
+
+def test_the_workers_may_only_get_the_preemption_record():
+    from airflow_gpu.kube.preemptions import record_name
+
+    assert _granted("airflow-gpu-operator") == {("", "configmaps", "get")}
+    (role,) = [d for _, d in _docs() if d["kind"] == "Role" and d["metadata"]["name"] == "airflow-gpu-preemptions-reader"]
+    assert role["rules"][0]["resourceNames"] == [record_name(C.DEFAULT_SCHEDULER_NAME)]
+    assert role["metadata"]["namespace"] == C.DEFAULT_SCHEDULER_NAMESPACE
 
 
 def test_rbac_grants_exactly_what_the_scheduler_uses():

@@ -294,29 +294,6 @@ def test_podgroup_status_is_a_subresource_the_main_resource_cannot_write(kube_cl
     assert pg["spec"]["minMember"] == 4
 
 
-def test_the_ui_reads_plan_records_for_the_gpus_they_hold(kube_cluster):
-    from airflow_gpu.scheduler.convert import ConversionContext
-    from airflow_gpu.scheduler.state import build_world
-    from airflow_gpu.ui.sources import read_view
-
-    api = G.api_client(kube_cluster.kubeconfig)
-    ns = "uiplans"
-    G.ensure_namespace(api, ns)
-    G.create_gang(api, ns, "held", 2, 1)  # no scheduler runs in this test: the plan stays
-    pg_uid = G.get_podgroup(api, ns, "held")["metadata"]["uid"]
-    uids = {f"{ns}/{p['metadata']['name']}": p["metadata"]["uid"] for p in G.list_pods(api, ns)}
-    plan = Plan(PLAN_BINDING, {k: Placement(k, "od-2", ((i, 1000),)) for i, k in enumerate(sorted(uids))},
-                time.time(), owner_key=f"{ns}/held", owner_uid=pg_uid, pod_uids=uids)
-    Api(api, "test", "x").write_plan("default", plan_store_name(pg_uid), C.DEFAULT_SCHEDULER_NAME, plan.to_json())
-    try:
-        view = read_view(kube_cluster.kubeconfig)
-        world = build_world(view, C.DEFAULT_SCHEDULER_NAME, ConversionContext())
-        assert {p.node for p in world.plans[f"{ns}/held"].placements.values()} == {"od-2"}
-    finally:
-        client.CoreV1Api(api).delete_namespaced_config_map(plan_store_name(pg_uid), "default")
-        _cleanup(api, ns)
-
-
 def test_a_restarted_scheduler_carries_out_a_valid_nomination_from_its_record(kube_cluster):
     """The other side of the re-check: a nomination a scheduler wrote before dying (victims of lower
     priority, still running) is carried out by the next one - victims evicted, the gang bound where

@@ -62,3 +62,22 @@ def test_timeouts_count_from_schedule_start_else_creation_and_carry_the_last_rea
     out, _ = timeouts(world(pending=[(units[0], parts[0])]), {"ns/late": "would delay ns/head"}, t0 + 61)
     assert "last wait reason: would delay ns/head" in out["ns/late"]
     assert timeouts(world(pending=[(units[0], parts[0])]), {}, t0 + 59)[0] == {}
+
+
+def test_the_queue_is_published_at_a_bounded_rate():
+    from airflow_gpu.scheduler.publish import MIN_GAP, Publisher
+
+    clock = [0.0]
+    p = Publisher(5.0, clock=lambda: clock[0])
+    a, b = frozenset({"ns/a"}), frozenset({"ns/a", "ns/b"})
+    assert p.due(a)  # first cycle
+    p.done(a)
+    clock[0] = 4.9
+    assert not p.due(a)  # same waiting set, within the interval
+    clock[0] = 0.5
+    assert not p.due(b)  # a change, but less than MIN_GAP since the last write
+    clock[0] = MIN_GAP
+    assert p.due(b)  # a change: sooner than the interval
+    p.done(b)
+    clock[0] = MIN_GAP + 5.0
+    assert p.due(b)  # the interval passed

@@ -105,6 +105,10 @@ def print_queue(data: dict) -> None:
     console = Console(width=200)
     for warning in data.get("warnings") or []:
         console.print(Text(f"warning: {warning}", style="bold yellow"))
+    at = data.get("published_at")
+    console.print(Text("the scheduler has published no queue" if at is None else
+                       f"published by the scheduler at {datetime.fromtimestamp(at).isoformat(timespec='seconds')} "
+                       f"(cycle {data.get('cycle')}, {data.get('profile')})" + (" - STALE" if data.get("stale") else "")))
     t = Table(title="Team pools")
     for col in ("team", "pool", "slots (GPUs)", "occupied", "deferred", "queued"):
         t.add_column(col)

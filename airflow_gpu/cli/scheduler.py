@@ -25,6 +25,10 @@ def register(subparsers) -> None:
     p.add_argument("--policy", default=None,
                    help="placement policy (core.policies; default: the project's default, fgd-lookahead); "
                         "fgd policies learn the typical pods from the cluster's pods")
+    p.add_argument("--publish-interval", type=float, default=None,
+                   help="publish the queue (ConfigMap airflow-gpu-queue-<scheduler name> in the leader-elect "
+                        "namespace, read by the UI and `airflow-gpu queue`) at most every this many seconds "
+                        "(default 5), and when the set of waiting gangs changes")
     p.add_argument("--bind-workers", type=int, default=16, help="Bindings of one gang sent in parallel")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port (0: off)")
     p.add_argument("--metrics-address", default="127.0.0.1", help="address for --metrics-port")
@@ -107,8 +111,14 @@ def run(args) -> int:
     if args.bind_workers < 1:
         print(f"scheduler: --bind-workers {args.bind_workers}: must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from airflow_gpu.constants import DEFAULT_PUBLISH_INTERVAL
+
+    interval = DEFAULT_PUBLISH_INTERVAL if args.publish_interval is None else args.publish_interval
+    if not interval > 0:
+        print(f"scheduler: --publish-interval {args.publish_interval}: must be > 0 seconds", file=sys.stderr)
+        return EXIT_BAD_INPUT
     settings = Settings(scheduler_name=args.scheduler_name, policy=args.policy, bind_workers=args.bind_workers,
-                        state_namespace=args.leader_elect_namespace)
+                        state_namespace=args.leader_elect_namespace, publish_interval=interval)
     sched = Scheduler(api_client, quota_config, settings,
                       elector=elector, metrics=metrics, identity=identity)
     if args.metrics_port:

@@ -68,7 +68,7 @@ only when a member fits on a reserved node.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import NamedTuple
@@ -82,7 +82,7 @@ from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, QuotaAnswers, 
 from airflow_gpu.core.model import Gang, HashedTuple, Placement, PodRequest, RunningGang
 from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy, plan_preemption, under_guarantee
 from airflow_gpu.core.room import RoomEstimate
-from airflow_gpu.core.snapshot import Snapshot
+from airflow_gpu.core.snapshot import OverCommitError, Snapshot
 
 
 def queue_order(pending: Iterable[Gang]) -> list[Gang]:
@@ -738,3 +738,166 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
                 reason = f"{reason}; {len(est.nodes)} node(s) reserved, earliest start {_when(est.start, now)}"
         wait(reason, decision.quota_products)
     return result
+
+
+ESTIMATE_LIMIT = 25  # estimated starts for the first N waiting gangs of the cluster's queue (cost bound)
+ESTIMATE_TRIES = 64  # full admissions tried per gang at most (cost bound; the room estimate skips most)
+# why a waiting gang has no estimated start, or what its estimate waits for
+NOTE_NOT_ESTIMATED = "not estimated: only the first {limit} gangs in the cluster's queue are"
+NOTE_NO_END = "after running work that has no expected duration"
+NOTE_NEVER = "would not fit even if every running gang ended"
+NOTE_PREEMPTING = "preempting: starts once its victims are gone"
+NOTE_TOO_MANY_TRIES = "not estimated: no start found within {tries} tries"
+
+
+@dataclass(frozen=True)
+class StartEstimate:
+    """A waiting gang's estimated start (None: not known, `note` says why) and the nodes it is
+    expected to start on."""
+
+    start: float | None
+    nodes: tuple[str, ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    """An estimated gang's future placement, held from `start` to `end` (math.inf: unknown end)."""
+
+    team: str
+    placements: tuple[Placement, ...]
+    start: float
+    end: float
+
+    def overlaps(self, t: float, until: float) -> bool:
+        return self.start < until and t < self.end
+
+
+def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleResult, profile: Profile,
+                    now: float, limit: int = ESTIMATE_LIMIT,
+                    nominated: Mapping[str, Sequence[str]] | None = None) -> dict[str, StartEstimate]:
+    """When and where each of the first `limit` gangs of `waiting` (queue order, what the cycle of
+    `result` left waiting) is expected to start, under the cycle's own profile, quota book and
+    reservation (conservative backfilling: each estimate holds its placement on the what-if from its
+    start, so the gangs behind it never delay it):
+    - the head of line's capacity reservation starts when the cycle said (Reservation.start);
+    - a gang with a preemption plan (of this cycle, or `nominated`: gang name -> nodes of a held
+      nomination) starts now, once its victims are gone;
+    - any other: running gangs (and the gangs admitted in this cycle) are released on a copy by
+      expected end until core.gang.admit admits it, capacity AND quota (a quota-blocked gang gets
+      the end of the gang of its team or cohort that frees its quota, not the time capacity frees).
+      Releases that add no room for it and free no quota of its cohort are skipped (RoomEstimate).
+    `state` is the cycle's state before the cycle (changed nothing)."""
+    order = list(waiting)
+    out: dict[str, StartEstimate] = {}
+    base = state.capacity_view()
+    ends: list[RunningGang] = list(state.running)
+    planned = {p.gang.name: p for p in result.preemptions}
+    for d in result.admitted:  # admitted this cycle: held from now, until their own expected end
+        base.hold(d.gang.team, d.placements)
+        ends.append(RunningGang(d.gang, d.placements, now, borrowed=d.borrowed))
+    for plan in result.preemptions:  # its victims leave now and it takes their place
+        gone = {id(v) for v in plan.victims}
+        for v in plan.victims:
+            base.release(v)
+        ends = [r for r in ends if id(r) not in gone]
+        _hold_where_free(base, plan.gang.team, plan.placements)
+        ends.append(RunningGang(plan.gang, tuple(plan.placements), now))
+    ends.sort(key=lambda r: (math.inf if r.expected_end is None else r.expected_end, r.started_at, r.gang.name))
+    ahead: list[_Ahead] = []
+    nominated = dict(nominated or {})
+    res = result.reservation
+    head = res.gang.name if res is not None and not res.by_preemption else None
+    if head is not None and head in {g.name for g in order[:limit]}:
+        # the scheduler keeps every other gang off the head's nodes, those ahead of it in the queue too
+        # (a quota-blocked gang is never head): its reservation is held first
+        out[head] = StartEstimate(None if math.isinf(res.start) else res.start, tuple(sorted(res.nodes)),
+                                  NOTE_NO_END if math.isinf(res.start) else "")
+        if not math.isinf(res.start):
+            d = res.gang.expected_duration
+            ahead.append(_Ahead(res.gang.team, tuple(res.placements), res.start,
+                                math.inf if d is None else res.start + d))
+    for i, gang in enumerate(order):
+        if i >= limit:
+            out[gang.name] = StartEstimate(None, (), NOTE_NOT_ESTIMATED.format(limit=limit))
+            continue
+        if gang.name == head:
+            continue
+        if gang.name in planned or gang.name in nominated:
+            plan = planned.get(gang.name)
+            nodes = tuple(sorted({p.node for p in plan.placements})) if plan is not None else nominated[gang.name]
+            out[gang.name] = StartEstimate(now, tuple(nodes), NOTE_PREEMPTING)
+            continue
+        est, placements = _estimate_one(base, ends, ahead, gang, profile, now)
+        out[gang.name] = est
+        if est.start is not None:
+            d = gang.expected_duration
+            ahead.append(_Ahead(gang.team, tuple(placements), est.start, math.inf if d is None else est.start + d))
+    return out
+
+
+def _hold_where_free(state: CycleState, team: str, placements: Iterable[Placement]) -> set[str]:
+    """Hold what fits of `placements` on `state` (quota counted whole); the nodes where a placement
+    does not fit (still taken at that time) are returned, to be kept off instead."""
+    blocked = set()
+    placements = tuple(placements)
+    for p in placements:
+        if p.pod in state.snap.placements:
+            continue
+        try:
+            state.snap.assume(p)
+        except OverCommitError:
+            blocked.add(p.node)
+    if state.usage is not None:
+        state.usage.add(team, state.demand(placements))
+    return blocked
+
+
+def _estimate_one(base: CycleState, ends: Sequence[RunningGang], ahead: Sequence[_Ahead], gang: Gang,
+                  profile: Profile, now: float) -> tuple[StartEstimate, tuple[Placement, ...]]:
+    """estimate_starts for one gang that is neither head nor preempting."""
+    work = base.capacity_view()
+    tracker = RoomEstimate.for_gang(work.snap, gang, profile).tracker(work.snap)
+    room = tracker.room
+    cohort = _cohort_of(base, gang.team)
+    duration = math.inf if gang.expected_duration is None else gang.expected_duration
+    times = sorted({now} | {r.expected_end for r in ends if r.expected_end is not None and r.expected_end > now}
+                   | {a.end for a in ahead if now < a.end < math.inf})
+    times.append(math.inf)  # every gang gone, the unknown ones too
+    k, tries = 0, 0
+    for t in times:
+        worth = t == now
+        while k < len(ends) and (math.inf if ends[k].expected_end is None else ends[k].expected_end) <= t:
+            r = ends[k]
+            k += 1
+            worth = tracker.release(r) or worth
+            if work.usage is not None:
+                work.usage.remove(r.gang.team, work.demand(r.placements))
+                worth = worth or _cohort_of(base, r.gang.team) == cohort
+        worth = worth or any(a.end == t for a in ahead)
+        if not worth or not room.holds(tracker.fit):
+            continue
+        tries += 1
+        if tries > ESTIMATE_TRIES:
+            return StartEstimate(None, (), NOTE_TOO_MANY_TRIES.format(tries=ESTIMATE_TRIES)), ()
+        trial = work.capacity_view()
+        kept_off: set[str] = set()
+        for a in ahead:
+            if a.overlaps(t, t + duration):
+                kept_off |= _hold_where_free(trial, a.team, a.placements)
+        exclude = node_mask(trial.snap, kept_off) if kept_off else None
+        decision = admit(trial.snap, gang, profile, trial.book, trial.usage, exclude, explain=False)
+        if decision.admitted:
+            nodes = tuple(sorted({p.node for p in decision.placements}))
+            if math.isinf(t):
+                return StartEstimate(None, nodes, NOTE_NO_END), ()
+            return StartEstimate(t, nodes), decision.placements
+    return StartEstimate(None, (), NOTE_NEVER), ()
+
+
+def _cohort_of(state: CycleState, team: str) -> str | None:
+    """The quota cohort of `team` (None without a quota book: quota frees nothing)."""
+    if state.book is None:
+        return None
+    quota = state.book.teams.get(team)
+    return quota.cohort if quota is not None else team

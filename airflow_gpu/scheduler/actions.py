@@ -151,6 +151,19 @@ class Api:
                                                          _content_type=MERGE)
         return json.loads(resp.data)
 
+    def write_queue_status(self, body: dict) -> None:
+        """Create or replace the scheduler's published queue (kube.queue_status.manifest)."""
+        meta = body["metadata"]
+        try:
+            self.core.create_namespaced_config_map(meta["namespace"], body, _preload_content=False,
+                                                   _request_timeout=TIMEOUT).data  # read: frees the connection
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self.core.patch_namespaced_config_map(meta["name"], meta["namespace"], {"binaryData": body["binaryData"]},
+                                                  _preload_content=False, _request_timeout=TIMEOUT,
+                                                  _content_type=MERGE).data
+
     def delete_plan(self, namespace: str, name: str) -> dict | None:
         """Delete one plan record; returns its last state (None: it was gone already)."""
         try:

@@ -67,7 +67,10 @@ from airflow_gpu.scheduler.convert import (
     pod_node,
     tier_of_priority_class,
 )
+from airflow_gpu.kube import queue_status
 from airflow_gpu.scheduler.metrics import SchedulerMetrics
+from airflow_gpu.scheduler.publish import Publisher, nominated_gangs
+from airflow_gpu.scheduler.publish import document as publish_document
 from airflow_gpu.scheduler.state import (
     PLAN_ADMITTED,
     PLAN_BINDING,
@@ -101,7 +104,8 @@ class Settings:
     bind_workers: int = 16
     backoff_base: float = 1.0  # first retry delay of a gang that did not fit; doubles per failure
     backoff_cap: float = 30.0  # ... up to this
-    state_namespace: str = "default"  # the scheduler's own namespace: its Lease and its plan records
+    state_namespace: str = "default"  # the scheduler's own namespace: its Lease, plan records, published queue
+    publish_interval: float = C.DEFAULT_PUBLISH_INTERVAL  # its queue is published at most this often (publish.py)
 
 
 def preemption_policy_from_config(cfg) -> PreemptionPolicy:
@@ -162,6 +166,7 @@ class Scheduler:
         self.hold = ReservationHold(hold, hold) if hold > 0 else None
         self._room = RoomWatch()
         self._preempted: dict[str, preemptions.Preempted] | None = None  # the record, as last written
+        self.publisher = Publisher(self.settings.publish_interval)
 
     # --- lifecycle ------------------------------------------------------------------------
     def is_leader(self) -> bool:
@@ -221,8 +226,8 @@ class Scheduler:
         units = {g.name: u for u, g in world.pending}
         if self._room.changed(world):
             self.backoff.reset()
-        result = schedule_cycle(self._cycle_state(world, view), pending, self.profile, now, policy, self.backoff,
-                                hold=self.hold)
+        state = self._cycle_state(world, view)
+        result = schedule_cycle(state, pending, self.profile, now, policy, self.backoff, hold=self.hold)
         self.backoff.record(result, pending, now)
         if self.hold is not None:
             self.hold.record(result, now)
@@ -246,8 +251,41 @@ class Scheduler:
         for unit, error in bad:
             self._wait(unit, error)
         self._sync_status(world, view, timed_out)
+        self._publish(world, view, state, result, now)
         self.metrics.cycle_seconds.observe(time.perf_counter() - started)
         return world
+
+    def _publish(self, world: World, view: View, state: CycleState, result, now: float) -> None:
+        """The queue as this cycle decided it, where the UI reads it (scheduler/publish.py); bounded rate."""
+        admitted = {d.gang.name for d in result.admitted}
+        waiting = frozenset(g.name for _, g in world.pending if g.name not in admitted) \
+            | frozenset(k for k, plan in world.plans.items() if plan.state == PLAN_NOMINATED)
+        if not self.publisher.due(waiting) or not self.is_leader():
+            return
+        nominated = nominated_gangs(world, self.settings.scheduler_name, view.assumed, self._gang_of)
+        units = {g.name: u for u, g in world.pending} | {g.name: u for u, g in nominated}
+        tried = set(result.waiting) - {p.gang.name for p in result.preemptions}
+        reasons = {name: self._written.get(("reason", u.key)) or u.annotation(C.ANNOTATION_WAIT_REASON) or ""
+                   for name, u in units.items() if name not in tried}
+        doc = publish_document(world, state, result, self.profile, self.settings.policy, self.settings.scheduler_name,
+                               self.cycles, now, self.settings.publish_interval, nominated,
+                               {k: v for k, v in reasons.items() if v})
+        try:
+            blob = queue_status.encode(doc)
+            self.api.write_queue_status(queue_status.manifest(self.settings.state_namespace,
+                                                              self.settings.scheduler_name, blob))
+        except Exception as exc:  # noqa: BLE001 - a failed publication must not fail the cycle's own work
+            self.metrics.api_errors.labels("publish").inc()
+            log.warning("queue not published: %s", getattr(exc, "status", None) or exc)
+            return
+        self.publisher.done(waiting)
+
+    def _gang_of(self, unit: Unit, pods: list[dict]):
+        """The gang of `pods` (a unit's pending members); None when they cannot be read."""
+        try:
+            return gang_from_k8s(unit.key, unit.podgroup, pods, self.ctx, hints=[])
+        except ValueError:
+            return None
 
     def _policy_with(self, view: View) -> PreemptionPolicy:
         """The configured policy, plus: a tier whose PriorityClass says preemptionPolicy: Never never
@@ -307,11 +345,11 @@ class Scheduler:
         return self._quota.cycle_state(world.snapshot, running, held=held, nominated=nominated)
 
     def _team_of(self, unit: Unit, pods: list[dict]) -> str:
-        try:
-            return gang_from_k8s(unit.key, unit.podgroup, pods, self.ctx, hints=[]).team
-        except ValueError:  # unreadable members: the plan is reported and dropped elsewhere
-            namespace = unit.key.partition("/")[0]
-            return self.ctx.team_by_namespace.get(namespace, namespace)
+        gang = self._gang_of(unit, pods)
+        if gang is not None:
+            return gang.team
+        namespace = unit.key.partition("/")[0]  # unreadable members: the plan is reported and dropped elsewhere
+        return self.ctx.team_by_namespace.get(namespace, namespace)
 
     @staticmethod
     def _terminating(world: World, rg: RunningGang) -> bool:

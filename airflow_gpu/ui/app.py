@@ -81,7 +81,7 @@ def _report(user, session, since, until, policy, team) -> list[dict]:
     now = time.time()
     lo, hi = _epoch(since, now - 30 * 86400, "since"), _epoch(until, now, "until")
     try:
-        rows = service.chargeback(session, _settings(), lo, hi, policy, view_of=QUEUE.view_of)
+        rows = service.chargeback(session, _settings(), lo, hi, policy)
     except service.NotConfigured as exc:
         raise HTTPException(503, str(exc))
     except ValueError as exc:

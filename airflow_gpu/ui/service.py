@@ -1,6 +1,7 @@
 """What the plugin's routes and the CLI answer: the queue and the chargeback report, filtered to
 what a user may see. Settings from Airflow's config section [airflow_gpu] (env
-AIRFLOW__AIRFLOW_GPU__KUBECONFIG / __QUOTA_CONFIG / __LOSS_POLICY)."""
+AIRFLOW__AIRFLOW_GPU__KUBECONFIG / __QUOTA_CONFIG / __LOSS_POLICY / __SCHEDULER_NAME /
+__SCHEDULER_NAMESPACE). The queue is the scheduler's published one (one ConfigMap read per build)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ import threading
 import time
 from dataclasses import dataclass
 
+from airflow_gpu import constants as C
 from airflow_gpu.core.chargeback import POLICY_PLATFORM, charge, check_policy
 from airflow_gpu.core.tiers import team_of_namespace
-from airflow_gpu.scheduler.convert import ConversionContext
-from airflow_gpu.scheduler.state import Memo
-from airflow_gpu.ui import ledger, queue, sources, watch
+from airflow_gpu.ui import ledger, queue, sources
 
 SECTION = "airflow_gpu"
 CSV_FIELDS = ("team", "product", "capacity_type", "gpu_hours", "lost_interruption_hours",
@@ -32,9 +32,9 @@ class Settings:
     quota_config: str | None
     loss_policy: str = POLICY_PLATFORM
     base_url: str = ""
-    # the api-server keeps a watch of the cluster (ui.watch); False: it lists the cluster for each build
-    # of the queue instead (no long-lived watch per api-server worker, or RBAC without the watch verb)
-    cluster_watch: bool = True
+    # whose published queue is shown: the scheduler's name and its namespace (its --leader-elect-namespace)
+    scheduler_name: str = C.DEFAULT_SCHEDULER_NAME
+    scheduler_namespace: str = C.DEFAULT_SCHEDULER_NAMESPACE
 
     @classmethod
     def from_airflow(cls) -> "Settings":
@@ -52,7 +52,8 @@ class Settings:
                    conf.get(SECTION, "quota_config", fallback=None) or None,
                    option("loss_policy", lambda: check_policy(conf.get(SECTION, "loss_policy", fallback=POLICY_PLATFORM))),
                    conf.get("api", "base_url", fallback="") or "",
-                   option("cluster_watch", lambda: conf.getboolean(SECTION, "cluster_watch", fallback=True)))
+                   conf.get(SECTION, "scheduler_name", fallback=None) or C.DEFAULT_SCHEDULER_NAME,
+                   conf.get(SECTION, "scheduler_namespace", fallback=None) or C.DEFAULT_SCHEDULER_NAMESPACE)
 
     def config(self):
         if not self.quota_config:
@@ -70,28 +71,26 @@ def _kubeconfig(settings: Settings) -> str:
 
 
 def _view(settings: Settings):
-    return sources.read_view(_kubeconfig(settings))
+    return sources.read_cluster(_kubeconfig(settings))
 
 
-def watched_view(settings: Settings):
-    """The cluster from the process's watch of it (ui.watch), not listed per request; listed now
-    when the settings turn the watch off."""
-    if not settings.cluster_watch:
-        return _view(settings)
+def read_published(settings: Settings) -> dict | None:
+    """The scheduler's published queue (None: none published); NotConfigured when it cannot be read."""
     try:
-        return watch.cluster_watch(_kubeconfig(settings)).view()
-    except watch.NotSynced as exc:
+        return sources.read_published(_kubeconfig(settings), settings.scheduler_namespace, settings.scheduler_name)
+    except sources.Unreadable as exc:
         raise NotConfigured(str(exc)) from exc
 
 
-def build_queue(session, settings: Settings, now: float | None = None, view=None, memo=None) -> dict:
-    """The queue; the cluster as `view` gives it (default: listed now), the conversions of `memo` reused."""
-    cfg = settings.config()
+def build_queue(session, settings: Settings, now: float | None = None, published=...) -> dict:
+    """The queue: the scheduler's published one (default: read now) joined with Airflow's pools and
+    task instances."""
     pools, tasks = sources.read_pools_and_tasks(session)
-    inputs = queue.Inputs(pools, tasks, _view(settings) if view is None else view,
-                          ConversionContext.from_config(cfg), base_url=settings.base_url)
-    data = queue.build(inputs, now, memo=memo)
-    data["warnings"] = _deployment_warnings()
+    if published is ...:
+        published = read_published(settings)
+    where = f"ConfigMap {settings.scheduler_namespace}/{C.QUEUE_CONFIGMAP_PREFIX}{settings.scheduler_name}"
+    data = queue.build(queue.Inputs(pools, tasks, published, base_url=settings.base_url, source=where), now)
+    data["warnings"] = data["warnings"] + _deployment_warnings()
     return data
 
 
@@ -119,16 +118,12 @@ def _plain(value):
 
 class SharedQueue:
     """The queue as last built, shared by every request for `max_age` seconds: it does not depend on the
-    user (rows are filtered afterwards, `visible`). Built from the process's watch of the cluster and
-    one read of the GPU task instances, converting only the objects that changed since the last build
-    (a Memo per settings). One build at a time; the others wait for it."""
+    user (rows are filtered afterwards, `visible`). One build at a time; the others wait for it."""
 
-    def __init__(self, max_age: float = QUEUE_MAX_AGE, view_of=watched_view):
+    def __init__(self, max_age: float = QUEUE_MAX_AGE):
         self.max_age = max_age
-        self.view_of = view_of
         self._lock = threading.Lock()
         self._built: tuple[float, tuple, dict, bytes] | None = None  # (monotonic time, settings key, data, JSON)
-        self._memo: tuple[tuple, Memo] | None = None
 
     def get(self, session, settings: "Settings") -> dict:
         return self._get(session, settings)[2]
@@ -138,16 +133,11 @@ class SharedQueue:
         return self._get(session, settings)[3]
 
     def _get(self, session, settings: "Settings") -> tuple:
-        key = (settings.kubeconfig, settings.quota_config, settings.base_url, settings.cluster_watch)
+        key = (settings.kubeconfig, settings.base_url, settings.scheduler_name, settings.scheduler_namespace)
         with self._lock:
             built = self._built
             if built is None or built[1] != key or time.monotonic() - built[0] > self.max_age:
-                if self._memo is None or self._memo[0] != key:
-                    self._memo = (key, Memo())
-                memo = self._memo[1]
-                view = self.view_of(settings)
-                memo.prune(view)
-                data = build_queue(session, settings, view=view, memo=memo)
+                data = build_queue(session, settings)
                 self._built = built = (time.monotonic(), key, data, to_json(data))
             return built
 
@@ -162,7 +152,7 @@ def visible(data: dict, teams: set[str] | None) -> dict:
 
 def chargeback(session, settings: Settings, since: float, until: float, policy: str | None = None,
                now: float | None = None, view_of=None) -> list[dict]:
-    """view_of(settings): the cluster (default: listed now; the api-server passes its watch)."""
+    """view_of(settings): the cluster's pods and nodes (default: listed now)."""
     now = time.time() if now is None else now
     cfg = settings.config()
     if cfg is None:

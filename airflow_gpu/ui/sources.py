@@ -1,50 +1,72 @@
 """Reads for the queue and the ledger: Airflow's pools, task instances and XCom results (ORM session,
-inside the api-server or a CLI with DB access), and the cluster's objects (kubeconfig, one list each)."""
+inside the api-server or a CLI with DB access), the scheduler's published queue (kube.queue_status)
+and, for the chargeback, the cluster's pods and nodes (kubeconfig, one list each)."""
 
 from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
-from airflow_gpu import constants as C
-from airflow_gpu.scheduler.cache import View
-from airflow_gpu.scheduler.convert import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION, key_of
+from airflow_gpu.kube import queue_status
 from airflow_gpu.ui.queue import POOL_PREFIX, PoolRow, TaskRow
 
 WAITING_STATES = ("scheduled", "queued", "running", "deferred", "up_for_retry")
 
 
-def read_view(kubeconfig: str | Path) -> View:
-    """Pods, nodes and PodGroups as plain dicts (no model deserialisation: 1,000s of pods stay fast)."""
+class Unreadable(RuntimeError):
+    """The published queue could not be read; the message says where and why."""
+
+
+@dataclass
+class ClusterObjects:
+    pods: dict[str, dict]  # namespace/name -> pod
+    nodes: dict[str, dict]  # name -> node
+
+
+def _key(obj: dict) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def read_cluster(kubeconfig: str | Path) -> ClusterObjects:
+    """Pods and nodes as plain dicts (no model deserialisation: 1,000s of pods stay fast)."""
     from kubernetes import client
 
     from airflow_gpu.devtools.gangs import api_client
 
-    with api_client(kubeconfig, pool=4) as api:
-        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    with api_client(kubeconfig, pool=2) as api:
+        core = client.CoreV1Api(api)
 
         def items(resp) -> list[dict]:
             return json.loads(resp.data)["items"]
 
-        def read_plans() -> list[dict]:
-            try:  # the scheduler's plan records (its namespace), for the GPUs held by plans
-                return items(core.list_config_map_for_all_namespaces(label_selector=C.LABEL_PLAN_OF,
-                                                                     _preload_content=False))
-            except client.ApiException:  # not allowed to read them: the queue is shown without held plans
-                return []
-
-        # the four lists at once: the API server's time dominates (1,800 pods, 500 nodes: ~1 s in a row)
-        with ThreadPoolExecutor(max_workers=4) as pool:
+        with ThreadPoolExecutor(max_workers=2) as pool:  # the two lists at once: the API server's time dominates
             pods_f = pool.submit(lambda: items(core.list_pod_for_all_namespaces(_preload_content=False)))
             nodes_f = pool.submit(lambda: items(core.list_node(_preload_content=False)))
-            groups_f = pool.submit(lambda: items(custom.list_cluster_custom_object(
-                PODGROUP_GROUP, PODGROUP_VERSION, PODGROUP_PLURAL, _preload_content=False)))
-            plans_f = pool.submit(read_plans)
-            pods, nodes, groups, plans = pods_f.result(), nodes_f.result(), groups_f.result(), plans_f.result()
-    return View(pods={key_of(p): p for p in pods}, nodes={n["metadata"]["name"]: n for n in nodes},
-                podgroups={key_of(g): g for g in groups}, priorityclasses={}, resourcequotas={},
-                plans={key_of(p): p for p in plans})
+            pods, nodes = pods_f.result(), nodes_f.result()
+    return ClusterObjects({_key(p): p for p in pods}, {n["metadata"]["name"]: n for n in nodes})
+
+
+def read_published(kubeconfig: str | Path, namespace: str, scheduler_name: str) -> dict | None:
+    """The scheduler's published queue, None when there is none."""
+    from kubernetes import client
+
+    from airflow_gpu.devtools.gangs import api_client
+
+    where = f"ConfigMap {namespace}/{queue_status.configmap_name(scheduler_name)}"
+    try:
+        with api_client(kubeconfig, pool=1) as api:
+            return queue_status.read(api, namespace, scheduler_name)
+    except queue_status.StatusUnreadable as exc:
+        raise Unreadable(f"the scheduler's published queue ({where}) cannot be read: {exc}") from exc
+    except client.ApiException as exc:
+        fix = " (the api-server's identity needs get on it: deploy/README.md)" if exc.status in (401, 403) else ""
+        raise Unreadable(f"the scheduler's published queue ({where}): {exc.status} {exc.reason}{fix}") from exc
+    except Exception as exc:  # noqa: BLE001 - connection errors of every kind: say which cluster
+        raise Unreadable(f"the cluster of [airflow_gpu] kubeconfig {kubeconfig} is not reachable: "
+                         f"{type(exc).__name__}: {exc}") from exc
 
 
 def read_pools_and_tasks(session) -> tuple[list[PoolRow], list[TaskRow]]:

@@ -1,0 +1,111 @@
+"""The scheduler publishes its queue (Kueue's visibility API: the queue manager serves what it knows).
+
+After a leader cycle, at most every `publish_interval` seconds, and sooner (but not more than once a
+second) when the set of waiting gangs changed, the leader writes one ConfigMap in its own namespace
+(kube/queue_status.py): every waiting gang with its position in the cluster's queue and its team's,
+the cycle's wait reason and the estimated start and nodes computed by core.visibility with the
+cycle's own state, profile, quota book and reservation; the gangs whose members are not all there;
+the running gangs; and the cluster picture. The UI plugin and `airflow-gpu queue` show exactly that.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from airflow_gpu import constants as C
+from airflow_gpu.core.cycle import CycleState
+from airflow_gpu.core.framework import Profile
+from airflow_gpu.core.queue import CycleResult
+from airflow_gpu.core.visibility import cluster_picture, gpus_of, waiting_entries
+from airflow_gpu.kube import queue_status as Q
+from airflow_gpu.scheduler.convert import key_of, pod_node
+from airflow_gpu.scheduler.state import PLAN_NOMINATED, World
+
+log = logging.getLogger(__name__)
+
+MIN_GAP = 1.0  # seconds between two writes, however often the waiting set changes
+
+
+class Publisher:
+    """When to publish (bounded rate) and what: the document of one cycle."""
+
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic):
+        if interval <= 0:
+            raise ValueError(f"publish interval: {interval} must be > 0 seconds")
+        self.interval = interval
+        self.clock = clock
+        self._last: float | None = None
+        self._waiting: frozenset[str] | None = None
+
+    def due(self, waiting: frozenset[str]) -> bool:
+        now = self.clock()
+        if self._last is None:
+            return True
+        since = now - self._last
+        return since >= self.interval or (waiting != self._waiting and since >= min(MIN_GAP, self.interval))
+
+    def done(self, waiting: frozenset[str]) -> None:
+        self._last, self._waiting = self.clock(), waiting
+
+
+def document(world: World, state: CycleState, result: CycleResult, profile: Profile, profile_name: str,
+             scheduler_name: str, cycle: int, now: float, interval: float,
+             nominated: list, reasons: dict[str, str]) -> dict:
+    """The published queue of one cycle. `state`: the cycle's state before schedule_cycle;
+    `nominated`: [(unit, gang)] of held preemption plans still waiting for their victims; `reasons`:
+    gang name -> the last wait reason written, for gangs the cycle did not try (back-off) or that
+    preempt."""
+    units = {g.name: u for u, g in world.pending} | {g.name: u for u, g in nominated}
+    pending = [g for _, g in world.pending]
+    entries = waiting_entries(state, pending, result, profile, now,
+                              nominated=[(g, sorted({p.node for p in world.plans[u.key].placements.values()}))
+                                         for u, g in nominated], reasons=reasons)
+    waiting = []
+    for e in entries:
+        unit = units[e.gang]
+        waiting.append(e.as_dict() | {"namespace": unit.key.partition("/")[0],
+                                      "ti": Q.task_instance_of(unit.pods)})
+    incomplete = []
+    for unit, reason in list(world.incomplete) + list(world.invalid):
+        team, tier = Q.team_and_tier(unit.pods)
+        incomplete.append({"gang": unit.key, "namespace": unit.key.partition("/")[0], "team": team, "tier": tier,
+                           "reason": reason, "ti": Q.task_instance_of(unit.pods)})
+    running = []
+    for rg in world.running:
+        unit = world.running_units[rg.gang.name]
+        pods = []
+        for pod in unit.pods:
+            node = pod_node(pod)
+            if node:
+                known = world.nodes.get(node)
+                pods.append({"name": key_of(pod), "node": node,
+                             "capacity_type": known.capacity_type if known else "unknown"})
+        interruptions, preemptions = Q.relaunches(unit.pods)
+        running.append({"gang": unit.key, "namespace": unit.key.partition("/")[0], "team": rg.gang.team,
+                        "tier": rg.gang.tier, "gpus": gpus_of(rg.gang.members), "pods": pods,
+                        "started_at": rg.started_at or None,
+                        "last_checkpoint_at": Q.last_checkpoint_at(unit.annotation(C.ANNOTATION_LAST_CHECKPOINT_TIME)),
+                        "interruptions": interruptions, "preemptions": preemptions,
+                        "ti": Q.task_instance_of(unit.pods)})
+    held = {p.node for plan in world.plans.values() for p in plan.placements.values()}
+    typical = [m for g in pending for m in g.members] + [m for r in world.running for m in r.gang.members]
+    return {"version": Q.VERSION, "generated_at": now, "cycle": cycle, "scheduler": scheduler_name,
+            "profile": profile_name, "publish_interval": interval, "waiting": waiting, "incomplete": incomplete,
+            "running": running, "cluster": cluster_picture(world.snapshot, held, typical)}
+
+
+def nominated_gangs(world: World, scheduler_name: str, assumed: dict, gang_of) -> list:
+    """[(unit, gang)] of the held preemption plans whose gang still waits for its victims;
+    gang_of(unit, pending pods) converts (None: unreadable, left out)."""
+    out = []
+    for key, plan in world.plans.items():
+        if plan.state != PLAN_NOMINATED:
+            continue
+        unit = world.units[key]
+        pods = unit.pending(scheduler_name, assumed)
+        gang = gang_of(unit, pods) if pods else None
+        if gang is not None:
+            out.append((unit, gang))
+    return out
