@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import resource
 import shutil
 import socket
 from pathlib import Path
@@ -62,8 +63,10 @@ class StateDirBusy(RuntimeError):
 class LocalCluster:
     def __init__(self, spec: ClusterSpec, state_dir: str | Path, port: int = 0, token: str | None = None,
                  bookmark_seconds: float = 5.0, fresh: bool = False, audit_log: str | Path | None = None,
-                 fsync: bool = False):
+                 fsync: bool = False, header_timeout: float = 10.0, max_connections: int | None = None):
         self.spec = spec
+        # half-open and slow clients cannot hold the API server's fds (see upgrades.HttpProtocol)
+        self.http_protocol = upgrades.http_protocol(header_timeout, max_connections or default_max_connections())
         self.state_dir = Path(state_dir).resolve()
         self.port = port
         self.token = token
@@ -260,7 +263,7 @@ class LocalCluster:
         self._servers = []
         for sock, port, tls in ((self._sock, self.port, self.tls), (self._incluster_sock, self.incluster_port,
                                                                      self.incluster_tls)):
-            config = uvicorn.Config(self.api, host="127.0.0.1", port=port, http=upgrades.HttpProtocol, loop="none",
+            config = uvicorn.Config(self.api, host="127.0.0.1", port=port, http=self.http_protocol, loop="none",
                                     lifespan="off", log_level="warning", access_log=False, timeout_keep_alive=120,
                                     ws=upgrades.WebSocketProtocol, ws_per_message_deflate=False,
                                     timeout_graceful_shutdown=2, backlog=2048,
@@ -379,6 +382,15 @@ class LocalCluster:
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
             fh.write(json.dumps(info, indent=2))
         os.replace(tmp, self.state_dir / "cluster.json")
+
+
+def default_max_connections() -> int:
+    """Per server (two: host and in-cluster): 4096, less where the fd limit would not hold both plus
+    ~1,000 fds for the store, pod logs and processes."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(64, min(4096, (soft - 1024) // 2))
 
 
 def _bind(port: int) -> tuple[socket.socket, int]:
