@@ -103,6 +103,16 @@ def test_every_route_needs_a_user(stack, path):
     assert get(stack, path).status_code == 401
 
 
+@pytest.mark.parametrize("path", ["/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"])
+def test_generated_docs_and_openapi_are_off(stack, path):
+    """Issue 32: FastAPI's generated docs were public (200 without a login). They are turned off: not
+    served without a user nor to an admin, and no page describes the API."""
+    for user in (None, stack.username):
+        r = get(stack, path, user)
+        assert r.status_code in (401, 404), (user, r.status_code, r.text[:200])
+        assert "swagger" not in r.text.lower() and '"openapi"' not in r.text and "redoc" not in r.text.lower()
+
+
 def test_queue_for_admin(stack):
     r = get(stack, "/api/queue", "admin")
     assert r.status_code == 200, r.text
