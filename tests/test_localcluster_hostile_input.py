@@ -92,6 +92,8 @@ def test_audit_log_records_401s_as_unauthenticated(tmp_path):
     ("restart-apiserver", {"downSeconds": "x"}, 422, "downSeconds: must be a number"),
     ("restart-apiserver", {"downSeconds": -0.1}, 422, "downSeconds: must be a number"),
     ("restart-apiserver", {"down": 1}, 422, "down: unknown field"),
+    ("latency", {"seconds": "slow"}, 422, "seconds: must be a number"),
+    ("latency", {"seconds": float("inf")}, 400, "json parse error"),  # Infinity is not JSON
 ])
 def test_control_endpoints_refuse_bad_bodies_naming_the_field(kube_cluster, action, body, code, field):
     node = kube_cluster.core().list_node().items[0].metadata.name

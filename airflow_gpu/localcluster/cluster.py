@@ -337,6 +337,9 @@ class LocalCluster:
         unknown = sorted(set(body) - set(fields))
         if unknown:
             raise _control_invalid(action, unknown[0], f"unknown field; {action} takes {', '.join(fields)}")
+        if action == "latency":
+            self.api.latency = _seconds(body, action, "seconds", 0.0)
+            return {"latency": self.api.latency}
         if action == "restart-apiserver":
             down = _seconds(body, action, "downSeconds", 0.5)
             asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(self.restart_apiserver(down)))
@@ -402,7 +405,7 @@ def _bind(port: int) -> tuple[socket.socket, int]:
 
 # the fields each control action takes (see localcluster.control for the client side)
 CONTROL_FIELDS = {"interrupt": ("node", "notice", "replaceAfter", "mode"), "not-ready": ("node", "seconds"),
-                  "ready": ("node",), "restart-apiserver": ("downSeconds",)}
+                  "ready": ("node",), "restart-apiserver": ("downSeconds",), "latency": ("seconds",)}
 MAX_CONTROL_SECONDS = 7 * 86400
 
 
