@@ -77,8 +77,10 @@ def test_a_busy_scheduler_keeps_its_lease_and_logs_a_lost_one_with_the_cause(kub
             b.wait()
         burners = []
         log = log_path.read_text()
+        slow = [ln.split(": ", 1)[-1] for ln in log.splitlines() if "a renewal took" in ln]
         print(f"{PODS} pods bound in {took:.1f}s under load {load:.1f}, API latency {LATENCY}s; "
-              f"fence refusals {G.scheduler_metric(port, 'airflow_gpu_scheduler_fence_refusals_total'):.0f}")
+              f"fence refusals {G.scheduler_metric(port, 'airflow_gpu_scheduler_fence_refusals_total'):.0f}; "
+              f"slow renewals warned: {slow}")
         assert G.scheduler_metric(port, "airflow_gpu_bindings_total") == PODS
         assert G.scheduler_metric(port, "airflow_gpu_scheduler_fence_refusals_total") == 0, log[-3000:]
         assert "lost leadership" not in log and "not leader" not in log, log[-3000:]
@@ -103,3 +105,4 @@ def test_a_busy_scheduler_keeps_its_lease_and_logs_a_lost_one_with_the_cause(kub
             b.kill()
             b.wait()
         sched.stop()
+        print(next((ln for ln in log_path.read_text().splitlines() if "slowest renewal" in ln), "no timing line"))

@@ -89,6 +89,8 @@ class LeaseElector:
         self._last_problem = ""  # why the last attempt did not renew
         self._wake_lag = 0.0  # how late the renewal thread last woke (CPU starvation)
         self._leading = False  # a lost fence not yet reported
+        self.slowest = self.latest_wake = 0.0  # the slowest renewal and the latest wake-up seen, seconds
+        self._slow_logged_at = -1e9
 
     def is_leader(self) -> bool:
         if time.monotonic() < self._valid_until:
@@ -143,6 +145,8 @@ class LeaseElector:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=self.renew_deadline + 5)
+        log.info("leader election: slowest renewal %.2fs, latest wake-up %.2fs late (renew deadline %gs)",
+                 self.slowest, self.latest_wake, self.renew_deadline)
         if release and time.monotonic() < self._valid_until:
             self._release()
         self._leading = False  # a stop is not a loss
@@ -162,13 +166,26 @@ class LeaseElector:
                 log.warning("leader election: %s", self._last_problem)
             finally:
                 self._attempt_started = None
+            self._note_timing(time.monotonic() - started)
             if self.is_leader() and not self._leading:
                 self._leading = True
                 self.transitions += 1
                 log.info("%s became leader (lease %s/%s)", self.identity, self.namespace, self.name)
             # start to start: a slow attempt is followed at once, not after another retry_period
-            due = started + self.retry_period
+            due = max(started + self.retry_period, time.monotonic())
             self._stop.wait(max(0.0, due - time.monotonic()))
+
+    def _note_timing(self, took: float) -> None:
+        """Keep the worst renewal time and wake-up lag; warn (at most every 30 s) when either eats half
+        the margin, before the fence lapses."""
+        self.slowest, self.latest_wake = max(self.slowest, took), max(self.latest_wake, self._wake_lag)
+        if took > self.renew_deadline / 2 or self._wake_lag > self.retry_period:
+            now = time.monotonic()
+            if now - self._slow_logged_at > 30:
+                self._slow_logged_at = now
+                log.warning("leader election: a renewal took %.2fs and its thread woke %.2fs late (renew deadline "
+                            "%gs): the API server or this process is overloaded", took, self._wake_lag,
+                            self.renew_deadline)
 
     def _renewed_at(self, started: float, lease: dict) -> bool:
         self._held = lease
