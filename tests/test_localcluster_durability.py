@@ -121,6 +121,68 @@ def test_corrupt_line_is_refused_naming_it_and_nothing_is_cut(tmp_path):
         Store(tmp_path).load()
 
 
+CM = '{"metadata":{"name":"c41","namespace":"default","resourceVersion":"42"}}'
+
+
+@pytest.mark.parametrize("line, problem", [  # issue 32: valid JSON of the wrong shape crashed start
+    ('[42,"A","/configmaps","default","c41",[]]', "must be a JSON object with metadata"),
+    ('[42,"A","/configmaps","default","c41",{}]', "must be a JSON object with metadata"),
+    ('[42,"A","/configmaps","default","c41",null]', "must be a JSON object with metadata"),
+    ('{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6}', "expected a list of 6 items, got dict"),
+    ('[42,"A","/configmaps","default"]', "expected a list of 6 items, got list of 4"),
+    ('["x","A","/configmaps","default","c41",' + CM + ']', "resourceVersion 'x' is not a non-negative integer"),
+    ('[true,"A","/configmaps","default","c41",' + CM + ']', "is not a non-negative integer"),
+    ('[null,"S","","","",null]', "is not a non-negative integer"),
+    ('[42,"Q","/configmaps","default","c41",' + CM + ']', "op 'Q' is not one of A, M, D, S, P"),
+    ('[42,"A",5,"default","c41",' + CM + ']', "key, namespace and name must be strings"),
+    ('[42,"A","/configmaps","default","c41",{"metadata":{"name":"c41","namespace":"default"}}]',
+     "resourceVersion 'None' is not the line's 42"),
+    ('[42,"A","/configmaps","default","c41",{"metadata":{"name":"c41","namespace":"default",'
+     '"resourceVersion":"abc"}}]', "resourceVersion 'abc' is not the line's 42"),
+    ('[41,"A","/configmaps","default","c41",{"metadata":{"name":"c41","namespace":"default",'
+     '"resourceVersion":"41"}}]', "resourceVersion 41 does not follow the previous write's 41"),
+    ('[42,"A","/configmaps","default","c41",{"metadata":{"name":"other","namespace":"default",'
+     '"resourceVersion":"42"}}]', "metadata names default/other, the line default/c41"),
+    ('[42,"A","/configmaps","default","c41",{"metadata":{"name":"c41","namespace":"default",'
+     '"resourceVersion":"42"},"spec":[1]}]', "spec must be a JSON object"),
+    ('[42,"D","/configmaps","default","c41",' + CM + ']', "a deletion carries no object"),
+])
+def test_parseable_but_invalid_line_is_refused_naming_it(tmp_path, line, problem):
+    log_path = _store_with(tmp_path, 50)
+    lines = log_path.read_bytes().splitlines(keepends=True)
+    lines[41] = line.encode() + b"\n"
+    log_path.write_bytes(b"".join(lines))
+    before = log_path.read_bytes()
+    with pytest.raises(CorruptLog) as info:
+        Store(tmp_path).load()
+    message = str(info.value)
+    assert "store.log:42: not a valid write: " in message and problem in message and "--fresh" in message, message
+    assert log_path.read_bytes() == before
+
+
+def test_cluster_up_refuses_an_invalid_line_without_a_traceback(tmp_path):
+    """A real cluster's log (nodes, CRDs, leases, a pod) passes the checks on restart; one line
+    made invalid makes `cluster up` exit 2 naming it, with no traceback."""
+    with start_kube_cluster(tmp_path, SPEC) as cluster:
+        cluster.core().create_namespaced_pod("default", {"metadata": {"name": "p"}, "spec": {
+            "schedulerName": "none", "containers": [{"name": "c", "image": "i"}]}})
+    with start_kube_cluster(tmp_path, SPEC) as cluster:
+        assert cluster.core().read_namespaced_pod("p", "default").metadata.name == "p"
+    log_path = tmp_path / "state" / "store.log"
+    lines = log_path.read_bytes().splitlines(keepends=True)
+    at = next(i for i, raw in enumerate(lines) if b'"/pods","default","p"' in raw)
+    write = json.loads(lines[at])
+    write[5]["spec"] = [write[5]["spec"]]  # valid JSON, the wrong shape
+    lines[at] = json.dumps(write).encode() + b"\n"
+    log_path.write_bytes(b"".join(lines))
+    out = subprocess.run([sys.executable, "-m", "airflow_gpu", "cluster", "up", "--spec", str(tmp_path / "cluster-spec.yaml"),
+                          "--state-dir", str(tmp_path / "state"), "--port", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"store.log:{at + 1}: not a valid write: the object's spec must be a JSON object" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and "--fresh" in out.stderr
+
+
 def test_torn_last_line_is_set_aside_not_replayed(tmp_path):
     log_path = _store_with(tmp_path, 10)
     with open(log_path, "ab") as fh:

@@ -155,7 +155,7 @@ def test_spot_interruption_shutdown_mode_via_cli(kube_cluster, ns):
     clock.stop()
     bad = subprocess.run([sys.executable, "-m", "airflow_gpu", "cluster", "interrupt", "no-such-node",
                           "--kubeconfig", str(kube_cluster.kubeconfig)], capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 1 and "404" in bad.stderr
+    assert bad.returncode == 1 and "HTTP 422" in bad.stderr and 'node "no-such-node" not found' in bad.stderr
 
 
 def test_node_not_ready_taint_manager_and_recovery(kube_cluster, ns):

@@ -4,6 +4,8 @@ with 422 naming the field, and its audit log does not record a request without t
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import requests
 
@@ -63,3 +65,54 @@ def test_audit_log_records_401s_as_unauthenticated(tmp_path):
     assert events["nobody"]["user"] == {"username": "system:anonymous", "groups": ["system:unauthenticated"]}
     assert events["nobody"]["responseStatus"]["code"] == 401
     assert events["admin"]["user"]["groups"] == ["system:masters"]
+
+
+# Issue 32 (minor list): the fault-control endpoints answer a bad body with a 400/422 Status naming the
+# field, never a 500, and do nothing
+@pytest.mark.parametrize("action, body, code, field", [
+    ("interrupt", b"not json", 400, "json parse error"),
+    ("interrupt", b"[1, 2]", 400, "JSON object"),
+    ("interrupt", b'"node"', 400, "JSON object"),
+    ("interrupt", {}, 422, "node: required"),
+    ("interrupt", {"node": 7}, 422, "node: required"),
+    ("interrupt", {"node": "no-such-node"}, 422, 'node: node "no-such-node" not found'),
+    ("interrupt", {"node": "NODE", "notice": "soon"}, 422, "notice: must be a number"),
+    ("interrupt", {"node": "NODE", "notice": -1}, 422, "notice: must be a number"),
+    ("interrupt", {"node": "NODE", "notice": True}, 422, "notice: must be a number"),
+    ("interrupt", {"node": "NODE", "notice": 1e300}, 422, "notice: must be a number"),
+    ("interrupt", {"node": "NODE", "replaceAfter": [1]}, 422, "replaceAfter: must be a number"),
+    ("interrupt", {"node": "NODE", "mode": "explode"}, 422, "mode: must be one of eviction, shutdown"),
+    ("interrupt", {"node": "NODE", "mode": {}}, 422, "mode: must be one of"),
+    ("interrupt", {"node": "NODE", "nottice": 5}, 422, "nottice: unknown field"),
+    ("not-ready", {"node": "NODE", "seconds": -5}, 422, "seconds: must be a number"),
+    ("not-ready", {"node": "NODE", "seconds": "5"}, 422, "seconds: must be a number"),
+    ("not-ready", {"node": ["NODE"]}, 422, "node: required"),
+    ("ready", {"node": "ghost"}, 422, "node: node \"ghost\" not found"),
+    ("ready", b"null", 400, "JSON object"),
+    ("restart-apiserver", {"downSeconds": "x"}, 422, "downSeconds: must be a number"),
+    ("restart-apiserver", {"downSeconds": -0.1}, 422, "downSeconds: must be a number"),
+    ("restart-apiserver", {"down": 1}, 422, "down: unknown field"),
+    ("latency", {"seconds": "slow"}, 422, "seconds: must be a number"),
+    ("latency", {"seconds": float("inf")}, 400, "json parse error"),  # Infinity is not JSON
+])
+def test_control_endpoints_refuse_bad_bodies_naming_the_field(kube_cluster, action, body, code, field):
+    node = kube_cluster.core().list_node().items[0].metadata.name
+    if isinstance(body, dict):
+        body = json.dumps(body).replace('"NODE"', json.dumps(node)).encode()
+    r = requests.post(f"{kube_cluster.server}/_localcluster/{action}", data=body, timeout=10,
+                      headers={"content-type": "application/json"})
+    assert r.status_code == code, (r.status_code, r.text[:300])
+    status = r.json()
+    assert status["kind"] == "Status" and status["code"] == code and field in status["message"], status
+    if code == 422:
+        assert status["details"]["causes"][0]["field"] == field.split(":")[0]
+    taints = [t.key for t in kube_cluster.core().read_node(node).spec.taints or []]
+    assert not [t for t in taints if "disrupted" in t or "unreachable" in t], taints  # nothing was done
+
+
+def test_control_endpoints_still_act_on_a_good_body(kube_cluster):
+    node = kube_cluster.core().list_node().items[-1].metadata.name
+    r = requests.post(f"{kube_cluster.server}/_localcluster/not-ready", json={"node": node, "seconds": 0.2}, timeout=10)
+    assert r.status_code == 200 and r.json() == {"node": node, "notReady": True, "seconds": 0.2}, r.text[:300]
+    wait_until(lambda: not [t for t in kube_cluster.core().read_node(node).spec.taints or [] if "unreachable" in t.key],
+               10, what="the node ready again")

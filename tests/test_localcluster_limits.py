@@ -4,9 +4,15 @@ one), YAML alias expansion and nesting depth; bad query parameters and bodies ar
 from __future__ import annotations
 
 import json
+import os
+import socket
+import time
 
 import pytest
 import requests
+
+from airflow_gpu.devtools.kube import start_kube_cluster
+from airflow_gpu.devtools.processes import wait_until
 
 CRD = {
     "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -79,3 +85,62 @@ def test_bad_parameters_are_400(api, method, path, body):
     session, base = api
     r = session.request(method, base + path, json=body, timeout=10)
     assert r.status_code == 400, (r.status_code, r.text[:300])
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """True once the server has closed the connection (EOF or reset), False while it is open."""
+    try:
+        return sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def test_half_open_and_slow_connections_are_bounded(tmp_path):
+    """Issue 32 (minor list): 300 connections that never finish a request head (half of them send a
+    partial one, slowloris) neither hold the server's fds nor keep it from answering: past
+    --max-connections a connection is closed at once, the rest after --header-timeout."""
+    spec = {"name": "slowloris", "pools": [{"name": "a", "count": 1, "gpu": {"count": 1}}]}
+    timeout, limit = 4.0, 200
+    with start_kube_cluster(tmp_path, spec, args=("--header-timeout", str(timeout),
+                                                  "--max-connections", str(limit))) as cluster:
+        host, port = cluster.server.rsplit("//", 1)[1].split(":")
+        fds_before = len(os.listdir(f"/proc/{cluster.pid}/fd"))
+        keep = requests.Session()  # a client that sent its request in time keeps its connection
+        assert keep.get(f"{cluster.server}/version", timeout=5).status_code == 200
+        opened_at = time.monotonic()
+        socks = []
+        try:
+            for i in range(300):
+                sock = socket.create_connection((host, int(port)), timeout=5)
+                if i % 2:
+                    sock.sendall(b"GET /api/v1/pods HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                sock.setblocking(False)  # a socket with a timeout would wait in recv despite MSG_DONTWAIT
+                socks.append(sock)
+            trickler = socket.create_connection((host, int(port)), timeout=5)  # a byte every 0.2 s
+            trickler.sendall(b"GET /version HTTP/1.1\r\nX-Slow: ")
+            trickler.setblocking(False)
+            socks.append(trickler)
+            refused = wait_until(lambda: sum(map(_closed_by_server, socks)) >= 300 - limit or None, 5,
+                                 what="the connections past the limit closed")
+            assert refused and time.monotonic() - opened_at < timeout, "closed only by the head timeout"
+            deadline = time.monotonic() + timeout + 5
+            while not all(map(_closed_by_server, socks)) and time.monotonic() < deadline:
+                if not _closed_by_server(trickler):
+                    try:
+                        trickler.send(b"a")  # a valid header value, growing: the timer is not reset
+                    except OSError:
+                        pass
+                time.sleep(0.2)
+            open_left = [i for i, s in enumerate(socks) if not _closed_by_server(s)]
+            assert not open_left, f"{len(open_left)} connections still open after {time.monotonic() - opened_at:.1f}s"
+            assert time.monotonic() - opened_at > timeout * 0.9  # the ones within the limit got their time
+            # the server answers, on a new connection and on the kept-alive one, and its fds are back
+            assert requests.get(f"{cluster.server}/version", timeout=5).status_code == 200
+            assert keep.get(f"{cluster.server}/api/v1/namespaces", timeout=5).status_code == 200
+            wait_until(lambda: len(os.listdir(f"/proc/{cluster.pid}/fd")) <= fds_before + 5 or None, 5,
+                       what="the server's fds back to where they were")
+        finally:
+            for sock in socks:
+                sock.close()

@@ -137,12 +137,7 @@ def test_kill_9_at_random_moments_during_50_gang_admissions(kube_cluster, tmp_pa
     assert len(kills) >= 5
 
 
-def _metric(port: int, name: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+_metric = G.scheduler_metric
 
 
 def _lease_holder(api) -> str:

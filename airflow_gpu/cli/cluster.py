@@ -35,6 +35,11 @@ def register(subparsers) -> None:
                     help="fdatasync the store log before answering a write: answered writes also survive a "
                          "power cut (without it they survive a kill of the server)")
     up.add_argument("--bookmark-seconds", type=float, default=5.0, help="interval of watch BOOKMARK events")
+    up.add_argument("--header-timeout", type=float, default=10.0,
+                    help="close a connection that sends no complete request head within S seconds (slowloris)")
+    up.add_argument("--max-connections", type=int, default=None,
+                    help="open connections per listener; more are closed at once (default: 4096, less under a low "
+                         "fd limit)")
     up.add_argument("--audit-log", help="write one audit.k8s.io/v1 Event per request to this file (JSON lines)")
     up.add_argument("--fresh", action="store_true",
                     help="start empty: delete the state dir's stored objects and pod dirs first "
@@ -74,6 +79,10 @@ def _up(args) -> int:
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if not args.header_timeout > 0 or (args.max_connections is not None and args.max_connections < 1):
+        print(f"error: --header-timeout ({args.header_timeout}) must be > 0 and --max-connections "
+              f"({args.max_connections}) >= 1", file=sys.stderr)
+        return 2
     state_dir = Path(args.state_dir or Path.home() / ".cache" / "airflow-gpu" / f"cluster-{spec.name}")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -103,7 +112,8 @@ async def _run(spec, state_dir: Path, args) -> int:
     from airflow_gpu.localcluster.cluster import LocalCluster
 
     cluster = LocalCluster(spec, state_dir, port=args.port, token=args.token, bookmark_seconds=args.bookmark_seconds,
-                           fresh=args.fresh, audit_log=args.audit_log, fsync=args.fsync)
+                           fresh=args.fresh, audit_log=args.audit_log, fsync=args.fsync,
+                           header_timeout=args.header_timeout, max_connections=args.max_connections)
     await cluster.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
@@ -173,3 +174,11 @@ def scheduler_process(kubeconfig: str | Path, log_path: Path, config_path: str |
     argv += list(extra or [])
     return ManagedProcess(name=identity or "scheduler", argv=argv, log_path=log_path)
 
+
+def scheduler_metric(port: int, name: str) -> float:
+    """The first sample of `name` on a scheduler's --metrics-port (0 when absent)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0

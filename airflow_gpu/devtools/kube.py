@@ -115,10 +115,12 @@ class KubeCluster:
 def start_kube_cluster(tmp_dir: Path, spec: str | Path | dict | None = None, token: str | None = None,
                        bookmark_seconds: float = 1.0, timeout: float = 60.0,
                        env: dict[str, str] | None = None, audit: bool = False,
-                       fsync: bool = False, launcher: tuple[str, ...] = ()) -> Iterator[KubeCluster]:
+                       fsync: bool = False, launcher: tuple[str, ...] = (),
+                       args: tuple[str, ...] = ()) -> Iterator[KubeCluster]:
     """Start `airflow-gpu cluster up` in tmp_dir; yields a KubeCluster; stops it (and its pods) by PID.
     fsync: `--fsync` (every answered write is fdatasync'ed first). launcher: a command line the cluster
-    runs under (e.g. setpriv dropping a capability); it must exec the cluster so the PID is its."""
+    runs under (e.g. setpriv dropping a capability); it must exec the cluster so the PID is its.
+    args: more `cluster up` flags (e.g. --header-timeout 1)."""
     tmp_dir = Path(tmp_dir)
     tmp_dir.mkdir(parents=True, exist_ok=True)
     if spec is None:
@@ -138,6 +140,7 @@ def start_kube_cluster(tmp_dir: Path, spec: str | Path | dict | None = None, tok
         argv += ["--audit-log", str(state_dir / "audit.log")]
     if fsync:
         argv.append("--fsync")
+    argv += list(args)
     env = {**os.environ, **(env or {})}
     if token:
         env[C.ENV_CLUSTER_TOKEN] = token

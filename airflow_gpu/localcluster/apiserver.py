@@ -47,6 +47,7 @@ class APIServer:
         self.audit = audit
         self.streams = streams
         self.access = access
+        self.latency = 0.0  # fault: seconds added before every API request is served (POST /_localcluster/latency)
 
     def _authorize_stream(self, scope, headers: dict) -> None:
         """exec/attach/portforward arrive as a websocket GET; RBAC checks them as `create` on the
@@ -77,6 +78,8 @@ class APIServer:
             return
         if scope["type"] != "http":
             return
+        if self.latency and not scope["path"].startswith("/_localcluster/"):
+            await asyncio.sleep(self.latency)  # a slow API server (the fault controls themselves stay prompt)
         body = b""
         if scope["method"] in ("POST", "PUT", "PATCH", "DELETE"):
             more = True

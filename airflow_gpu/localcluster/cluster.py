@@ -17,7 +17,9 @@ import fcntl
 import gc
 import json
 import logging
+import math
 import os
+import resource
 import shutil
 import socket
 from pathlib import Path
@@ -32,7 +34,7 @@ from airflow_gpu.localcluster.apiserver import APIServer
 from airflow_gpu.localcluster.audit import AuditLog
 from airflow_gpu.localcluster.controllers import Controllers
 from airflow_gpu.localcluster.events import Recorder
-from airflow_gpu.localcluster.faults import Faults
+from airflow_gpu.localcluster.faults import MODES, Faults
 from airflow_gpu.localcluster.kubelet import Kubelet
 from airflow_gpu.localcluster.nodelease import NodeHeartbeats
 from airflow_gpu.localcluster.nodeagent import node_status
@@ -61,8 +63,10 @@ class StateDirBusy(RuntimeError):
 class LocalCluster:
     def __init__(self, spec: ClusterSpec, state_dir: str | Path, port: int = 0, token: str | None = None,
                  bookmark_seconds: float = 5.0, fresh: bool = False, audit_log: str | Path | None = None,
-                 fsync: bool = False):
+                 fsync: bool = False, header_timeout: float = 10.0, max_connections: int | None = None):
         self.spec = spec
+        # half-open and slow clients cannot hold the API server's fds (see upgrades.HttpProtocol)
+        self.http_protocol = upgrades.http_protocol(header_timeout, max_connections or default_max_connections())
         self.state_dir = Path(state_dir).resolve()
         self.port = port
         self.token = token
@@ -259,7 +263,7 @@ class LocalCluster:
         self._servers = []
         for sock, port, tls in ((self._sock, self.port, self.tls), (self._incluster_sock, self.incluster_port,
                                                                      self.incluster_tls)):
-            config = uvicorn.Config(self.api, host="127.0.0.1", port=port, http=upgrades.HttpProtocol, loop="none",
+            config = uvicorn.Config(self.api, host="127.0.0.1", port=port, http=self.http_protocol, loop="none",
                                     lifespan="off", log_level="warning", access_log=False, timeout_keep_alive=120,
                                     ws=upgrades.WebSocketProtocol, ws_per_message_deflate=False,
                                     timeout_graceful_shutdown=2, backlog=2048,
@@ -321,21 +325,41 @@ class LocalCluster:
         self.stopped.set()
 
     # --- control endpoint (faults from the CLI / Python) ------------------------------------------
-    async def control(self, action: str, body: dict) -> dict:
-        if action == "interrupt":
-            return self.faults.interrupt(_required(body, "node"), float(body.get("notice", 120)),
-                                         None if body.get("replaceAfter") is None else float(body["replaceAfter"]),
-                                         body.get("mode", "eviction"))
-        if action == "not-ready":
-            seconds = body.get("seconds")
-            return self.faults.not_ready(_required(body, "node"), None if seconds is None else float(seconds))
-        if action == "ready":
-            return self.faults.ready(_required(body, "node"))
+    async def control(self, action: str, body) -> dict:
+        """Faults asked for over POST /_localcluster/<action>: a body that is not an object, a field of
+        the wrong type or range, an unknown field or node is a 400/422 Status naming it (never a 500)."""
+        fields = CONTROL_FIELDS.get(action)
+        if fields is None:
+            raise errors.no_such_path()
+        if not isinstance(body, dict):
+            raise errors.bad_request(f"/_localcluster/{action}: the body must be a JSON object with the fields "
+                                     f"{', '.join(fields)}, not {type(body).__name__}")
+        unknown = sorted(set(body) - set(fields))
+        if unknown:
+            raise _control_invalid(action, unknown[0], f"unknown field; {action} takes {', '.join(fields)}")
+        if action == "latency":
+            self.api.latency = _seconds(body, action, "seconds", 0.0)
+            return {"latency": self.api.latency}
         if action == "restart-apiserver":
-            down = float(body.get("downSeconds", 0.5))
+            down = _seconds(body, action, "downSeconds", 0.5)
             asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(self.restart_apiserver(down)))
             return {"restarting": True, "downSeconds": down}
-        raise errors.no_such_path()
+        node = body.get("node")
+        if not isinstance(node, str) or not node:
+            raise _control_invalid(action, "node", "required: the name of a node (a string)")
+        if self.store.get("/nodes", "", node) is None:
+            names = sorted(n["metadata"]["name"] for n in self.store.values("/nodes"))
+            raise _control_invalid(action, "node", f'node "{node[:100]}" not found; nodes are {", ".join(names[:20])}'
+                                   + (" ..." if len(names) > 20 else ""))
+        if action == "interrupt":
+            mode = body.get("mode", "eviction")
+            if mode not in MODES:
+                raise _control_invalid(action, "mode", f"must be one of {', '.join(MODES)}, not {str(mode)[:40]!r}")
+            return self.faults.interrupt(node, _seconds(body, action, "notice", 120.0),
+                                         _seconds(body, action, "replaceAfter", None), mode)
+        if action == "not-ready":
+            return self.faults.not_ready(node, _seconds(body, action, "seconds", None))
+        return self.faults.ready(node)
 
     # --- files ---------------------------------------------------------------------------------
     def _write_kubeconfig(self) -> None:
@@ -363,6 +387,15 @@ class LocalCluster:
         os.replace(tmp, self.state_dir / "cluster.json")
 
 
+def default_max_connections() -> int:
+    """Per server (two: host and in-cluster): 4096, less where the fd limit would not hold both plus
+    ~1,000 fds for the store, pod logs and processes."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(64, min(4096, (soft - 1024) // 2))
+
+
 def _bind(port: int) -> tuple[socket.socket, int]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -370,8 +403,23 @@ def _bind(port: int) -> tuple[socket.socket, int]:
     return sock, sock.getsockname()[1]
 
 
-def _required(body: dict, key: str) -> str:
+# the fields each control action takes (see localcluster.control for the client side)
+CONTROL_FIELDS = {"interrupt": ("node", "notice", "replaceAfter", "mode"), "not-ready": ("node", "seconds"),
+                  "ready": ("node",), "restart-apiserver": ("downSeconds",), "latency": ("seconds",)}
+MAX_CONTROL_SECONDS = 7 * 86400
+
+
+def _control_invalid(action: str, field: str, message: str) -> errors.ApiError:
+    return errors.invalid("LocalClusterControl", action, [(field, "FieldValueInvalid", message)])
+
+
+def _seconds(body: dict, action: str, key: str, default: float | None) -> float | None:
+    """A number of seconds in [0, a week]; null or absent gives the default."""
     value = body.get(key)
-    if not value:
-        raise errors.bad_request(f"{key} is required")
-    return value
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 <= value <= MAX_CONTROL_SECONDS:
+        raise _control_invalid(action, key, f"must be a number of seconds from 0 to {MAX_CONTROL_SECONDS}, "
+                                            f"not {json.dumps(value)[:40]}")
+    return float(value)

@@ -76,3 +76,8 @@ def ready(node: str, kubeconfig: str | Path | None = None) -> dict:
 def restart_apiserver(down_seconds: float = 0.5, kubeconfig: str | Path | None = None) -> dict:
     """Restart the API server in place: connections drop, state is reloaded from the state dir."""
     return call("restart-apiserver", {"downSeconds": down_seconds}, kubeconfig)
+
+
+def latency(seconds: float, kubeconfig: str | Path | None = None) -> dict:
+    """Every API request waits `seconds` before it is served (0 turns it off): a slow API server."""
+    return call("latency", {"seconds": seconds}, kubeconfig)

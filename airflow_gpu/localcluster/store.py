@@ -330,12 +330,13 @@ class Store:
                 if not line.endswith(b"\n"):
                     break  # torn last write of a killed server: never answered, so never acknowledged
                 try:
-                    rv, op, key, ns, name, obj = decode(line)
+                    write = decode(line)
                 except (msgspec.DecodeError, ValueError, TypeError):
-                    raise CorruptLog(
-                        f"{self.log_path}:{lineno}: cannot parse this line ({line[:60]!r}...); nothing was "
-                        "loaded or changed. Repair or delete that line (each line is one write), or start "
-                        "with --fresh to discard the stored state") from None
+                    raise self._corrupt(lineno, line, "cannot parse this line") from None
+                problem = _write_problem(write, self.rv, self.compacted_rv)
+                if problem:
+                    raise self._corrupt(lineno, line, f"not a valid write: {problem}")
+                rv, op, key, ns, name, obj = write
                 good_bytes += len(line)
                 self._replay(rv, op, key, ns, name, obj)
         if good_bytes != self.log_path.stat().st_size:  # keep the torn tail aside, cut it so appends parse
@@ -352,6 +353,11 @@ class Store:
             self.history_rvs.clear()
             self.compacted_rv = self.rv
         return True
+
+    def _corrupt(self, lineno: int, line: bytes, problem: str) -> CorruptLog:
+        return CorruptLog(f"{self.log_path}:{lineno}: {problem} ({line[:60]!r}...); nothing was loaded or changed. "
+                          "Repair or delete that line (each line is one write: [resourceVersion, op, key, namespace, "
+                          "name, object]), or start with --fresh to discard the stored state")
 
     def _replay(self, rv: int, op: str, key: str, ns: str, name: str, obj: dict | None) -> None:
         if op == "S":  # snapshot marker: history before this point is gone
@@ -400,6 +406,45 @@ class Store:
         os.replace(tmp, self.log_path)
         self._snapshot_bytes = self._log_bytes = self.log_path.stat().st_size
 
+
+WRITE_OPS = ("A", "M", "D", "S", "P")  # ADDED, MODIFIED, DELETED, snapshot marker, an object of the snapshot
+
+
+def _write_problem(write, last_rv: int, snapshot_rv: int) -> str | None:
+    """What makes a parsed store.log line something `_write_snapshot`/`_record` never wrote, or None.
+    Replaying such a line would crash start (or a controller later) with a traceback instead."""
+    if not isinstance(write, list) or len(write) != 6:
+        return f"expected a list of 6 items, got {type(write).__name__}" + \
+            (f" of {len(write)}" if isinstance(write, list) else "")
+    rv, op, key, ns, name, obj = write
+    if op not in WRITE_OPS:
+        return f"op {str(op)[:20]!r} is not one of {', '.join(WRITE_OPS)}"
+    if isinstance(rv, bool) or not isinstance(rv, int) or rv < 0:
+        return f"resourceVersion {str(rv)[:20]!r} is not a non-negative integer"
+    if op == "S":
+        return None if obj is None else "a snapshot marker carries no object"
+    if op == "P" and rv > snapshot_rv:
+        return f"resourceVersion {rv} of a snapshot object is past the snapshot's {snapshot_rv}"
+    if op != "P" and rv <= last_rv:
+        return f"resourceVersion {rv} does not follow the previous write's {last_rv}"
+    if not (isinstance(key, str) and "/" in key and isinstance(ns, str) and isinstance(name, str) and name):
+        return "key, namespace and name must be strings (key like /pods or apps/deployments, name not empty)"
+    if op == "D":
+        return None if obj is None else "a deletion carries no object"
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict):
+        return "the object must be a JSON object with metadata"
+    if meta.get("name") != name or meta.get("namespace", "") != ns:
+        return f"the object's metadata names {meta.get('namespace', '')}/{meta.get('name')}, the line {ns}/{name}"
+    if meta.get("resourceVersion") != str(rv):
+        return f"the object's resourceVersion {str(meta.get('resourceVersion'))[:20]!r} is not the line's {rv}"
+    for field in ("spec", "status"):
+        if field in obj and not isinstance(obj[field], dict):
+            return f"the object's {field} must be a JSON object"
+    for field in ("labels", "annotations"):
+        if meta.get(field) is not None and not isinstance(meta[field], dict):
+            return f"the object's metadata.{field} must be a JSON object"
+    return None
 
 
 def _private_dir(path: Path) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from http import HTTPStatus
 from urllib.parse import unquote
 
@@ -39,6 +40,53 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
 
 
 class HttpProtocol(HttpToolsProtocol):
+    """Also bounds what an idle or slow client can hold (slowloris): a connection must send a complete
+    request head within `head_timeout` s of connecting, or of the first byte of its next request on a
+    kept-alive connection (as Go's ReadHeaderTimeout, which kube-apiserver sets), else it is closed;
+    past `max_connections` open connections a new one is closed at once, so the fds stay bounded."""
+
+    head_timeout = 10.0
+    max_connections = 4096
+    _refused_logged_at = 0.0
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._head_timer = None
+        if len(self.connections) > self.max_connections:
+            now = time.monotonic()
+            if now - HttpProtocol._refused_logged_at > 10:  # one line per 10 s, not one per connection
+                HttpProtocol._refused_logged_at = now
+                log.warning("%d connections open (the limit): new connections are closed at once", len(self.connections) - 1)
+            self.transport.close()
+            return
+        self._arm_head_timer()
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm_head_timer()  # kept from connect for the first request: trickled bytes do not extend it
+
+    def on_headers_complete(self) -> None:
+        self._cancel_head_timer()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
     def _should_upgrade(self) -> bool:
         return super()._should_upgrade() or self._get_upgrade() == SPDY_UPGRADE
 
@@ -57,6 +105,13 @@ class HttpProtocol(HttpToolsProtocol):
         protocol = SpdyUpgradeProtocol(self.app, scope, self.transport)
         self.transport.set_protocol(protocol)
         protocol.start()
+
+
+def http_protocol(head_timeout: float, max_connections: int) -> type[HttpProtocol]:
+    """HttpProtocol with these bounds (uvicorn instantiates the class it is given)."""
+    if not head_timeout > 0 or max_connections < 1:
+        raise ValueError(f"head timeout ({head_timeout}) must be > 0 s and max connections ({max_connections}) >= 1")
+    return type("HttpProtocol", (HttpProtocol,), {"head_timeout": head_timeout, "max_connections": max_connections})
 
 
 class SpdyUpgradeProtocol(asyncio.Protocol):

@@ -172,6 +172,10 @@ class Scheduler:
     def is_leader(self) -> bool:
         return self.elector is None or self.elector.is_leader()
 
+    def _fenced(self) -> bool:
+        """The fence before a Binding: a renewal in flight is waited for (up to renew_deadline), not refused."""
+        return self.is_leader() or self.elector.wait_renewed(self.elector.renew_deadline)
+
     def run(self) -> None:
         self.cache.start()
         if not self.cache.wait_synced(timeout=60):
@@ -433,7 +437,8 @@ class Scheduler:
         t0 = time.perf_counter()
 
         def bind(p: Placement) -> tuple[Placement, str]:
-            if not self.is_leader():
+            if not self._fenced():
+                self.metrics.fence_refusals.inc()
                 return p, "not leader"
             pod = by_pod[p.pod]
             try:

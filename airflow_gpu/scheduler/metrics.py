@@ -69,6 +69,10 @@ class SchedulerMetrics:
         )
         self.free_gpus = Gauge("airflow_gpu_free_gpus", "Free whole GPUs.", ["gpu_product"], registry=r)
         self.is_leader = Gauge("airflow_gpu_scheduler_is_leader", "1 when this replica holds the Lease.", registry=r)
+        self.fence_refusals = Counter(
+            "airflow_gpu_scheduler_fence_refusals",
+            "Bindings not sent because the leader fence had expired (the Lease renewal lapsed).", registry=r
+        )
         self.api_errors = Counter(
             "airflow_gpu_scheduler_api_errors", "Failed API writes by operation.", ["operation"], registry=r
         )

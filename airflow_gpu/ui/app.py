@@ -1,5 +1,5 @@
 """The plugin's FastAPI app, mounted by the api-server under URL_PREFIX. Every route needs an Airflow
-user (401 without a token) with read access to pools (403 otherwise); with [core] multi_team on, a
+user (401 without a token; FastAPI's generated docs and OpenAPI routes are off) with read access to pools (403 otherwise); with [core] multi_team on, a
 user sees the rows of the teams whose pools they may read and the cluster totals, and asking for
 another team's rows is 403."""
 
@@ -22,7 +22,10 @@ URL_PREFIX = "/airflow-gpu"
 AUTH = [Depends(requires_access_pool("GET"))]
 
 QUEUE = service.SharedQueue()  # one build serves every user for QUEUE_MAX_AGE s (generated_at says when)
-app = FastAPI(title="airflow-gpu", description="GPU queue, cluster picture and chargeback", dependencies=AUTH)
+# no generated /docs, /redoc, /openapi.json: FastAPI serves them outside the app's dependencies, so they
+# would describe the API to anyone without a login (issue 32)
+app = FastAPI(title="airflow-gpu", description="GPU queue, cluster picture and chargeback", dependencies=AUTH,
+              docs_url=None, redoc_url=None, openapi_url=None)
 
 
 def _teams(user, session) -> set[str] | None:
