@@ -162,6 +162,8 @@ def test_two_replicas_only_the_leader_binds(kube_cluster, tmp_path):
             G.create_gang(api, ns, f"r{i}", 2, 1)
         G.wait_until(lambda: sum(b for b, _ in G.gang_binding_state(G.list_pods(api, ns)).values()) == 12, 30,
                      what="first 6 gangs bound")
+        G.wait_until(lambda: len({e["involvedObject"]["name"] for e in G.events_for(api, ns)
+                                  if e["reason"] == "Scheduled"}) == 6, 15, what="the leader's Scheduled Events")
         binders = {e.get("reportingInstance") for e in G.events_for(api, ns) if e["reason"] == "Scheduled"}
         assert binders == {leader}, binders
         assert _metric(ports[leader], "airflow_gpu_bindings_total") == 12
@@ -180,8 +182,12 @@ def test_two_replicas_only_the_leader_binds(kube_cluster, tmp_path):
         G.wait_until(lambda: sum(b for b, _ in G.gang_binding_state(G.list_pods(api, ns)).values()) == 20, 30,
                      what="gangs bound by the standby")
         assert _lease_holder(api) == standby
-        late = {e["involvedObject"]["name"]: e.get("reportingInstance") for e in G.events_for(api, ns)
-                if e["reason"] == "Scheduled"}
+
+        def scheduled_by() -> dict:  # the Scheduled Events are written after the Bindings: wait for them
+            return {e["involvedObject"]["name"]: e.get("reportingInstance") for e in G.events_for(api, ns)
+                    if e["reason"] == "Scheduled"}
+        late = G.wait_until(lambda: all(f"r{i}" in scheduled_by() for i in range(6, 10)) and scheduled_by(), 15,
+                            what="the standby's Scheduled Events")
         assert {late[f"r{i}"] for i in range(6, 10)} == {standby}
         assert not G.overcommitted_nodes(api)
         # SIGTERM: the new leader finishes its cycle, gives the Lease up at once and exits 0
