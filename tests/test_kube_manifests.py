@@ -141,7 +141,8 @@ def test_pods_carry_rank_checkpoint_env_and_scheduling_hints():
     from airflow_gpu.scheduler.convert import ConversionContext, gang_from_k8s, gang_key_of_pod
 
     assert {gang_key_of_pod(p) for p in m.pods} == {f"team-nlp/{m.name}"}
-    gang = gang_from_k8s(f"team-nlp/{m.name}", m.group, list(m.pods), ConversionContext())
+    # the namespace decides the team (the quota file maps team-nlp to nlp), the PriorityClass the tier
+    gang = gang_from_k8s(f"team-nlp/{m.name}", m.group, list(m.pods), ConversionContext({"team-nlp": "nlp"}))
     assert gang.team == "nlp" and gang.tier == C.TIER_BEST_EFFORT_TRAINING and gang.checkpointable
     assert [r.gpus for r in gang.members] == [4, 4]
 
