@@ -165,6 +165,10 @@ class Gang:
     # coscheduling's minMember: at least this many members placed together (0: all of them); the
     # others may come later, in the domain the placed ones pin
     min_member: int = 0
+    # Opt-in: the GPU members may straddle GPU products (some on H100, some on A100). Off by default,
+    # as Kueue gives each pod set one flavor: a data-parallel job runs at the pace of its slowest GPU,
+    # its collectives cross NVLink domains and its ranks see different memory sizes.
+    products_mixed: bool = False
 
     @cached_property
     def gpu_milli_total(self) -> int:
@@ -196,7 +200,7 @@ class Gang:
         """What a preemption plan search reads of it (core.queue.NoPlanMemo): gangs of one plan ask
         get one answer. Hashed once: a cycle over a long backlog looks it up for every gang."""
         return HashedTuple((self.team, self.tier, self.priority, self.topology, self.min_member, self.pinned,
-                            self.pod_set_shapes))
+                            self.pod_set_shapes, self.products_mixed))
 
     @cached_property
     def pod_set_shapes(self) -> tuple:

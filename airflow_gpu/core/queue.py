@@ -382,7 +382,7 @@ class RefusedAsks:
 
     def _gang_key(self, gang: Gang) -> tuple:
         return (gang.team if self.by_team else None, gang.topology, gang.min_member, gang.pinned,
-                gang.pod_set_shapes)
+                gang.pod_set_shapes, gang.products_mixed)
 
     def add(self, gang: Gang, excluded: bool, reason: str, delays: str = "",
             quota_products: frozenset[str] = frozenset()) -> None:
