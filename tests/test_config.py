@@ -35,6 +35,17 @@ def test_seed_config_is_the_seed_scenario():
     assert best.spot_eligible and not prod.spot_eligible
 
 
+@pytest.mark.parametrize("order, first", [("author", None), ("listed", "a100-80gb"), ("fastest", "h100-80gb"),
+                                          ("cheapest_per_work", "h100-80gb")])
+def test_product_order_from_the_scheduling_section(order, first, seed_data):
+    # seed prices: A100 4.10 at speed 1.0 (4.10 per unit of work), H100 9.80 at 2.5 (3.92)
+    seed_data["scheduling"]["product_order"] = order
+    cfg = parse_config(seed_data, source="quotas.yaml")
+    ranks = cfg.product_ranks()
+    assert (min(ranks, key=ranks.get) if ranks else None) == first
+    assert cfg.product_speeds() == {"a100-80gb": 1.0, "h100-80gb": 2.5}
+
+
 def test_slot_helpers_use_one_unit():
     cfg = load_config(SEED)
     assert cfg.pool_slots("a100-80gb", gpus=1) == SLOTS_PER_GPU == 7
