@@ -234,11 +234,16 @@ class RunningGang:
     started_at: float
     last_checkpoint_at: float | None = None  # None: never checkpointed (all work since start is at risk)
     borrowed: bool = False  # admitted on another team's idle quota: first to be reclaimed
+    # relative speed of the GPU product it runs on (core.quota.placement_speed): its expected
+    # duration is declared for the reference product (1.0) and lasts duration / speed here
+    speed: float = 1.0
 
     @property
     def expected_end(self) -> float | None:
         d = self.gang.expected_duration
-        return None if d is None else self.started_at + d
+        if d is None:
+            return None
+        return self.started_at + (d if self.speed == 1.0 else d / self.speed)
 
     def gpu_seconds_at_risk(self, now: float) -> float:
         """GPU-seconds of work lost if the gang stopped now: since its last checkpoint, or since start."""

@@ -690,7 +690,8 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
             # held, not running: a gang admitted this cycle is no preemption candidate in it
             work.hold(gang.team, decision.placements)
             fits.clear()
-            started.append(RunningGang(gang, decision.placements, now, borrowed=decision.borrowed))
+            started.append(RunningGang(gang, decision.placements, now, borrowed=decision.borrowed,
+                                       speed=work.speed(decision.placements)))
             result.admitted.append(decision)
             continue
 

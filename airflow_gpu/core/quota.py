@@ -213,6 +213,16 @@ def demand_of_placements(placements: Iterable[Placement], node_product: Mapping[
     return dict(out)
 
 
+def placement_speed(placements: Iterable[Placement], node_product: Mapping[str, str | None],
+                    book: QuotaBook | None) -> float:
+    """Relative speed of a gang where it is placed: its slowest GPU's product (a data-parallel job
+    runs at the pace of its slowest rank); 1.0 without speeds or without GPUs."""
+    if book is None or not book.speeds:
+        return 1.0
+    return min((book.speed(node_product.get(p.node)) for p in placements if p.gpu_shares or p.mig_profile),
+               default=1.0)
+
+
 def demand_on_product(gang: Gang, product: str, weight: float = 1.0, label: str | None = None) -> Demand:
     """Quota demand of a gang if its GPU members ran on `product` (a quota product name), each GPU
     costing `weight` GPUs of quota (normalised units). With `label` (the node product), only the
