@@ -126,7 +126,14 @@ def place_gang(snap: Snapshot, gang: Gang, profile: Profile, exclude: np.ndarray
     if len(products) <= 1:
         return _place_gang(snap, gang, profile, exclude, explain)
     whys = []
+    free = snap.whole_free_gpus()
     for label in products:
+        # a product without as many free whole GPUs as the gang asks there is not worth a placement
+        need = sum(m.gpus for m in gang.members if not m.gpu_products or label in m.gpu_products)
+        have = int(free[snap.shape.product_mask((label,))].sum()) if need else 0
+        if need > have:
+            whys.append(f"{label}: needs {need} GPUs; {have} free")
+            continue
         placed, domain, why = _place_gang(snap, only_products(gang, [label]), profile, exclude, explain)
         if placed is not None:
             return placed, domain, ""
@@ -134,11 +141,24 @@ def place_gang(snap: Snapshot, gang: Gang, profile: Profile, exclude: np.ndarray
     return None, "", "; ".join(whys)
 
 
+def keeps_one_product(gang: Gang, book: QuotaBook | None = None) -> bool:
+    """Are the gang's products tried one at a time, in order (Kueue's flavors)? Yes for several
+    GPU pods (they must share one product) unless the gang opted in to mixing; for one GPU pod
+    when it names several products or the platform orders them (it cannot straddle; one that
+    accepts any product is left to the scores, which is cheaper on a cluster of many products)."""
+    if gang.products_mixed:
+        return False
+    gpu = [m for m in gang.members if m.uses_gpu]
+    if len(gpu) != 1:
+        return len(gpu) > 1
+    return len(gpu[0].gpu_products) > 1 or (book is not None and bool(book.product_rank))
+
+
 def one_product_options(snap: Snapshot, gang: Gang, book: QuotaBook | None = None) -> list[str]:
     """The node GPU products to try the gang on, one at a time, in order: [] or one product when
-    there is nothing to choose (no GPU, mixing allowed, one product offered). A partly bound gang
+    there is nothing to choose (see keeps_one_product; one product offered). A partly bound gang
     stays on the product its bound members run on."""
-    if gang.products_mixed or not gang.uses_gpu:
+    if not keeps_one_product(gang, book):
         return []
     products = [p for p in accepted_products(snap, gang, book) if p in snap.shape.products]
     if gang.pinned and len(products) > 1:
@@ -287,11 +307,20 @@ def accepted_products(snap: Snapshot, gang: Gang, book: QuotaBook | None = None)
 def only_products(gang: Gang, products: list[str]) -> Gang:
     """GPU members restricted to `products`; a pod set that accepts none of them keeps its own
     (its quota is checked where it is placed)."""
+    key = tuple(products)
+    got = gang.product_variants.get(key)
+    if got is not None:
+        return got
+    cut: dict[tuple, tuple[str, ...]] = {}  # per member shape: members of a pod set are alike
+
     def only(m: PodRequest) -> PodRequest:
-        kept = tuple(p for p in (m.gpu_products or products) if p in products)
+        kept = cut.get(m.shape)
+        if kept is None:
+            kept = cut[m.shape] = tuple(p for p in (m.gpu_products or products) if p in products)
         return replace(m, gpu_products=kept) if m.uses_gpu and kept else m
 
-    return replace(gang, members=tuple(only(m) for m in gang.members))
+    got = gang.product_variants[key] = replace(gang, members=tuple(only(m) for m in gang.members))
+    return got
 
 
 def quota_capacity(snap: Snapshot, quota: QuotaBook, product: str) -> int:
@@ -402,7 +431,8 @@ def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None
     usage = usage if usage is not None else QuotaUsage()
     room = answers.room(snap, quota, usage, gang) if answers is not None else _product_room(snap, quota, usage, gang)
     products, allowed, refusal, lent, limited = room.products, room.allowed, room.refusal, room.lent, room.limited
-    several = len(products) > 1 and not gang.products_mixed
+    one_product = keeps_one_product(gang, quota)
+    several = len(products) > 1 and one_product
     if not allowed:
         if refusal is None:
             refusal = QuotaVerdict(False, reason=f"no node offers a GPU product gang {gang.name} accepts")
@@ -411,8 +441,8 @@ def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None
         return GangDecision(gang, False, reason=reason, blocked_by=BLOCKED_QUOTA, quota=refusal,
                             quota_products=frozenset(products))
 
-    if gang.products_mixed:
-        # Opted in: several products may pass one by one yet not mixed; then one product at a time.
+    if not one_product:
+        # Opted in (or one pod): several products may pass one by one yet not mixed; then one at a time.
         tries = [allowed] + ([[p] for p in allowed] if len(allowed) > 1 else [])
     else:
         tries = [[p] for p in allowed]  # one product for every GPU member, in order (Kueue's flavors)
@@ -427,7 +457,7 @@ def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None
         candidate = gang if option == products else only_products(gang, option)
         placed, domain, why = place_gang(snap, candidate, profile, exclude, explain)
         if placed is None:
-            if gang.products_mixed and option is allowed:
+            if not one_product and option is allowed:
                 # Capacity, not quota, is what stops it on every allowed product together.
                 break
             tried.append((option[0], why))

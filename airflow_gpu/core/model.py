@@ -175,6 +175,11 @@ class Gang:
         return sum(m.gpu_milli_total for m in self.members)
 
     @cached_property
+    def product_variants(self) -> dict:
+        """core.gang.only_products' answers for this gang, per product list (built once each)."""
+        return {}
+
+    @cached_property
     def pod_sets(self) -> tuple[PodSet, ...]:
         """Members grouped by shape, largest GPU ask first (the hardest to fit)."""
         first: dict[tuple, PodRequest] = {}
