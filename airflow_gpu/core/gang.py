@@ -125,6 +125,15 @@ def place_gang(snap: Snapshot, gang: Gang, profile: Profile, exclude: np.ndarray
     products = one_product_options(snap, gang)
     if len(products) <= 1:
         return _place_gang(snap, gang, profile, exclude, explain)
+    if _any_product(gang):
+        # no order to keep: the placement the scores choose stands when it is on one product
+        # (the common case, one placement); when nothing fits on every product together, nothing
+        # fits on one of them
+        placed, domain, why = _place_gang(snap, gang, profile, exclude, explain)
+        if placed is None:
+            return placed, domain, why
+        if len({snap.shape.node_product.get(p.node) for p in placed if p.gpu_shares or p.mig_profile}) <= 1:
+            return placed, domain, why
     whys = []
     free = snap.whole_free_gpus()
     for label in products:
@@ -139,6 +148,11 @@ def place_gang(snap: Snapshot, gang: Gang, profile: Profile, exclude: np.ndarray
             return placed, domain, ""
         whys.append(f"{label}: {why}")
     return None, "", "; ".join(whys)
+
+
+def _any_product(gang: Gang) -> bool:
+    """No GPU member names a product: every product is as good (absent a platform order)."""
+    return not any(m.gpu_products for m in gang.members if m.uses_gpu)
 
 
 def keeps_one_product(gang: Gang, book: QuotaBook | None = None) -> bool:
@@ -444,6 +458,8 @@ def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None
     if not one_product:
         # Opted in (or one pod): several products may pass one by one yet not mixed; then one at a time.
         tries = [allowed] + ([[p] for p in allowed] if len(allowed) > 1 else [])
+    elif allowed == products and _any_product(gang) and not quota.product_rank:
+        tries = [allowed]  # place_gang keeps it to one product, whichever suits the scores
     else:
         tries = [[p] for p in allowed]  # one product for every GPU member, in order (Kueue's flavors)
     tq = quota.team(gang.team)
@@ -454,13 +470,14 @@ def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None
     borrowing_fit: GangDecision | None = None
     tried: list[tuple[str, str]] = list(room.refused)
     for option in tries:
+        label = option[0] if len(option) == 1 else "any product"
         candidate = gang if option == products else only_products(gang, option)
         placed, domain, why = place_gang(snap, candidate, profile, exclude, explain)
         if placed is None:
             if not one_product and option is allowed:
                 # Capacity, not quota, is what stops it on every allowed product together.
                 break
-            tried.append((option[0], why))
+            tried.append((label, why))
             continue
         verdict = check(quota, usage, gang.team, demand_of_placements(placed, node_product, quota))
         if verdict.fits:
@@ -469,10 +486,10 @@ def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None
                 return decision
             # whenCanBorrow: TryNextFlavor: a later product may fit without borrowing
             borrowing_fit = borrowing_fit or decision
-            tried.append((option[0], "fits only by borrowing"))
+            tried.append((label, "fits only by borrowing"))
             continue
         quota_refusal = quota_refusal or verdict
-        tried.append((option[0], verdict.reason))
+        tried.append((label, verdict.reason))
     if borrowing_fit is not None:
         return borrowing_fit
     if several and len(tried) > 1:
