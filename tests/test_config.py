@@ -21,7 +21,8 @@ def seed_data() -> dict:
 
 def test_seed_config_is_the_seed_scenario():
     cfg = load_config(SEED)
-    assert [p.name for p in cfg.products] == ["a100-80gb", "h100-80gb"]  # H100: the spot pool, no quota yet
+    assert [p.name for p in cfg.products] == ["a100-80gb", "h100-80gb"]
+    assert {t.name for t in cfg.teams if t.quota_gpus("h100-80gb")} == {"recsys"}  # two generations: recsys has both
     a100 = cfg.product("a100-80gb")
     assert a100.memory_gb == 80
     assert [p.name for p in a100.mig_profiles] == ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
