@@ -55,6 +55,9 @@ ANNOTATION_LAST_CHECKPOINT_STEP = f"{DOMAIN}/last-checkpoint-step"
 ANNOTATION_INTERRUPTIONS = f"{DOMAIN}/interruptions"  # relaunches after a disruption in this try
 ANNOTATION_PREEMPTIONS = f"{DOMAIN}/preemptions"  # relaunches after a preemption in this try
 ANNOTATION_GPU_PRODUCTS = f"{DOMAIN}/gpu-products"  # accepted products, preference order
+# "true": the gang's GPU pods may straddle products (Gang.products_mixed); rarely wanted: a
+# data-parallel job runs at its slowest GPU's pace, across NVLink domains, on mixed memory sizes
+ANNOTATION_GPU_PRODUCTS_MIXED = f"{DOMAIN}/gpu-products-mixed"
 ANNOTATION_SIM_DURATION = f"{DOMAIN}/sim-duration-seconds"  # local cluster: simulated container run time
 ANNOTATION_SIM_EXIT_CODE = f"{DOMAIN}/sim-exit-code"  # local cluster: simulated container exit code
 ANNOTATION_MANAGED_POOL = f"{DOMAIN}/managed"

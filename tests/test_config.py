@@ -21,7 +21,8 @@ def seed_data() -> dict:
 
 def test_seed_config_is_the_seed_scenario():
     cfg = load_config(SEED)
-    assert [p.name for p in cfg.products] == ["a100-80gb", "h100-80gb"]  # H100: the spot pool, no quota yet
+    assert [p.name for p in cfg.products] == ["a100-80gb", "h100-80gb"]
+    assert {t.name for t in cfg.teams if t.quota_gpus("h100-80gb")} == {"recsys"}  # two generations: recsys has both
     a100 = cfg.product("a100-80gb")
     assert a100.memory_gb == 80
     assert [p.name for p in a100.mig_profiles] == ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
@@ -33,6 +34,17 @@ def test_seed_config_is_the_seed_scenario():
     assert prod.priority > best.priority and best.preemptible and not prod.preemptible
     assert prod.preemption_policy == "PreemptLowerPriority"
     assert best.spot_eligible and not prod.spot_eligible
+
+
+@pytest.mark.parametrize("order, first", [("author", None), ("listed", "a100-80gb"), ("fastest", "h100-80gb"),
+                                          ("cheapest_per_work", "h100-80gb")])
+def test_product_order_from_the_scheduling_section(order, first, seed_data):
+    # seed prices: A100 4.10 at speed 1.0 (4.10 per unit of work), H100 9.80 at 2.5 (3.92)
+    seed_data["scheduling"]["product_order"] = order
+    cfg = parse_config(seed_data, source="quotas.yaml")
+    ranks = cfg.product_ranks()
+    assert (min(ranks, key=ranks.get) if ranks else None) == first
+    assert cfg.product_speeds() == {"a100-80gb": 1.0, "h100-80gb": 2.5}
 
 
 def test_slot_helpers_use_one_unit():

@@ -20,7 +20,9 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 def test_seed_example_nodes():
     spec = load_spec(EXAMPLES / "cluster-seed.yaml")
     nodes = {n["metadata"]["name"]: n for n in initial_nodes(spec)}
-    assert len(nodes) == 12
+    assert len(nodes) == 14
+    assert nodes["h100-od-1"]["metadata"]["labels"][C.NODE_CAPACITY_TYPE_KARPENTER] == "on-demand"
+    assert nodes["h100-od-1"]["metadata"]["labels"][C.NODE_GPU_PRODUCT] == "NVIDIA-H100-80GB-HBM3"
     od, spot, mig = nodes["a100-od-0"], nodes["a100-spot-3"], nodes["a100-mig-0"]
     h100 = nodes["h100-spot-0"]
     assert h100["metadata"]["labels"][C.NODE_CAPACITY_TYPE_KARPENTER] == "spot"

@@ -52,8 +52,10 @@ def test_sync_lifecycle(airflow_db, tmp_path):
     assert "applied: 9 to create, 0 to update, 0 to delete" in out.stdout
     pools = airflow_db.pools()
     assert set(pools) == set(before) | SEED_POOLS
-    for name in SEED_POOLS:  # 8 GPUs each; research's best-effort may also borrow 8 (that pool is the ceiling)
-        assert pools[name]["slots"] == (112 if name == "gpu.research.preemptible" else 56)
+    # 8 GPUs each; research's best-effort may also borrow 8 (that pool is the ceiling); recsys has 16 H100 too
+    want = {"gpu.research.preemptible": 112, "gpu.recsys.guaranteed": 168, "gpu.recsys.preemptible": 168}
+    for name in SEED_POOLS:
+        assert pools[name]["slots"] == want.get(name, 56)
         assert pools[name]["include_deferred"] in (True, 1)
         assert pools[name]["description"].startswith(constants.POOL_DESCRIPTION_MARKER)
         assert pools[name]["team_name"] is None  # multi_team is off
@@ -85,8 +87,8 @@ def test_sync_lifecycle(airflow_db, tmp_path):
         del data["teams"][2]
     write_config(config, lower_vision_drop_recsys)
     out = sync(airflow_db, config, "--dry-run")
-    assert "delete gpu.recsys.guaranteed: slots 56 -> (deleted)" in out.stdout
-    assert "delete gpu.recsys.preemptible: slots 56 -> (deleted)" in out.stdout
+    assert "delete gpu.recsys.guaranteed: slots 168 -> (deleted)" in out.stdout
+    assert "delete gpu.recsys.preemptible: slots 168 -> (deleted)" in out.stdout
     assert airflow_db.pools() == after
     out = sync(airflow_db, config)
     assert out.returncode == 0, out.stderr

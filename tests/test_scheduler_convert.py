@@ -107,6 +107,16 @@ def test_gang_team_tier_priority_and_products_from_config(repo_root):
         gang_from_k8s("team-nlp/train", pg, pods, ctx)
 
 
+def test_mixing_gpu_products_is_an_annotated_opt_in(repo_root):
+    ctx = ConversionContext.from_config(load_config(repo_root / "examples" / "seed-quotas.yaml"))
+    pods = [pod(f"w{i}", gpus=8, group="train", pc="airflow-gpu-best-effort-training",
+                annotations={C.ANNOTATION_GPU_PRODUCTS: "h100-80gb,a100-80gb"}) for i in range(2)]
+    g = gang_from_k8s("team-nlp/train", podgroup("train", 2), pods, ctx)
+    assert g.members[0].gpu_products == ("NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB") and not g.products_mixed
+    pg = podgroup("train", 2, annotations={C.ANNOTATION_GPU_PRODUCTS_MIXED: "true"})
+    assert gang_from_k8s("team-nlp/train", pg, pods, ctx).products_mixed
+
+
 def test_a_pod_that_selects_spot_keeps_it_on_a_tier_that_defaults_to_on_demand(repo_root):
     """The operator's spot="always" on production-training (not spot-eligible) selects spot nodes: the
     scheduler must not pin it to on-demand as well (it could then bind nowhere)."""

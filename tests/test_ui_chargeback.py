@@ -187,3 +187,14 @@ def test_the_queue_shows_the_namespace_team_and_the_priority_class_tier(cfg):
                                  ConversionContext.from_config(cfg)), now=T0)
     assert sorted((w["gang"], w["team"], w["tier"]) for w in q["waiting"]) == [
         ("team-vision/big", "vision", "best-effort-training"), ("team-vision/lone", "vision", "best-effort-training")]
+
+
+def test_reference_gpu_hours_scale_by_the_products_relative_speed(repo_root):
+    # a job accepting H100 and A100: 2 GPU-hours on H100 (relative_speed 2.5) are 5 A100 GPU-hours of work
+    cfg = load_config(repo_root / "examples" / "seed-quotas.yaml")
+    records = [Usage("nlp", "h100-80gb", "on-demand", 2, 0.0, 3600.0),
+               Usage("nlp", "a100-80gb", "on-demand", 2, 0.0, 3600.0)]
+    rows = {r.product: r for r in charge(records, prices_of(cfg), 0.0, 3600.0, speeds=cfg.product_speeds())}
+    assert (rows["h100-80gb"].gpu_hours, rows["h100-80gb"].reference_gpu_hours) == pytest.approx((2.0, 5.0))
+    assert (rows["a100-80gb"].gpu_hours, rows["a100-80gb"].reference_gpu_hours) == pytest.approx((2.0, 2.0))
+    assert "reference_gpu_hours" in rows["h100-80gb"].as_dict()

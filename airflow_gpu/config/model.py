@@ -148,6 +148,14 @@ class Team(_Strict):
     # Kueue's borrowWithinCohort: while borrowing, preempt other teams' borrowers of lower priority
     # up to this priority. Absent: off (Kueue's default; reclaim within the guarantee still works).
     borrow_within_cohort: int | None = None
+    # Kueue's flavorFungibility.whenCanBorrow for a gang accepting several products: MayStopSearch
+    # (default) takes the first product it fits on, borrowing or not; TryNextFlavor first tries the
+    # next products for one it fits on without borrowing
+    when_can_borrow: Literal["MayStopSearch", "TryNextFlavor"] = "MayStopSearch"
+    # Kueue's rule: only a gang that fits within the team's nominal quota on its own may preempt.
+    # true keeps the older behaviour: a gang larger than the quota preempts the team's own
+    # lower-priority gangs in order to borrow the rest
+    preempt_beyond_nominal: StrictBool = False
 
     @model_validator(mode="after")
     def _own_namespace(self) -> "Team":
@@ -196,6 +204,10 @@ class Scheduling(_Strict):
     # 0 = hold for as long as it waits (EASY backfilling without a bound)
     reservation_hold_seconds: Annotated[float, Field(ge=0, le=7 * 86400, allow_inf_nan=False)] = \
         constants.DEFAULT_RESERVATION_HOLD_SECONDS
+    # the order a gang accepting several GPU products tries them in: `author` (its own list),
+    # `listed` (the products' order in this file), `cheapest_per_work` (on-demand price per GPU-hour /
+    # relative_speed, lowest first), `fastest` (relative_speed, highest first)
+    product_order: Literal["author", "listed", "cheapest_per_work", "fastest"] = "author"
 
 
 class QuotaConfig(_Strict):
@@ -231,6 +243,21 @@ class QuotaConfig(_Strict):
         return {t.name: TierPolicy(t.priority, t.preemptible, t.spot_eligible, t.preemption_policy != "Never",
                                    t.spot_fallback, t.borrow_within_cohort, t.preempt_behind_head)
                 for t in self.tiers}
+
+    def product_speeds(self) -> dict[str, float]:
+        """Product -> relative_speed (the reference product is 1.0)."""
+        return {p.name: p.relative_speed for p in self.products}
+
+    def product_ranks(self) -> dict[str, int]:
+        """Product -> rank in scheduling.product_order (lower first); {} for the author's order."""
+        order = self.scheduling.product_order
+        if order == "author":
+            return {}
+        keys = {"listed": lambda k, p: k,
+                "cheapest_per_work": lambda k, p: (p.price_per_gpu_hour.on_demand / p.relative_speed, k),
+                "fastest": lambda k, p: (-p.relative_speed, k)}[order]
+        ranked = sorted(enumerate(self.products), key=lambda kp: keys(*kp))
+        return {p.name: rank for rank, (_, p) in enumerate(ranked)}
 
     def node_label_aliases(self) -> dict[str, str]:
         """nvidia.com/gpu.product node label value -> product name, for products that declare one."""

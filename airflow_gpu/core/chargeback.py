@@ -47,6 +47,9 @@ class ChargeRow:
     product: str
     capacity_type: str
     gpu_hours: float = 0.0
+    # gpu_hours x the product's relative_speed: the work done, in GPU-hours of the reference product
+    # (a job accepting H100 and A100 shows here what its H100 hours were worth in A100 hours)
+    reference_gpu_hours: float = 0.0
     lost_interruption_hours: float = 0.0
     lost_preemption_hours: float = 0.0
     cost: float = 0.0
@@ -54,7 +57,8 @@ class ChargeRow:
 
     def as_dict(self) -> dict:
         return {"team": self.team, "product": self.product, "capacity_type": self.capacity_type,
-                "gpu_hours": round(self.gpu_hours, 6), "lost_interruption_hours": round(self.lost_interruption_hours, 6),
+                "gpu_hours": round(self.gpu_hours, 6), "reference_gpu_hours": round(self.reference_gpu_hours, 6),
+                "lost_interruption_hours": round(self.lost_interruption_hours, 6),
                 "lost_preemption_hours": round(self.lost_preemption_hours, 6), "cost": round(self.cost, 6)}
 
 
@@ -82,9 +86,10 @@ def clipped(u: Usage, since: float, until: float) -> tuple[float, float]:
 
 
 def charge(records: Iterable[Usage], prices: Mapping[str, tuple[float, float]], since: float, until: float,
-           policy: str = POLICY_PLATFORM) -> list[ChargeRow]:
+           policy: str = POLICY_PLATFORM, speeds: Mapping[str, float] | None = None) -> list[ChargeRow]:
     """Rows per (team, product, capacity type), sorted. Lost hours are part of gpu_hours (the GPUs were
-    held); `policy` decides their price: 0, the spot rate or the on-demand rate."""
+    held); `policy` decides their price: 0, the spot rate or the on-demand rate. `speeds`: product ->
+    relative speed (absent: 1.0), for reference_gpu_hours."""
     check_policy(policy)
     rows: dict[tuple[str, str, str], ChargeRow] = {}
     for u in records:
@@ -96,6 +101,7 @@ def charge(records: Iterable[Usage], prices: Mapping[str, tuple[float, float]], 
         lost_rate = {POLICY_PLATFORM: 0.0, POLICY_SPOT: prices[u.product][1],
                      POLICY_ON_DEMAND: prices[u.product][0]}[policy]
         row.gpu_hours += used / 3600
+        row.reference_gpu_hours += used / 3600 * (speeds or {}).get(u.product, 1.0)
         if u.cause == CAUSE_PREEMPTION:
             row.lost_preemption_hours += lost / 3600
         elif lost:

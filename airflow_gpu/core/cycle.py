@@ -37,6 +37,7 @@ from airflow_gpu.core.quota import (
     borrowing,
     check,
     demand_of_placements,
+    placement_speed,
 )
 from airflow_gpu.core.snapshot import Snapshot
 
@@ -92,6 +93,10 @@ class CycleState:
     def copy(self) -> CycleState:
         return CycleState(self.snap.copy(), self.book, self.usage.copy() if self.usage is not None else None,
                           list(self.running), self.node_product, self._demands)
+
+    def speed(self, placements: Iterable[Placement]) -> float:
+        """Relative speed of the GPU product `placements` run on (core.quota.placement_speed)."""
+        return placement_speed(placements, self.node_product, self.book)
 
     # --- quota views ------------------------------------------------------------------------
     def demand(self, placements: Iterable[Placement]) -> Demand:

@@ -17,7 +17,15 @@ import numpy as np
 
 from airflow_gpu.core.framework import FilterResult, Profile, place_pod
 from airflow_gpu.core.model import GPU_MILLI, Gang, Placement, PodRequest, TopologyLevel
-from airflow_gpu.core.quota import QuotaBook, QuotaUsage, QuotaVerdict, check, demand_of_placements, demand_on_product
+from airflow_gpu.core.quota import (
+    MAY_STOP_SEARCH,
+    QuotaBook,
+    QuotaUsage,
+    QuotaVerdict,
+    check,
+    demand_of_placements,
+    demand_on_product,
+)
 from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.core.topology import Domain, eligible_nodes, iter_candidate_domains, members_per_node
 
@@ -105,12 +113,78 @@ def place_gang(snap: Snapshot, gang: Gang, profile: Profile, exclude: np.ndarray
                explain: bool = True) -> tuple[tuple[Placement, ...] | None, str, str]:
     """Placements for every member of `gang`, or None. Does not change `snap`.
 
+    The GPU members go on ONE GPU product (Kueue: one flavor per pod set), tried in the order of
+    `accepted_products`, unless the gang opted in to mixing (Gang.products_mixed).
     exclude: [N] bool, nodes the gang must not use (a reservation held for another gang).
     explain=False: a shorter wait reason, for a caller that shows none (same placements).
-    Returns (placements | None, domain description, wait reason).
+    Returns (placements | None, domain description, wait reason; with several products tried, each
+    product and why it was refused).
     """
     if not gang.members:
         raise ValueError(f"gang {gang.name}: has no members")
+    products = one_product_options(snap, gang)
+    if len(products) <= 1:
+        return _place_gang(snap, gang, profile, exclude, explain)
+    if _any_product(gang):
+        # no order to keep: the placement the scores choose stands when it is on one product
+        # (the common case, one placement); when nothing fits on every product together, nothing
+        # fits on one of them
+        placed, domain, why = _place_gang(snap, gang, profile, exclude, explain)
+        if placed is None:
+            return placed, domain, why
+        if len({snap.shape.node_product.get(p.node) for p in placed if p.gpu_shares or p.mig_profile}) <= 1:
+            return placed, domain, why
+    whys = []
+    free = snap.whole_free_gpus()
+    for label in products:
+        # a product without as many free whole GPUs as the gang asks there is not worth a placement
+        need = sum(m.gpus for m in gang.members if not m.gpu_products or label in m.gpu_products)
+        have = int(free[snap.shape.product_mask((label,))].sum()) if need else 0
+        if need > have:
+            whys.append(f"{label}: needs {need} GPUs; {have} free")
+            continue
+        placed, domain, why = _place_gang(snap, only_products(gang, [label]), profile, exclude, explain)
+        if placed is not None:
+            return placed, domain, ""
+        whys.append(f"{label}: {why}")
+    return None, "", "; ".join(whys)
+
+
+def _any_product(gang: Gang) -> bool:
+    """No GPU member names a product: every product is as good (absent a platform order)."""
+    return not any(m.gpu_products for m in gang.members if m.uses_gpu)
+
+
+def keeps_one_product(gang: Gang, book: QuotaBook | None = None) -> bool:
+    """Are the gang's products tried one at a time, in order (Kueue's flavors)? Yes for several
+    GPU pods (they must share one product) unless the gang opted in to mixing; for one GPU pod
+    when it names several products or the platform orders them (it cannot straddle; one that
+    accepts any product is left to the scores, which is cheaper on a cluster of many products)."""
+    if gang.products_mixed:
+        return False
+    gpu = [m for m in gang.members if m.uses_gpu]
+    if len(gpu) != 1:
+        return len(gpu) > 1
+    return len(gpu[0].gpu_products) > 1 or (book is not None and bool(book.product_rank))
+
+
+def one_product_options(snap: Snapshot, gang: Gang, book: QuotaBook | None = None) -> list[str]:
+    """The node GPU products to try the gang on, one at a time, in order: [] or one product when
+    there is nothing to choose (see keeps_one_product; one product offered). A partly bound gang
+    stays on the product its bound members run on."""
+    if not keeps_one_product(gang, book):
+        return []
+    products = [p for p in accepted_products(snap, gang, book) if p in snap.shape.products]
+    if gang.pinned and len(products) > 1:
+        node_product = snap.shape.node_product
+        bound = {node_product.get(n) for n in gang.pinned} & set(products)
+        products = [p for p in products if p in bound] or products
+    return products
+
+
+def _place_gang(snap: Snapshot, gang: Gang, profile: Profile, exclude: np.ndarray | None,
+                explain: bool) -> tuple[tuple[Placement, ...] | None, str, str]:
+    """place_gang on the products the gang's members accept as they are."""
     if gang.pinned:
         return _place_pinned(snap, gang, profile, exclude, explain)
     # Largest members first: they are the hardest to fit, small ones fill around them.
@@ -228,24 +302,39 @@ def no_fit_reason(snap: Snapshot, gang: Gang, profile: Profile) -> str:
     return f"needs {total} x {what} {_WHERE[level]}; room for {min(block, total)}"
 
 
-def accepted_products(snap: Snapshot, gang: Gang) -> list[str]:
-    """Node GPU products the gang's GPU members accept, in preference order (empty list: any)."""
+def accepted_products(snap: Snapshot, gang: Gang, book: QuotaBook | None = None) -> list[str]:
+    """Node GPU products the gang's GPU members accept (none named: every product of the cluster),
+    in the author's order, or in the platform's order when `book` has one (QuotaBook.product_rank:
+    listed, fastest, cheapest per work)."""
     out: list[str] = []
     for m in gang.members:
         for p in m.gpu_products:
             if p not in out:
                 out.append(p)
-    return out or list(snap.shape.products)
+    out = out or list(snap.shape.products)
+    if book is not None and book.product_rank and len(out) > 1:
+        rank, last = book.product_rank, len(book.product_rank)
+        out.sort(key=lambda p: rank.get(book.product(p), last))  # stable: unranked keep the author's order
+    return out
 
 
-def _only_products(gang: Gang, products: list[str]) -> Gang:
+def only_products(gang: Gang, products: list[str]) -> Gang:
     """GPU members restricted to `products`; a pod set that accepts none of them keeps its own
     (its quota is checked where it is placed)."""
+    key = tuple(products)
+    got = gang.product_variants.get(key)
+    if got is not None:
+        return got
+    cut: dict[tuple, tuple[str, ...]] = {}  # per member shape: members of a pod set are alike
+
     def only(m: PodRequest) -> PodRequest:
-        kept = tuple(p for p in (m.gpu_products or products) if p in products)
+        kept = cut.get(m.shape)
+        if kept is None:
+            kept = cut[m.shape] = tuple(p for p in (m.gpu_products or products) if p in products)
         return replace(m, gpu_products=kept) if m.uses_gpu and kept else m
 
-    return replace(gang, members=tuple(only(m) for m in gang.members))
+    got = gang.product_variants[key] = replace(gang, members=tuple(only(m) for m in gang.members))
+    return got
 
 
 def quota_capacity(snap: Snapshot, quota: QuotaBook, product: str) -> int:
@@ -299,13 +388,15 @@ class _ProductRoom:
     refusal: QuotaVerdict | None  # the first product's refusal
     lent: QuotaVerdict | None  # within the guarantee, short as others borrowed it: said in the reason
     limited: frozenset[str]  # products quota took out, or allowed only as a pool as large as the cluster
+    refused: tuple[tuple[str, str], ...] = ()  # (product, quota's reason) for each product taken out
 
 
 def _product_room(snap: Snapshot, quota: QuotaBook, usage: QuotaUsage, gang: Gang) -> _ProductRoom:
     """Quota first, per accepted product (Kueue's flavor assignment): a product the team has no
     room on is taken out of the members' accepted products before anything is placed."""
-    products = accepted_products(snap, gang)
+    products = accepted_products(snap, gang, quota)
     allowed: list[str] = []
+    refused: list[tuple[str, str]] = []
     refusal: QuotaVerdict | None = None
     lent: QuotaVerdict | None = None
     limited: set[str] = set()
@@ -321,9 +412,10 @@ def _product_room(snap: Snapshot, quota: QuotaBook, usage: QuotaUsage, gang: Gan
             lent = lent or (verdict if verdict.reclaimable else None)
         else:
             limited.add(label)
+            refused.append((label, verdict.reason))
             if refusal is None:
                 refusal = verdict
-    return _ProductRoom(products, allowed, refusal, lent, frozenset(limited))
+    return _ProductRoom(products, allowed, refusal, lent, frozenset(limited), tuple(refused))
 
 
 def admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None = None,
@@ -353,34 +445,64 @@ def _admit(snap: Snapshot, gang: Gang, profile: Profile, quota: QuotaBook | None
     usage = usage if usage is not None else QuotaUsage()
     room = answers.room(snap, quota, usage, gang) if answers is not None else _product_room(snap, quota, usage, gang)
     products, allowed, refusal, lent, limited = room.products, room.allowed, room.refusal, room.lent, room.limited
+    one_product = keeps_one_product(gang, quota)
+    several = len(products) > 1 and one_product
     if not allowed:
         if refusal is None:
             refusal = QuotaVerdict(False, reason=f"no node offers a GPU product gang {gang.name} accepts")
             return GangDecision(gang, False, reason=refusal.reason, blocked_by=BLOCKED_CAPACITY, quota=refusal)
-        return GangDecision(gang, False, reason=refusal.reason, blocked_by=BLOCKED_QUOTA, quota=refusal,
+        reason = _per_product(room.refused) if several else refusal.reason
+        return GangDecision(gang, False, reason=reason, blocked_by=BLOCKED_QUOTA, quota=refusal,
                             quota_products=frozenset(products))
 
-    # Several products may pass one by one yet not mixed; then fall back to one product at a time.
-    tries = [allowed] + ([[p] for p in allowed] if len(allowed) > 1 else [])
+    if not one_product:
+        # Opted in (or one pod): several products may pass one by one yet not mixed; then one at a time.
+        tries = [allowed] + ([[p] for p in allowed] if len(allowed) > 1 else [])
+    elif allowed == products and _any_product(gang) and not quota.product_rank:
+        tries = [allowed]  # place_gang keeps it to one product, whichever suits the scores
+    else:
+        tries = [[p] for p in allowed]  # one product for every GPU member, in order (Kueue's flavors)
+    tq = quota.team(gang.team)
+    stop_when_borrowing = tq is None or tq.when_can_borrow == MAY_STOP_SEARCH
     node_product = snap.shape.node_product
     why = ""
     quota_refusal: QuotaVerdict | None = None
+    borrowing_fit: GangDecision | None = None
+    tried: list[tuple[str, str]] = list(room.refused)
     for option in tries:
-        candidate = gang if option == products else _only_products(gang, option)
+        label = option[0] if len(option) == 1 else "any product"
+        candidate = gang if option == products else only_products(gang, option)
         placed, domain, why = place_gang(snap, candidate, profile, exclude, explain)
         if placed is None:
-            if option is allowed:
+            if not one_product and option is allowed:
                 # Capacity, not quota, is what stops it on every allowed product together.
                 break
+            tried.append((label, why))
             continue
         verdict = check(quota, usage, gang.team, demand_of_placements(placed, node_product, quota))
         if verdict.fits:
-            return GangDecision(gang, True, placed, borrowed=verdict.borrowed, domain=domain, quota=verdict)
+            decision = GangDecision(gang, True, placed, borrowed=verdict.borrowed, domain=domain, quota=verdict)
+            if not verdict.borrowed or stop_when_borrowing:
+                return decision
+            # whenCanBorrow: TryNextFlavor: a later product may fit without borrowing
+            borrowing_fit = borrowing_fit or decision
+            tried.append((label, "fits only by borrowing"))
+            continue
         quota_refusal = quota_refusal or verdict
+        tried.append((label, verdict.reason))
+    if borrowing_fit is not None:
+        return borrowing_fit
+    if several and len(tried) > 1:
+        why = _per_product(tried)
     if quota_refusal is not None:
-        return GangDecision(gang, False, reason=quota_refusal.reason, blocked_by=BLOCKED_QUOTA, quota=quota_refusal,
-                            quota_products=frozenset(products))
+        return GangDecision(gang, False, reason=why if several else quota_refusal.reason, blocked_by=BLOCKED_QUOTA,
+                            quota=quota_refusal, quota_products=frozenset(products))
     if lent is not None:
         why = f"{lent.reason}; {why}"
     return GangDecision(gang, False, reason=why, blocked_by=BLOCKED_CAPACITY, quota=lent,
                         quota_products=frozenset(limited))
+
+
+def _per_product(tried: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> str:
+    """'h100-80gb: <why>; a100-80gb: <why>': each product tried and why it was refused."""
+    return "; ".join(f"{label}: {why}" for label, why in tried)

@@ -165,10 +165,19 @@ class Gang:
     # coscheduling's minMember: at least this many members placed together (0: all of them); the
     # others may come later, in the domain the placed ones pin
     min_member: int = 0
+    # Opt-in: the GPU members may straddle GPU products (some on H100, some on A100). Off by default,
+    # as Kueue gives each pod set one flavor: a data-parallel job runs at the pace of its slowest GPU,
+    # its collectives cross NVLink domains and its ranks see different memory sizes.
+    products_mixed: bool = False
 
     @cached_property
     def gpu_milli_total(self) -> int:
         return sum(m.gpu_milli_total for m in self.members)
+
+    @cached_property
+    def product_variants(self) -> dict:
+        """core.gang.only_products' answers for this gang, per product list (built once each)."""
+        return {}
 
     @cached_property
     def pod_sets(self) -> tuple[PodSet, ...]:
@@ -196,7 +205,7 @@ class Gang:
         """What a preemption plan search reads of it (core.queue.NoPlanMemo): gangs of one plan ask
         get one answer. Hashed once: a cycle over a long backlog looks it up for every gang."""
         return HashedTuple((self.team, self.tier, self.priority, self.topology, self.min_member, self.pinned,
-                            self.pod_set_shapes))
+                            self.pod_set_shapes, self.products_mixed))
 
     @cached_property
     def pod_set_shapes(self) -> tuple:
@@ -230,11 +239,16 @@ class RunningGang:
     started_at: float
     last_checkpoint_at: float | None = None  # None: never checkpointed (all work since start is at risk)
     borrowed: bool = False  # admitted on another team's idle quota: first to be reclaimed
+    # relative speed of the GPU product it runs on (core.quota.placement_speed): its expected
+    # duration is declared for the reference product (1.0) and lasts duration / speed here
+    speed: float = 1.0
 
     @property
     def expected_end(self) -> float | None:
         d = self.gang.expected_duration
-        return None if d is None else self.started_at + d
+        if d is None:
+            return None
+        return self.started_at + (d if self.speed == 1.0 else d / self.speed)
 
     def gpu_seconds_at_risk(self, now: float) -> float:
         """GPU-seconds of work lost if the gang stopped now: since its last checkpoint, or since start."""

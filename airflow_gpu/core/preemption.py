@@ -33,14 +33,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from airflow_gpu.constants import TIER_INTERACTIVE
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
-from airflow_gpu.core.gang import GangDecision, accepted_products, admit, restricted
+from airflow_gpu.core.gang import GangDecision, accepted_products, admit, only_products, restricted
 from airflow_gpu.core.model import Gang, Placement, RunningGang, TopologyLevel
 from airflow_gpu.core.quota import (
     Demand,
@@ -125,11 +125,41 @@ def within_guarantee(quota: QuotaBook, usage: QuotaUsage, team: str, demand: Dem
 
 def product_demands(state: CycleState, gang: Gang) -> list[Demand]:
     """The gang's quota demand on each product it accepts (Kueue's flavors), preference order."""
+    return [d for _, d in _labelled_demands(state, gang)]
+
+
+def _labelled_demands(state: CycleState, gang: Gang) -> list[tuple[str, Demand]]:
     book = state.book
     if book is None:
         return []
-    return [d for d in (demand_on_product(gang, book.product(p), book.weight(p), p)
-                        for p in accepted_products(state.snap, gang)) if d]
+    out = ((p, demand_on_product(gang, book.product(p), book.weight(p), p))
+           for p in accepted_products(state.snap, gang, book))
+    return [(p, d) for p, d in out if d]
+
+
+def within_nominal_products(state: CycleState, gang: Gang, threshold: int | None = None) -> list[str] | None:
+    """Kueue's rule (flavorassigner fitsResourceQuota): a workload may preempt on a flavor only if
+    its own request fits within the nominal quota there, unless it may preempt while borrowing
+    (borrowWithinCohort). The accepted products where the gang may preempt; None: everywhere (no
+    quota book, no GPU demand, borrowWithinCohort, or the team's preempt_beyond_nominal)."""
+    book = state.book
+    tq = book.team(gang.team) if book is not None else None
+    if tq is None or threshold is not None or tq.preempt_beyond_nominal:
+        return None
+    labelled = _labelled_demands(state, gang)
+    if not labelled:
+        return None
+    ok = [p for p, d in labelled if all(v <= tq.n(k) for k, v in d.items())]
+    return None if len(ok) == len(labelled) else ok
+
+
+def _borrow_threshold(state: CycleState, gang: Gang, policy: PreemptionPolicy) -> int | None:
+    """borrowWithinCohort: the team's threshold, else the tier's (any lower priority), else None."""
+    tq = state.book.team(gang.team) if state.book is not None else None
+    threshold = tq.borrow_within_cohort if tq is not None else None
+    if threshold is None and gang.tier in policy.borrow_within_cohort_tiers:
+        threshold = gang.priority - 1
+    return threshold
 
 
 def under_guarantee(state: CycleState, gang: Gang) -> bool:
@@ -165,12 +195,11 @@ def attempts(state: CycleState, gang: Gang, now: float,
              policy: PreemptionPolicy = PreemptionPolicy()) -> list[Attempt]:
     """The candidate lists to try, in order (see the module docstring)."""
     book = state.book
+    threshold = _borrow_threshold(state, gang, policy)
+    if within_nominal_products(state, gang, threshold) == []:
+        return []  # larger than its nominal quota on every product: it waits to borrow, never preempts
     by_priority = gang.tier not in policy.never_preempting_tiers
     reclaim = under_guarantee(state, gang)
-    tq = book.team(gang.team) if book is not None else None
-    threshold = tq.borrow_within_cohort if tq is not None else None
-    if threshold is None and gang.tier in policy.borrow_within_cohort_tiers:
-        threshold = gang.priority - 1
     keys: set[QuotaKey] = {k for d in product_demands(state, gang) for k in d}
     own, others = [], []
     lender: dict[str, bool] = {}  # team -> in the preemptor's cohort and borrowing on `keys` now
@@ -534,6 +563,14 @@ def plan_preemption(state: CycleState, gang: Gang, profile: Profile, now: float,
     tries = attempts(state, gang, now, policy)  # first: no candidates is the common no-plan, and cheap
     if tries and refused is None and _Feasibility(state, gang, profile, exclude, True)([]) is not None:
         return None, "fits without preemption"
+    nominal = within_nominal_products(state, gang, _borrow_threshold(state, gang, policy))
+    if nominal == []:
+        return None, (f"asks more than team {gang.team}'s nominal quota on every product it accepts: only a gang "
+                      f"within its nominal quota may preempt (Kueue); it may borrow idle quota")
+    if nominal is not None:
+        # preempt only where it is within its nominal quota; the plan is for the gang as it is
+        plan, why = plan_preemption(state, only_products(gang, nominal), profile, now, policy, exclude, refused)
+        return (replace(plan, gang=gang) if plan is not None else None), why
     if not tries:
         also = " and no borrower in its cohort" if under_guarantee(state, gang) else ""
         return None, f"no preemptible gang of lower priority than {gang.priority}{also} to make room"

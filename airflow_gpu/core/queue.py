@@ -382,7 +382,7 @@ class RefusedAsks:
 
     def _gang_key(self, gang: Gang) -> tuple:
         return (gang.team if self.by_team else None, gang.topology, gang.min_member, gang.pinned,
-                gang.pod_set_shapes)
+                gang.pod_set_shapes, gang.products_mixed)
 
     def add(self, gang: Gang, excluded: bool, reason: str, delays: str = "",
             quota_products: frozenset[str] = frozenset()) -> None:
@@ -690,7 +690,8 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
             # held, not running: a gang admitted this cycle is no preemption candidate in it
             work.hold(gang.team, decision.placements)
             fits.clear()
-            started.append(RunningGang(gang, decision.placements, now, borrowed=decision.borrowed))
+            started.append(RunningGang(gang, decision.placements, now, borrowed=decision.borrowed,
+                                       speed=work.speed(decision.placements)))
             result.admitted.append(decision)
             continue
 

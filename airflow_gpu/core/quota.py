@@ -31,6 +31,13 @@ QuotaKey = tuple[str, str | None]  # (product, MIG profile or None for whole/sha
 Demand = dict[QuotaKey, int]
 DEFAULT_COHORT = "default"
 
+# Kueue's flavorFungibility.whenCanBorrow: on a product where the gang fits only by borrowing, stop
+# there (MayStopSearch, Kueue's default) or try the next product first (TryNextFlavor, and come
+# back to the first borrowing product when none fits without borrowing). whenCanPreempt is always
+# Kueue's default TryNextFlavor: admission tries every product before a preemption is planned.
+MAY_STOP_SEARCH = "MayStopSearch"
+TRY_NEXT_FLAVOR = "TryNextFlavor"
+
 
 def key_name(key: QuotaKey) -> str:
     product, profile = key
@@ -55,8 +62,16 @@ class TeamQuota:
     # Kueue's borrowWithinCohort (opt-in): while borrowing, this team may preempt other teams'
     # borrowers of lower priority up to this one. None: off (Kueue's default).
     borrow_within_cohort: int | None = None
+    when_can_borrow: str = MAY_STOP_SEARCH  # Kueue's flavorFungibility.whenCanBorrow
+    # Kueue's rule: a gang may preempt only if it fits within the nominal quota on its own (on
+    # some accepted product). True keeps the older behaviour: a gang larger than the nominal quota
+    # preempts its own team's lower-priority gangs to borrow the rest.
+    preempt_beyond_nominal: bool = False
 
     def __post_init__(self) -> None:
+        if self.when_can_borrow not in (MAY_STOP_SEARCH, TRY_NEXT_FLAVOR):
+            raise ValueError(f"team {self.team}: when_can_borrow must be {MAY_STOP_SEARCH} or {TRY_NEXT_FLAVOR} "
+                             f"(got {self.when_can_borrow!r})")
         for what, table in (("quota", self.nominal), ("borrowing_limit", self.borrowing_limit),
                             ("lending_limit", self.lending_limit)):
             for key, amount in table.items():
@@ -73,6 +88,8 @@ class TeamQuota:
         mig_quota: Mapping[str, Mapping[str, int]] | None = None,
         cohort: str = DEFAULT_COHORT,
         borrow_within_cohort: int | None = None,
+        when_can_borrow: str = MAY_STOP_SEARCH,
+        preempt_beyond_nominal: bool = False,
     ) -> TeamQuota:
         """Build from the config's units: whole GPUs per product, MIG instances per product and profile."""
 
@@ -83,7 +100,8 @@ class TeamQuota:
         for product, profiles in (mig_quota or {}).items():
             for profile, count in profiles.items():
                 nominal[(product, profile)] = int(count)
-        return cls(team, nominal, milli(borrowing_limit), milli(lending_limit), cohort, borrow_within_cohort)
+        return cls(team, nominal, milli(borrowing_limit), milli(lending_limit), cohort, borrow_within_cohort,
+                   when_can_borrow, preempt_beyond_nominal)
 
     def n(self, key: QuotaKey) -> int:
         return self.nominal.get(key, 0)
@@ -107,19 +125,29 @@ class QuotaBook:
     # Normalised units: node gpu_product label -> GPUs of quota one GPU of it costs (H100 = 2.5 when
     # A100 = 1). Alias several labels to one quota product to share one normalised quota.
     weights: Mapping[str, float] = field(default_factory=dict)
+    # quota product -> relative speed (the reference product = 1.0): a gang's expected duration is
+    # declared for the reference product and lasts duration / speed on another
+    speeds: Mapping[str, float] = field(default_factory=dict)
+    # quota product -> its rank in the platform's product order (lower first); empty: each gang's
+    # own order (the author's). See airflow_gpu.config's scheduling.product_order.
+    product_rank: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_teams(cls, teams: Iterable[object], aliases: Mapping[str, str] | None = None,
-                   borrowed_priority: int | None = None) -> QuotaBook:
+                   borrowed_priority: int | None = None, speeds: Mapping[str, float] | None = None,
+                   product_rank: Mapping[str, int] | None = None) -> QuotaBook:
         """From objects shaped like airflow_gpu.config.Team (name, quota, borrowing_limit, lending_limit,
         mig_quota), duck-typed so that core does not import the config layer."""
         book = {}
         for t in teams:
             tq = TeamQuota.from_gpus(t.name, t.quota, t.borrowing_limit, t.lending_limit,  # type: ignore[attr-defined]
                                      getattr(t, "mig_quota", None), getattr(t, "cohort", DEFAULT_COHORT),
-                                     getattr(t, "borrow_within_cohort", None))
+                                     getattr(t, "borrow_within_cohort", None),
+                                     getattr(t, "when_can_borrow", MAY_STOP_SEARCH),
+                                     getattr(t, "preempt_beyond_nominal", False))
             book[tq.team] = tq
-        return cls(book, dict(aliases or {}), borrowed_priority)
+        return cls(book, dict(aliases or {}), borrowed_priority, speeds=dict(speeds or {}),
+                   product_rank=dict(product_rank or {}))
 
     def weight(self, node_product: str | None) -> float:
         return self.weights.get(node_product, 1.0) if node_product is not None else 1.0
@@ -128,6 +156,10 @@ class QuotaBook:
         if node_product is None:
             return None
         return self.aliases.get(node_product, node_product)
+
+    def speed(self, node_product: str | None) -> float:
+        """Relative speed of a node GPU product (1.0: the reference, or unknown)."""
+        return self.speeds.get(self.product(node_product), 1.0) if node_product is not None else 1.0
 
     def team(self, name: str) -> TeamQuota | None:
         return self.teams.get(name)
@@ -179,6 +211,16 @@ def demand_of_placements(placements: Iterable[Placement], node_product: Mapping[
             if milli:
                 out[(product, None)] += round(milli * book.weight(label)) if book is not None else milli
     return dict(out)
+
+
+def placement_speed(placements: Iterable[Placement], node_product: Mapping[str, str | None],
+                    book: QuotaBook | None) -> float:
+    """Relative speed of a gang where it is placed: its slowest GPU's product (a data-parallel job
+    runs at the pace of its slowest rank); 1.0 without speeds or without GPUs."""
+    if book is None or not book.speeds:
+        return 1.0
+    return min((book.speed(node_product.get(p.node)) for p in placements if p.gpu_shares or p.mig_profile),
+               default=1.0)
 
 
 def demand_on_product(gang: Gang, product: str, weight: float = 1.0, label: str | None = None) -> Demand:

@@ -464,6 +464,7 @@ def gang_from_k8s(
     priorities = [(p.get("spec") or {}).get("priority") for p in pods]
     known = [int(p) for p in priorities if p is not None]
     checkpointable = (annotation(C.ANNOTATION_CHECKPOINTABLE) or "").lower() == "true"
+    mixed = (annotation(C.ANNOTATION_GPU_PRODUCTS_MIXED) or "").lower() == "true"
     duration = _hint(lambda: expected_duration(annotation(C.ANNOTATION_EXPECTED_DURATION), f"gang {key}"),
                      None, hints)
     created = [parse_time(m.get("creationTimestamp")) for m in metas]
@@ -485,6 +486,7 @@ def gang_from_k8s(
         expected_duration=duration,
         pinned=tuple(sorted(set(pinned))),
         min_member=min_member if 0 < min_member < len(reqs) else 0,
+        products_mixed=mixed,
     )
 
 

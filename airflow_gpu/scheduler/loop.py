@@ -123,7 +123,8 @@ def quota_book_from_config(cfg) -> QuotaBook | None:
     if cfg is None:
         return None
     return QuotaBook.from_teams(cfg.teams, aliases=cfg.node_label_aliases(),
-                                borrowed_priority=borrowing_priority(cfg.tier_policies()))
+                                borrowed_priority=borrowing_priority(cfg.tier_policies()),
+                                speeds=cfg.product_speeds(), product_rank=cfg.product_ranks())
 
 
 class Scheduler:

@@ -22,7 +22,7 @@ from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.model import GPU_MILLI, Gang, Node, Placement, PodRequest, RunningGang
 from airflow_gpu.core.plans import may_bind, recheck_plan
 from airflow_gpu.core.preemption import PreemptionPolicy
-from airflow_gpu.core.quota import QuotaBook
+from airflow_gpu.core.quota import QuotaBook, placement_speed
 from airflow_gpu.core.snapshot import OverCommitError, Snapshot
 from airflow_gpu.scheduler.cache import View
 from airflow_gpu.scheduler.convert import (
@@ -425,6 +425,8 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
                 continue
             finally:
                 ignored_hints += [(unit, h) for h in hints]
+            if book is not None and book.speeds:  # its expected end on the product it runs on
+                rg = replace(rg, speed=placement_speed(rg.placements, snap.shape.node_product, book))
             running.append(rg)
             running_units[rg.gang.name] = unit
 

@@ -113,6 +113,11 @@ class Setting:
     # core.queue.ReservationHold: seconds a reservation of unknown start holds its nodes in a row
     # (then it pauses as long); 0: unbounded. From the config's scheduling section, as the scheduler.
     reservation_hold: float = DEFAULT_RESERVATION_HOLD_SECONDS
+    # gpu product -> relative speed (absent: 1.0): a job's work is in seconds on the reference
+    # product and runs `speed` times as fast on another (sim/hetero.py)
+    speeds: dict[str, float] = field(default_factory=dict)
+    # gpu product -> rank in the platform's product order (QuotaBook.product_rank); {}: the author's
+    product_rank: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -124,6 +129,7 @@ class Attempt:
     end: float | None = None
     outcome: str = ""
     kept: float = 0.0  # seconds of this attempt's work kept (finished, or saved by a checkpoint)
+    speed: float = 1.0  # work seconds per second on the product it runs on (its slowest GPU's)
 
 
 @dataclass
@@ -157,6 +163,15 @@ class ReplayResult:
     cpu_seconds: float = 0.0  # CPU time of the replay (its process's)
 
 
+def _wall(work: float, speed: float) -> float:
+    """Clock seconds `work` reference seconds take at `speed` (unchanged at 1.0, to the bit)."""
+    return work if speed == 1.0 else work / speed
+
+
+def _work(wall: float, speed: float) -> float:
+    return wall if speed == 1.0 else wall * speed
+
+
 def quota_book(setting: Setting, nodes: list[Node], platform: Platform) -> QuotaBook | None:
     if not platform.quotas:
         return None
@@ -175,7 +190,8 @@ def quota_book(setting: Setting, nodes: list[Node], platform: Platform) -> Quota
     rest = {p: math.floor(r * 1000) / 1000 for p, r in rest.items() if r >= 0.001}
     if rest and platform.borrowing:
         teams[UNASSIGNED] = TeamQuota.from_gpus(UNASSIGNED, rest, {})
-    return QuotaBook(teams, borrowed_priority=setting.borrowed_priority)
+    return QuotaBook(teams, borrowed_priority=setting.borrowed_priority, speeds=setting.speeds,
+                     product_rank=setting.product_rank)
 
 
 def _unit_gangs(job: Job, platform: Platform, tiers: dict[str, TierRule],
@@ -420,7 +436,10 @@ class Replay:
             st.attempt.start = now
             self.computing += st.job.gpu_milli
             st.first_start = now if st.first_start is None else st.first_start
-            self.push(now + st.job.work - st.done, "finish", (job_name, st.attempts))
+            if self.setting.speeds:
+                st.attempt.speed = min((self.setting.speeds.get(self.node_product[p.node] or "", 1.0)
+                                        for _, _, p in st.attempt.holds if p.gpu_shares or p.mig_profile), default=1.0)
+            self.push(now + _wall(st.job.work - st.done, st.attempt.speed), "finish", (job_name, st.attempts))
 
     def _release(self, st: JobState, now: float, outcome: str) -> None:
         a = st.attempt
@@ -448,7 +467,7 @@ class Replay:
         a.end, a.outcome = now, outcome
         if a.start is not None:
             self.computing -= st.job.gpu_milli
-        ran = 0.0 if a.start is None else now - a.start
+        ran = 0.0 if a.start is None else _work(now - a.start, a.speed)
         if outcome == FINISHED:
             a.kept = ran
         elif not st.units[next(iter(st.units))].checkpointable:
@@ -500,11 +519,17 @@ class Replay:
                 until = -math.inf  # the gang is not complete yet: look again next cycle
             elif gang.checkpointable and st.job.checkpoint_interval > 0:
                 iv = st.job.checkpoint_interval
-                saved = math.floor((st.done + now - a.start) / iv) * iv  # work covered by the last checkpoint
-                ckpt = a.start + saved - st.done
+                if a.speed == 1.0:
+                    saved = math.floor((st.done + now - a.start) / iv) * iv  # work covered by the last checkpoint
+                    ckpt = a.start + saved - st.done
+                    until = a.start + saved + iv - st.done
+                else:  # work runs `speed` times as fast as the clock
+                    saved = math.floor((st.done + (now - a.start) * a.speed) / iv) * iv
+                    ckpt = a.start + (saved - st.done) / a.speed
+                    until = a.start + (saved + iv - st.done) / a.speed
                 ckpt = ckpt if ckpt >= a.start else None
-                until = a.start + saved + iv - st.done
-            rg = RunningGang(gang, placements, since, last_checkpoint_at=ckpt, borrowed=st.borrowed.get(unit, False))
+            rg = RunningGang(gang, placements, since, last_checkpoint_at=ckpt, borrowed=st.borrowed.get(unit, False),
+                             speed=a.speed if a is not None else 1.0)
             self.running[unit] = (rg, until)
             out.append(rg)
         return out

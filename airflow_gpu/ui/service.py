@@ -18,7 +18,7 @@ from airflow_gpu.core.tiers import team_of_namespace
 from airflow_gpu.ui import ledger, queue, sources
 
 SECTION = "airflow_gpu"
-CSV_FIELDS = ("team", "product", "capacity_type", "gpu_hours", "lost_interruption_hours",
+CSV_FIELDS = ("team", "product", "capacity_type", "gpu_hours", "reference_gpu_hours", "lost_interruption_hours",
               "lost_preemption_hours", "cost")
 
 
@@ -161,7 +161,8 @@ def chargeback(session, settings: Settings, since: float, until: float, policy: 
     view = (view_of or _view)(settings)
     records = usage_records(cfg, list(view.pods.values()), view.nodes,
                             sources.read_xcom_results(session, since, until) if session is not None else [], now)
-    rows = charge(records, prices_of(cfg), since, min(until, now), policy or settings.loss_policy)
+    rows = charge(records, prices_of(cfg), since, min(until, now), policy or settings.loss_policy,
+                  cfg.product_speeds())
     return [r.as_dict() for r in rows]
 
 

@@ -1,0 +1,61 @@
+"""Two GPU generations on the local cluster (real API server, the scheduler as a process): a 2 x 8-GPU
+gang accepting H100 and A100 binds both pods on ONE product (issue 29). With 7 + 8 H100 and 7 + 8 A100
+GPUs free, one pod fits on each product but the gang fits on neither: it waits (before issue 29 it
+was bound across the two products at once); once the A100 filler ends, both pods bind on A100."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kubernetes import client
+
+from airflow_gpu import constants as C
+from airflow_gpu.devtools import gangs as G
+
+H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"
+
+
+@pytest.fixture(scope="module")
+def kube_spec():
+    return {"name": "sched-hetero", "pools": [
+        {"name": "h100", "count": 2, "cliques": ["c1"], "gpu": {"product": H100, "count": 8}},
+        {"name": "a100", "count": 2, "cliques": ["c2"], "gpu": {"product": A100, "count": 8}}]}
+
+
+def test_a_gang_accepting_h100_and_a100_binds_both_pods_on_one_product(kube_cluster, kube_api, tmp_path):
+    api = kube_api
+    ns = "hetero"
+    G.ensure_namespace(api, ns)
+    core = client.CoreV1Api(api)
+    # one GPU busy on each product: 7 + 8 free on each, room for one 8-GPU pod on each, for two on neither
+    core.create_namespaced_pod(ns, G.pod_manifest("filler-h", ns, 1, sim_seconds=300.0,
+                                                  node_selector={"kubernetes.io/hostname": "h100-0"}))
+    core.create_namespaced_pod(ns, G.pod_manifest("filler-a", ns, 1, sim_seconds=8.0,
+                                                  node_selector={"kubernetes.io/hostname": "a100-0"}))
+    sched = G.scheduler_process(kube_cluster.kubeconfig, tmp_path / "scheduler.log", identity="s1").start()
+    try:
+        G.wait_until(lambda: all(p["spec"].get("nodeName") for p in G.list_pods(api, ns)), 30, what="filler bound")
+        G.create_gang(api, ns, "train", 2, 8, sim_seconds=300.0,
+                      annotations={C.ANNOTATION_GPU_PRODUCTS: f"{H100},{A100}"})
+        deadline = time.time() + 40
+        nodes: dict[str, str] = {}
+        filler_ended = None
+        while time.time() < deadline:
+            pods = G.list_pods(api, ns)
+            nodes = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods
+                     if not p["metadata"]["name"].startswith("filler")}
+            assert sum(1 for n in nodes.values() if n) != 1, f"gang partially bound: {nodes}"
+            a_done = any(p["metadata"]["name"] == "filler-a" and p["status"].get("phase") == "Succeeded" for p in pods)
+            filler_ended = filler_ended or (time.time() if a_done else None)
+            if nodes and all(nodes.values()):
+                break
+            time.sleep(0.2)
+        assert filler_ended is not None, f"the gang was bound while it fitted on no single product: {nodes}"
+        assert nodes and all(nodes.values()), f"gang never bound: {nodes}\n{sched.log_tail()}"
+        products = {core.read_node(n).metadata.labels[C.NODE_GPU_PRODUCT] for n in nodes.values()}
+        assert products == {A100}, f"both pods on one product, the one with room for both: {nodes}"
+        assert sorted(nodes.values()) == ["a100-0", "a100-1"]
+    finally:
+        sched.stop()
+        core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
