@@ -171,22 +171,33 @@ def test_a_team_label_does_not_move_billing(cfg):
 
 
 def test_the_queue_shows_the_namespace_team_and_the_priority_class_tier(cfg):
-    """The queue page reads team and tier as the scheduler does: a waiting gang (complete or still
-    incomplete) in team-vision labelled team=nlp, tier=interactive is vision's, at its PriorityClass's tier."""
+    """The queue page shows what the scheduler published, and the scheduler reads team and tier from
+    the namespace and the PriorityClass: a waiting gang (complete or still incomplete) in team-vision
+    labelled team=nlp, tier=interactive is vision's, at its PriorityClass's tier."""
     from test_scheduler_convert import _view, pod as k8s_pod, podgroup
 
+    from airflow_gpu.core.cycle import CycleState
+    from airflow_gpu.core.policies import make_profile
+    from airflow_gpu.core.queue import schedule_cycle
     from airflow_gpu.scheduler.convert import ConversionContext
-    from airflow_gpu.ui import queue
+    from airflow_gpu.scheduler.publish import document
+    from airflow_gpu.scheduler.state import build_world
 
     liar = {C.LABEL_TEAM: "nlp", C.LABEL_TIER: C.TIER_INTERACTIVE}
     pods = [k8s_pod("lone", 1, ns="team-vision", pc="airflow-gpu-best-effort-training", priority=1000),
             k8s_pod("big-0", 8, ns="team-vision", group="big", pc="airflow-gpu-best-effort-training", priority=1000)]
     for p in pods:
         p["metadata"]["labels"].update(liar)
-    q = queue.build(queue.Inputs([], [], _view(pods, [podgroup("big", 2, ns="team-vision")]),
-                                 ConversionContext.from_config(cfg)), now=T0)
-    assert sorted((w["gang"], w["team"], w["tier"]) for w in q["waiting"]) == [
-        ("team-vision/big", "vision", "best-effort-training"), ("team-vision/lone", "vision", "best-effort-training")]
+    ctx = ConversionContext.from_config(cfg)
+    world = build_world(_view(pods, [podgroup("big", 2, ns="team-vision")]), C.DEFAULT_SCHEDULER_NAME, ctx, T0)
+    state = CycleState.build(world.snapshot, world.running)
+    profile = make_profile("bestfit")
+    result = schedule_cycle(state, [g for _, g in world.pending], profile, T0)
+    doc = document(world, state, result, profile, "bestfit", C.DEFAULT_SCHEDULER_NAME, 1, T0, 5.0, [], {}, ctx)
+    shown = [(e["gang"], e["team"], e["tier"]) for e in doc["waiting"] + doc["incomplete"]]
+    shown += [(d.gang.name, d.gang.team, d.gang.tier) for d in result.admitted]  # admitted in this cycle
+    assert sorted(shown) == [("team-vision/big", "vision", "best-effort-training"),
+                             ("team-vision/lone", "vision", "best-effort-training")]
 
 
 def test_reference_gpu_hours_scale_by_the_products_relative_speed(repo_root):

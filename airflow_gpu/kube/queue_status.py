@@ -131,14 +131,6 @@ def task_instance_of(pods: Iterable[Mapping]) -> list[str] | None:
     return None
 
 
-def team_and_tier(pods: Iterable[Mapping]) -> tuple[str, str]:
-    """The team and tier labels of a gang's first pod (a gang not read yet: incomplete or invalid)."""
-    for pod in pods:
-        labels = _meta(pod, "labels")
-        return labels.get(C.LABEL_TEAM) or "", labels.get(C.LABEL_TIER) or ""
-    return "", ""
-
-
 def _count(annotations: Mapping[str, str], name: str) -> int:
     """A relaunch counter the operator writes on its pods; a value a user mangled counts as 0."""
     try:

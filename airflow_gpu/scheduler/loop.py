@@ -274,7 +274,7 @@ class Scheduler:
                    for name, u in units.items() if name not in tried}
         doc = publish_document(world, state, result, self.profile, self.settings.policy, self.settings.scheduler_name,
                                self.cycles, now, self.settings.publish_interval, nominated,
-                               {k: v for k, v in reasons.items() if v})
+                               {k: v for k, v in reasons.items() if v}, self.ctx)
         try:
             blob = queue_status.encode(doc)
             self.api.write_queue_status(queue_status.manifest(self.settings.state_namespace,

@@ -20,7 +20,7 @@ from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.queue import CycleResult
 from airflow_gpu.core.visibility import cluster_picture, gpus_of, waiting_entries
 from airflow_gpu.kube import queue_status as Q
-from airflow_gpu.scheduler.convert import key_of, pod_node
+from airflow_gpu.scheduler.convert import ConversionContext, gang_identity, key_of, pod_node
 from airflow_gpu.scheduler.state import PLAN_NOMINATED, World
 
 log = logging.getLogger(__name__)
@@ -52,11 +52,13 @@ class Publisher:
 
 def document(world: World, state: CycleState, result: CycleResult, profile: Profile, profile_name: str,
              scheduler_name: str, cycle: int, now: float, interval: float,
-             nominated: list, reasons: dict[str, str]) -> dict:
+             nominated: list, reasons: dict[str, str], ctx: ConversionContext | None = None) -> dict:
     """The published queue of one cycle. `state`: the cycle's state before schedule_cycle;
     `nominated`: [(unit, gang)] of held preemption plans still waiting for their victims; `reasons`:
     gang name -> the last wait reason written, for gangs the cycle did not try (back-off) or that
-    preempt."""
+    preempt. `ctx`: the scheduler's conversion context, for the team (the namespace's) and tier (the
+    PriorityClass's) of gangs not read yet: never their labels."""
+    ctx = ctx or ConversionContext()
     units = {g.name: u for u, g in world.pending} | {g.name: u for u, g in nominated}
     pending = [g for _, g in world.pending]
     entries = waiting_entries(state, pending, result, profile, now,
@@ -69,8 +71,8 @@ def document(world: World, state: CycleState, result: CycleResult, profile: Prof
                                       "ti": Q.task_instance_of(unit.pods)})
     incomplete = []
     for unit, reason in list(world.incomplete) + list(world.invalid):
-        team, tier = Q.team_and_tier(unit.pods)
-        incomplete.append({"gang": unit.key, "namespace": unit.key.partition("/")[0], "team": team, "tier": tier,
+        who = gang_identity(unit.key, unit.podgroup, unit.pods, ctx)
+        incomplete.append({"gang": unit.key, "namespace": unit.key.partition("/")[0], "team": who.team, "tier": who.tier,
                            "reason": reason, "ti": Q.task_instance_of(unit.pods)})
     running = []
     for rg in world.running:
