@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from airflow_gpu.core.framework import Profile
+from airflow_gpu.core.gang import keeps_one_product
 from airflow_gpu.core.model import GPU_MILLI, Gang, RunningGang, TopologyLevel
 from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.core.topology import LADDER, eligible_nodes, fit_count, fit_count_one, members_per_node
@@ -26,6 +27,12 @@ class RoomEstimate:
         req = gang.topology
         last = LADDER.index(req.level) if req.hard else len(LADDER) - 1
         self.levels = [TopologyLevel.NODE] if self.want == 1 else list(LADDER[: last + 1])
+        # a gang whose GPU pods stay on one product (core.gang.keeps_one_product) fits in a domain only
+        # on one product's nodes: each domain counts per product, or the estimate says "room" where
+        # only the products together have it, and every placement tried there fails (a CPU-only
+        # member may go anywhere: then the domains are not split, which stays an upper bound)
+        self.per_product = keeps_one_product(gang) and all(m.uses_gpu for m in gang.members)
+        self._ids: dict[TopologyLevel, np.ndarray] = {}
 
     @classmethod
     def for_gang(cls, snap: Snapshot, gang: Gang, profile: Profile) -> RoomEstimate:
@@ -37,11 +44,21 @@ class RoomEstimate:
         return cls(snap, gang, eligible_nodes(empty, gang, profile))
 
     def ids(self, level: TopologyLevel) -> np.ndarray:
+        """[N] the domain of each node at `level` (-1: none); per (domain, product) when the gang
+        keeps to one product."""
+        hit = self._ids.get(level)
+        if hit is not None:
+            return hit
         if level is TopologyLevel.NODE:
-            return np.arange(len(self.snap))
-        if level is TopologyLevel.ANY:
-            return np.zeros(len(self.snap), dtype=np.int64)
-        return self.snap.shape.domain_ids(level.value)
+            ids = np.arange(len(self.snap))
+        else:
+            ids = (np.zeros(len(self.snap), dtype=np.int64) if level is TopologyLevel.ANY
+                   else self.snap.shape.domain_ids(level.value))
+            if self.per_product:
+                product = self.snap.shape.product_id  # -1: no GPU product, never a GPU member's node
+                ids = np.where((ids >= 0) & (product >= 0), ids * (len(self.snap.shape.products) + 1) + product, -1)
+        self._ids[level] = ids
+        return ids
 
     def may_fit(self, snap: Snapshot) -> bool:
         return self.holds(members_per_node(snap, self.gang, self.by_set))
