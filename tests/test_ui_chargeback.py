@@ -175,7 +175,7 @@ def test_the_queue_shows_the_namespace_team_and_the_priority_class_tier(cfg):
     incomplete) in team-vision labelled team=nlp, tier=interactive is vision's, at its PriorityClass's tier."""
     from test_scheduler_convert import _view, pod as k8s_pod, podgroup
 
-    from airflow_gpu.scheduler.convert import ConversionContext
+    from airflow_gpu.kube.convert import ConversionContext
     from airflow_gpu.ui import queue
 
     liar = {C.LABEL_TEAM: "nlp", C.LABEL_TIER: C.TIER_INTERACTIVE}

@@ -56,10 +56,8 @@ from airflow_gpu.core.queue import Backoff, ReservationHold, schedule_cycle
 from airflow_gpu.core.quota import QuotaBook
 from airflow_gpu.core.tiers import (borrow_within_cohort_tiers, borrowing_priority, never_preempting_tiers,
                                     non_preemptible_tiers, preempt_behind_head_tiers)
-from airflow_gpu.kube import preemptions
-from airflow_gpu.scheduler.actions import Api, default_identity, grace_seconds_of
-from airflow_gpu.scheduler.cache import ClusterCache, View
-from airflow_gpu.scheduler.convert import (
+from airflow_gpu.kube import preemptions, queue_status
+from airflow_gpu.kube.convert import (
     ConversionContext,
     gang_from_k8s,
     key_of,
@@ -67,7 +65,8 @@ from airflow_gpu.scheduler.convert import (
     pod_node,
     tier_of_priority_class,
 )
-from airflow_gpu.kube import queue_status
+from airflow_gpu.scheduler.actions import Api, default_identity, grace_seconds_of
+from airflow_gpu.scheduler.cache import ClusterCache, View
 from airflow_gpu.scheduler.metrics import SchedulerMetrics
 from airflow_gpu.scheduler.publish import Publisher, nominated_gangs
 from airflow_gpu.scheduler.publish import document as publish_document

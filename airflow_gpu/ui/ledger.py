@@ -18,8 +18,10 @@ from typing import Iterable, Mapping
 
 from airflow_gpu import constants as C
 from airflow_gpu.core.chargeback import CAPACITY_UNKNOWN, CAUSE_INTERRUPTION, CAUSE_PREEMPTION, Usage
+from airflow_gpu.kube.convert import capacity_type_of, hint_time, key_of, parse_time
 from airflow_gpu.kube.outcome import LOST_GPU_SECONDS_KEYS, USAGE_BY_CAPACITY
-from airflow_gpu.scheduler.convert import capacity_type_of, hint_time, key_of, parse_time
+from airflow_gpu.kube.state import disruption_cause as cause_of_reason
+from airflow_gpu.kube.state import disruption_target
 
 KNOWN_CAPACITY = (C.CAPACITY_SPOT, C.CAPACITY_ON_DEMAND)
 
@@ -61,10 +63,8 @@ def _run_span(pod: Mapping, now: float) -> tuple[float, float] | None:
 
 
 def disruption_cause(pod: Mapping) -> str | None:
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == C.CONDITION_DISRUPTION_TARGET and cond.get("status") == "True":
-            return CAUSE_PREEMPTION if cond.get("reason") == C.REASON_PREEMPTION_BY_SCHEDULER else CAUSE_INTERRUPTION
-    return None
+    target = disruption_target(pod)
+    return cause_of_reason(target[0]) if target else None
 
 
 def usage_from_pods(pods: Iterable[Mapping], nodes: Mapping[str, Mapping], team_of, product_of,
