@@ -447,7 +447,7 @@ class GpuTrainingOperator(BaseOperator):
         spec = self.workload_spec(ref, run, choice.capacity_type)
         manifests = build(spec)
         run.update(gang=spec.gang_name, capacity=choice.capacity_type, uids={}, attempts=run["attempts"] + 1,
-                   pods=[p["metadata"]["name"] for p in manifests.pods], gpus=_gang_gpus(spec),
+                   pods=[p["metadata"]["name"] for p in manifests.pods], gpus=_gang_gpus(spec, load_config_cached(self.config_file)),
                    checkpoint_uri=spec.checkpoint_uri_of(0),
                    gpu_product=self.gpu_products[0] if len(self.gpu_products) == 1 else None)
         self._save(context, run)  # the names first: a worker dying mid-creation is found by them
@@ -637,10 +637,9 @@ def _attempt_selector(ref, attempt: int) -> str:
     return f"{ref.selector()},{C.LABEL_ATTEMPT}={attempt}"
 
 
-def _gang_gpus(spec) -> float:
-    from airflow_gpu.config import SLOTS_PER_GPU
+def _gang_gpus(spec, cfg) -> float:
+    from airflow_gpu.config.core import mig_gpus
 
     if spec.gpus_per_worker:
         return float(spec.workers * spec.gpus_per_worker)
-    slices = int(spec.mig_profile.split("g", 1)[0])
-    return spec.workers * slices / SLOTS_PER_GPU
+    return spec.workers * mig_gpus(spec.mig_profile, cfg, spec.gpu_products)
