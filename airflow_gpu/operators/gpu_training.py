@@ -27,6 +27,7 @@ from airflow_gpu.config import ConfigError, load_config_cached
 from airflow_gpu.config.workload import GpuTaskPlan, WorkloadError, plan_gpu_task
 from airflow_gpu.core.capacity import choose_capacity, spot_request_problem
 from airflow_gpu.core.chargeback import CAPACITY_UNKNOWN, CAUSE_INTERRUPTION, CAUSE_PREEMPTION
+from airflow_gpu.core.model import gpu_seconds_lost
 from airflow_gpu.kube.outcome import LOST_GPU_SECONDS_KEYS, USAGE_BY_CAPACITY
 from airflow_gpu.pools.plan import pool_name
 
@@ -508,8 +509,7 @@ class GpuTrainingOperator(BaseOperator):
         run["gpu_seconds"] += used
         part["gpu_seconds"] += used
         if outcome.status == "disrupted" and outcome.started_at is not None and outcome.finished_at is not None:
-            since = max(outcome.started_at, outcome.last_checkpoint_time or outcome.started_at)
-            lost = max(0.0, outcome.finished_at - since) * gpus
+            lost = gpu_seconds_lost(gpus, outcome.started_at, outcome.finished_at, outcome.last_checkpoint_time or None)
             run["lost_gpu_seconds"] += lost
             key = LOST_GPU_SECONDS_KEYS[outcome.disruption_kind]
             run[key] = run.get(key, 0.0) + lost

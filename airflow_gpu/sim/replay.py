@@ -27,7 +27,8 @@ import numpy as np
 from airflow_gpu.constants import CAPACITY_SPOT, DEFAULT_RESERVATION_HOLD_SECONDS
 from airflow_gpu.core.capacity import confine_to_eligible_capacity, is_spot_eligible
 from airflow_gpu.core.framework import place_pod
-from airflow_gpu.core.model import GPU_MILLI, Gang, Node, Placement, RunningGang, TopologyLevel, TopologyRequirement
+from airflow_gpu.core.model import (GPU_MILLI, Gang, Node, Placement, RunningGang, TopologyLevel, TopologyRequirement,
+                                    periodic_checkpoint_work)
 from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, SPREAD_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPolicy
@@ -457,7 +458,7 @@ class Replay:
             a.kept = ran
         else:
             interval = st.job.checkpoint_interval
-            a.kept = math.floor((st.done + ran) / interval) * interval - st.done if interval > 0 else 0.0
+            a.kept = periodic_checkpoint_work(st.done + ran, interval) - st.done if interval > 0 else 0.0
             a.kept = max(0.0, a.kept)
         st.done += a.kept
         st.attempt = None
@@ -500,7 +501,7 @@ class Replay:
                 until = -math.inf  # the gang is not complete yet: look again next cycle
             elif gang.checkpointable and st.job.checkpoint_interval > 0:
                 iv = st.job.checkpoint_interval
-                saved = math.floor((st.done + now - a.start) / iv) * iv  # work covered by the last checkpoint
+                saved = periodic_checkpoint_work(st.done + now - a.start, iv)  # work covered by the last checkpoint
                 ckpt = a.start + saved - st.done
                 ckpt = ckpt if ckpt >= a.start else None
                 until = a.start + saved + iv - st.done

@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Mapping
 from airflow_gpu import constants as C
 from airflow_gpu.config.core import mig_gpus
 from airflow_gpu.core.chargeback import CAPACITY_UNKNOWN, CAUSE_INTERRUPTION, CAUSE_PREEMPTION, Usage
+from airflow_gpu.core.model import gpu_seconds_lost
 from airflow_gpu.kube.convert import capacity_type_of, hint_time, key_of, parse_time
 from airflow_gpu.kube.outcome import LOST_GPU_SECONDS_KEYS, USAGE_BY_CAPACITY
 from airflow_gpu.kube.state import disruption_cause as cause_of_reason
@@ -88,7 +89,7 @@ def usage_from_pods(pods: Iterable[Mapping], nodes: Mapping[str, Mapping], team_
         lost = 0.0
         if cause:
             ckpt = hint_time((meta.get("annotations") or {}).get(C.ANNOTATION_LAST_CHECKPOINT_TIME), "checkpoint", [])
-            lost = gpus * max(0.0, span[1] - max(span[0], ckpt or span[0]))
+            lost = gpu_seconds_lost(gpus, span[0], span[1], ckpt or None)
         out.append(Usage(team_of(pod), product, capacity, gpus, span[0], span[1], lost, cause, key_of(pod)))
     return out
 
