@@ -40,7 +40,7 @@ from airflow_gpu import constants as C
 from airflow_gpu.airflow_api import AirflowApi
 
 if TYPE_CHECKING:
-    from airflow_gpu.scheduler.convert import ConversionContext
+    from airflow_gpu.kube.convert import ConversionContext
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SEED_CLUSTER = REPO_ROOT / "examples" / "cluster-seed.yaml"
@@ -128,7 +128,7 @@ class ClusterWatch:
     def poll(self) -> None:
         from kubernetes import client
 
-        from airflow_gpu.scheduler.convert import ConversionContext, capacity_type_of, gang_identity, parse_time
+        from airflow_gpu.kube.convert import ConversionContext, capacity_type_of, gang_identity, parse_time
         from airflow_gpu.ui.ledger import pod_gpus
 
         core, custom = client.CoreV1Api(self.api), client.CustomObjectsApi(self.api)
@@ -218,10 +218,10 @@ class ClusterWatch:
 
 
 def disruption_reason(pod: dict) -> str | None:
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == C.CONDITION_DISRUPTION_TARGET and cond.get("status") == "True":
-            return cond.get("reason") or "disrupted"
-    return None
+    from airflow_gpu.kube.state import disruption_target
+
+    target = disruption_target(pod)
+    return target[0] if target else None
 
 
 def _p95(values: list[float]) -> float:
@@ -262,7 +262,7 @@ class Demo:
         from airflow_gpu.devtools.gangs import scheduler_process
         from airflow_gpu.devtools.kube import start_kube_cluster
         from airflow_gpu.devtools.seaweedfs import SeaweedFS, create_team_secrets
-        from airflow_gpu.scheduler.convert import ConversionContext
+        from airflow_gpu.kube.convert import ConversionContext
 
         self.step("Starting the platform (everything on 127.0.0.1, stopped by PID at the end)")
         self.s3 = self.stack.enter_context(SeaweedFS(root=self.workdir / "s3"))

@@ -66,7 +66,7 @@ def test_slot_helpers_use_one_unit():
 
 
 def test_a_tiers_borrow_within_cohort_reaches_the_preemption_policy(seed_data):
-    from airflow_gpu.scheduler.loop import preemption_policy_from_config
+    from airflow_gpu.config.core import preemption_policy_from_config
 
     prod = next(t for t in seed_data["tiers"] if t["name"] == constants.TIER_PRODUCTION_TRAINING)
     prod["borrow_within_cohort"] = False
@@ -80,7 +80,7 @@ def test_a_tiers_borrow_within_cohort_reaches_the_preemption_policy(seed_data):
 
 
 def test_borrow_within_cohort_is_off_unless_a_team_sets_a_threshold(seed_data):
-    from airflow_gpu.scheduler.loop import quota_book_from_config
+    from airflow_gpu.config.core import quota_book_from_config
 
     seed_data["teams"][0]["borrow_within_cohort"] = 500
     book = quota_book_from_config(parse_config(seed_data))
@@ -187,3 +187,28 @@ def test_models_are_immutable_and_round_trip():
         cfg.teams[0].quota_gpus = 3  # type: ignore[misc]
     again = parse_config(cfg.model_dump(mode="json"))
     assert again == cfg
+
+
+def test_a_mig_profile_counts_the_slices_the_config_declares_everywhere(seed_data):
+    """config.core.mig_gpus is the one MIG -> GPUs rule: a profile that declares `slices` (charged by
+    memory, say) counts that, not its name's compute slices, in the chargeback and the operator."""
+    from airflow_gpu import constants as C
+    from airflow_gpu.config.core import mig_gpus
+    from airflow_gpu.ui import ledger
+
+    a100 = next(p for p in seed_data["products"] if p["name"] == "a100-80gb")
+    profile = a100["mig_profiles"][0]
+    name = profile["name"] if isinstance(profile, dict) else profile
+    a100["mig_profiles"][0] = {"name": name, "slices": 2}
+    cfg = parse_config(seed_data)
+    named = int(name.split("g")[0])
+    assert named != 2
+    assert mig_gpus(name) == named / 7  # no config: the name's compute slices
+    assert mig_gpus(name, cfg, ["a100-80gb"]) == mig_gpus(name, cfg) == 2 / 7
+    assert mig_gpus(name, cfg, ["not-a-product"]) == 2 / 7  # unknown products: every product offering it
+    pod = {"metadata": {"namespace": "team-x", "name": "p"},
+           "spec": {"nodeName": "n1", "containers": [{"resources": {"limits": {f"{C.RESOURCE_MIG_PREFIX}{name}": "1"}}}]},
+           "status": {"containerStatuses": [{"state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}}
+    node = {"metadata": {"name": "n1", "labels": {C.NODE_GPU_PRODUCT: a100.get("node_label", "x")}}}
+    [usage] = ledger.usage_from_pods([pod], {"n1": node}, lambda p: "x", lambda label: "a100-80gb", 1767225700.0, cfg)
+    assert usage.gpus == 2 / 7

@@ -181,3 +181,18 @@ def test_with_quotas_victims_are_own_lower_priority_gangs_or_borrowers(scene, da
     for v in plan.victims:
         after.remove(v.gang.team, demand_of_placements(v.placements, node_product, qb))
     assert check(qb, after, pending.team, demand_of_placements(plan.placements, node_product, qb)).fits
+
+
+def test_lost_gpu_seconds_is_one_rule_since_the_later_of_start_and_checkpoint():
+    """core.model.gpu_seconds_lost: preemption's cost (RunningGang.gpu_seconds_at_risk), the operator's
+    and the chargeback's lost GPU-seconds; a checkpoint before the start saved none of this work."""
+    from airflow_gpu.core.model import Gang, PodRequest, gpu_seconds_lost, periodic_checkpoint_work
+
+    assert gpu_seconds_lost(2.0, 100.0, 160.0, None) == 120.0
+    assert gpu_seconds_lost(2.0, 100.0, 160.0, 130.0) == 60.0
+    assert gpu_seconds_lost(2.0, 100.0, 160.0, 50.0) == 120.0  # an older checkpoint: since the start
+    assert gpu_seconds_lost(2.0, 100.0, 90.0, None) == 0.0
+    assert periodic_checkpoint_work(3700.0, 1800.0) == 3600.0 and periodic_checkpoint_work(1799.0, 1800.0) == 0.0
+    gang = Gang("g", "team-a", "t", 1, (PodRequest("p", gpus=4),), checkpointable=True)
+    assert RunningGang(gang, (), started_at=100.0, last_checkpoint_at=130.0).gpu_seconds_at_risk(160.0) == 120.0
+    assert RunningGang(gang, (), started_at=100.0).gpu_seconds_at_risk(160.0) == 240.0

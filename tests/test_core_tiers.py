@@ -87,7 +87,7 @@ def test_config_adapter(repo_root):
     assert policies["production-training"].spot_fallback and not policies["best-effort-training"].spot_fallback
     assert policies["production-training"].borrow_within_cohort and not policies["best-effort-training"].borrow_within_cohort
     assert policies["production-training"].preempt_behind_head and not policies["best-effort-training"].preempt_behind_head
-    from airflow_gpu.scheduler.loop import preemption_policy_from_config
+    from airflow_gpu.config.core import preemption_policy_from_config
 
     assert preemption_policy_from_config(cfg).preempt_behind_head_tiers == {"production-training"}
 

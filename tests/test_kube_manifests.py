@@ -137,8 +137,8 @@ def test_pods_carry_rank_checkpoint_env_and_scheduling_hints():
         assert {"key": C.TAINT_SPOT, "operator": "Exists", "effect": "NoSchedule"} in podspec["tolerations"]
         assert podspec["containers"][0]["resources"] == {"requests": {"cpu": "4", "memory": "16Gi"},
                                                          "limits": {C.RESOURCE_GPU: "4"}}
-    # the scheduler reads the same gang from these objects (scheduler/convert.py)
-    from airflow_gpu.scheduler.convert import ConversionContext, gang_from_k8s, gang_key_of_pod
+    # the scheduler reads the same gang from these objects (kube/convert.py)
+    from airflow_gpu.kube.convert import ConversionContext, gang_from_k8s, gang_key_of_pod
 
     assert {gang_key_of_pod(p) for p in m.pods} == {f"team-nlp/{m.name}"}
     # the namespace decides the team (the quota file maps team-nlp to nlp), the PriorityClass the tier
@@ -180,7 +180,7 @@ def test_lone_inference_pod_has_no_gang_labels():
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {f"{C.RESOURCE_MIG_PREFIX}1g.10gb": "1"}
     names = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
     assert not names & {C.ENV_RANK, C.ENV_MASTER_ADDR, C.ENV_WORLD_SIZE}
-    from airflow_gpu.scheduler.convert import gang_key_of_pod
+    from airflow_gpu.kube.convert import gang_key_of_pod
 
     assert gang_key_of_pod(pod) is None
 

@@ -20,8 +20,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 PACKAGE = "airflow_gpu"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 # besides the standard library: numpy, and the names every layer shares (a leaf: see the test)
@@ -191,16 +189,6 @@ def _leaf_violations() -> list[str]:
             if any(_in(e.importer, leaf) for leaf in LEAVES) and any(_in(e.imported, p) for p in NOT_FROM_LEAVES)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 28: ui/ and sim/ still import the scheduler and devtools (the redesign is another engineer's); "
-    "violating edges today: "
-    "ui.ledger -> scheduler.convert; "
-    "ui.queue -> scheduler.cache, scheduler.convert, scheduler.state; "
-    "ui.service -> scheduler.convert, scheduler.state; "
-    "ui.sources -> scheduler.cache, scheduler.convert, devtools.gangs (lazy); "
-    "ui.watch -> scheduler.cache (also lazy), devtools.gangs (lazy); "
-    "sim.settings -> scheduler.loop (lazy: preemption_policy_from_config). "
-    "operators/ and triggers/ already keep the rule. Remove this mark when the test passes."))
 def test_leaves_import_nothing_from_the_scheduler_or_devtools():
     bad = _leaf_violations()
     assert not bad, "ui/, sim/, operators/, triggers/ import the scheduler or devtools:\n" + "\n".join(bad)

@@ -10,8 +10,7 @@ from kubernetes import client
 from airflow_gpu import constants as C
 from airflow_gpu.config import load_config
 from airflow_gpu.core.model import Placement, TopologyLevel
-from airflow_gpu.scheduler.cache import View
-from airflow_gpu.scheduler.convert import (
+from airflow_gpu.kube.convert import (
     ConversionContext,
     ConversionError,
     gang_from_k8s,
@@ -19,6 +18,7 @@ from airflow_gpu.scheduler.convert import (
     pod_request_from_k8s,
     schedule_timeout,
 )
+from airflow_gpu.scheduler.cache import View
 from airflow_gpu.scheduler.state import PLAN_NOMINATED, Plan, build_world, plan_store_name
 
 
@@ -175,7 +175,7 @@ def test_labels_never_decide_team_or_tier_pending_or_running(repo_root):
 
 
 def _view(pods, podgroups=(), nodes=("a", "b"), plans=()):
-    from airflow_gpu.scheduler.convert import key_of
+    from airflow_gpu.kube.convert import key_of
 
     return View(pods={key_of(p): p for p in pods}, nodes={n: node(n) for n in nodes},
                 podgroups={key_of(g): g for g in podgroups}, priorityclasses={}, resourcequotas={},
@@ -224,7 +224,7 @@ def test_running_pods_and_nominated_plans_hold_gpus():
 
 
 def test_required_node_affinity_and_scheduling_gates():
-    from airflow_gpu.scheduler.convert import pod_is_pending_for
+    from airflow_gpu.kube.convert import pod_is_pending_for
 
     p = pod("aff")
     term = {"matchExpressions": [{"key": C.NODE_ZONE, "operator": "In", "values": ["z1"]}]}

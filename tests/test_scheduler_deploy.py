@@ -170,7 +170,7 @@ def test_podgroups_the_scheduler_writes_validate_against_the_crd(shared_dir):
 def test_example_gang_manifest_validates_and_converts(shared_dir):
     """examples/scheduler-gang.yaml: Pods strict against 1.37, the PodGroup against the CRD, and the
     scheduler reads it as one 2-member gang of 4 GPUs each."""
-    from airflow_gpu.scheduler.convert import ConversionContext, gang_from_k8s
+    from airflow_gpu.kube.convert import ConversionContext, gang_from_k8s
 
     docs = list(yaml.safe_load_all((REPO / "examples" / "scheduler-gang.yaml").read_text()))
     pg = next(d for d in docs if d["kind"] == "PodGroup")

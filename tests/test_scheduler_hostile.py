@@ -116,7 +116,7 @@ def test_malformed_objects_are_reported_and_skipped_while_healthy_gangs_bind(kub
 
 @pytest.mark.parametrize("text", ["nan", "inf", "-1e12", "0", "1e30", "abc", "1" * 5000])
 def test_expected_duration_hint_is_bounded(text):
-    from airflow_gpu.scheduler.convert import ConversionError, expected_duration
+    from airflow_gpu.kube.convert import ConversionError, expected_duration
 
     with pytest.raises(ConversionError, match=C.ANNOTATION_EXPECTED_DURATION):
         expected_duration(text, "gang a/b")
@@ -125,7 +125,7 @@ def test_expected_duration_hint_is_bounded(text):
 
 def test_an_unreadable_checkpoint_hint_is_ignored_on_a_running_gang():
     from airflow_gpu.core.model import Placement
-    from airflow_gpu.scheduler.convert import ConversionContext, running_gang_from_k8s
+    from airflow_gpu.kube.convert import ConversionContext, running_gang_from_k8s
 
     def pod(ckpt):
         return {"metadata": {"name": "p", "namespace": "a", "annotations": {

@@ -179,7 +179,7 @@ def test_the_queue_shows_the_namespace_team_and_the_priority_class_tier(cfg):
     from airflow_gpu.core.cycle import CycleState
     from airflow_gpu.core.policies import make_profile
     from airflow_gpu.core.queue import schedule_cycle
-    from airflow_gpu.scheduler.convert import ConversionContext
+    from airflow_gpu.kube.convert import ConversionContext
     from airflow_gpu.scheduler.publish import document
     from airflow_gpu.scheduler.state import build_world
 

@@ -19,7 +19,7 @@ PLACEMENT = ("airflow_gpu.core.gang", "airflow_gpu.core.placement", "airflow_gpu
              "airflow_gpu.core.policies", "airflow_gpu.core.preemption", "airflow_gpu.core.room",
              "airflow_gpu.core.visibility", "airflow_gpu.scheduler")
 # the chargeback still reads pods with the conversion's parsers (issue 28 item 2 moves them to kube/)
-ALLOWED = ("airflow_gpu.scheduler.convert",)
+ALLOWED = ("airflow_gpu.kube.convert",)
 
 
 def test_one_build_is_shared_until_it_is_too_old(monkeypatch):

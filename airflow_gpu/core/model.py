@@ -7,11 +7,27 @@ seconds on whatever clock the caller runs (wall clock in the scheduler, simulate
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 
 GPU_MILLI = 1000  # one whole GPU
+
+
+def gpu_seconds_lost(gpus: float, started_at: float, until: float, last_checkpoint_at: float | None) -> float:
+    """GPU-seconds of work thrown away when work started at `started_at` stops at `until`: since its
+    last checkpoint (one before the start saved nothing of it), else since the start. `gpus` in any
+    unit (GPUs, milli-GPUs): the result is in that unit x seconds. The one rule for preemption's cost,
+    the operator's and the chargeback's lost GPU-seconds."""
+    since = started_at if last_checkpoint_at is None else max(started_at, last_checkpoint_at)
+    return max(0.0, until - since) * gpus
+
+
+def periodic_checkpoint_work(work: float, interval: float) -> float:
+    """Work seconds a periodic checkpoint (every `interval` seconds of work, > 0) has saved once `work`
+    seconds of it are done: what a stop without a checkpoint of its own keeps."""
+    return math.floor(work / interval) * interval
 
 
 @dataclass(frozen=True)
@@ -252,5 +268,5 @@ class RunningGang:
 
     def gpu_seconds_at_risk(self, now: float) -> float:
         """GPU-seconds of work lost if the gang stopped now: since its last checkpoint, or since start."""
-        since = self.last_checkpoint_at if (self.gang.checkpointable and self.last_checkpoint_at) else self.started_at
-        return max(0.0, now - since) * self.gang.gpu_milli_total / GPU_MILLI
+        ckpt = self.last_checkpoint_at if (self.gang.checkpointable and self.last_checkpoint_at) else None
+        return gpu_seconds_lost(self.gang.gpu_milli_total, self.started_at, now, ckpt) / GPU_MILLI

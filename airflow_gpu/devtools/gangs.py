@@ -10,19 +10,13 @@ import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from airflow_gpu import constants as C
 from airflow_gpu.devtools.processes import ManagedProcess, wait_until  # noqa: F401 - re-exported for callers
 from airflow_gpu.kube import GangManifests, group_manifest, member_name, membership
-
-
-def api_client(kubeconfig: str | Path, pool: int = 32) -> client.ApiClient:
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
-    cfg.connection_pool_maxsize = pool
-    return client.ApiClient(cfg)
+from airflow_gpu.kube.client import api_client  # noqa: F401 - re-exported for the tests and benches
 
 
 DEPLOY_PRIORITY_CLASSES = Path(__file__).resolve().parents[2] / "deploy" / "base" / "priorityclasses.yaml"

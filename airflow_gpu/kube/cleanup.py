@@ -1,54 +1,106 @@
 """Deleting every object of one task instance: its pods, headless Services and group objects, found
 by the task instance's label selector (`TaskInstanceRef.selector()`), whatever attempt or try made
-them. One rule for both sides of Airflow: the operator on the worker (sync official client,
-`operators/cluster.py`) and the trigger in the triggerer (`kubernetes_asyncio`, below), which is the
-only one still there when a deferred task is marked failed, cleared or marked success.
+them. One rule (`_kinds`: what, in which order, which call) for both sides of Airflow, over two thin
+transports: the operator on the worker (sync official client, `operators/cluster.py`) and the trigger
+in the triggerer (`kubernetes_asyncio`), which is the only one still there when a deferred task is
+marked failed, cleared or marked success.
 
 This module takes the API objects as arguments and imports no client itself.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
 from airflow_gpu.kube.backends import GroupResource
 
 NOT_FOUND = 404
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class _Kind:
+    kind: str
+    list: Callable[[], Any]  # the request listing the selector's objects (a result, or a coroutine)
+    delete: Callable[[str], Any]  # the request deleting one by name
+    may_be_absent: bool = False  # a CRD that is not installed: nothing to delete
+
+
+def _kinds(core, custom, namespace: str, selector: str, group_resource: GroupResource | None,
+           grace: int | None, **raw) -> Iterator[_Kind]:
+    """Pods first (with `grace`: None is their own terminationGracePeriodSeconds, so training code
+    can checkpoint on SIGTERM), then Services, then the group objects."""
+    yield _Kind("Pod", lambda: core.list_namespaced_pod(namespace, label_selector=selector, **raw),
+                lambda name: core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace, **raw))
+    yield _Kind("Service", lambda: core.list_namespaced_service(namespace, label_selector=selector, **raw),
+                lambda name: core.delete_namespaced_service(name, namespace, **raw))
+    if group_resource is not None:
+        gr = group_resource
+        yield _Kind(gr.kind, lambda: custom.list_namespaced_custom_object(gr.group, gr.version, namespace, gr.plural,
+                                                                          label_selector=selector),
+                    lambda name: custom.delete_namespaced_custom_object(gr.group, gr.version, namespace, gr.plural,
+                                                                        name), may_be_absent=True)
+
+
+def _names(listed: Any) -> list[str]:
+    """Names in a list answer: a raw response (sync, _preload_content=False), a dict, or a client model."""
+    if listed is _MISSING:
+        return []
+    if hasattr(listed, "data"):
+        listed = json.loads(listed.data)
+    if isinstance(listed, dict):
+        return [o["metadata"]["name"] for o in listed.get("items") or []]
+    return [o.metadata.name for o in listed.items]
+
+
+def _missing(exc: Exception) -> bool:
+    return getattr(exc, "status", None) == NOT_FOUND
 
 
 async def delete_task_instance_objects(core, custom, namespace: str, selector: str,
                                        group_resource: GroupResource | None, grace: int | None = None) -> list[str]:
     """Ask the API server to delete every pod, Service and group object of `selector` in `namespace`
-    (kubernetes_asyncio CoreV1Api / CustomObjectsApi). Pods get `grace` seconds (None: their own
-    terminationGracePeriodSeconds, so training code can checkpoint on SIGTERM). Returns "Kind/name"
-    of what was asked to go; an object gone meanwhile is not an error."""
+    (kubernetes_asyncio CoreV1Api / CustomObjectsApi). Returns "Kind/name" of what was asked to go;
+    an object gone meanwhile is not an error."""
+
+    async def call(request, absent_ok: bool = True):
+        try:
+            return await request()
+        except Exception as exc:
+            if absent_ok and _missing(exc):
+                return _MISSING
+            raise
+
     asked: list[str] = []
-    pods = await core.list_namespaced_pod(namespace, label_selector=selector)
-    for pod in pods.items:
-        if await _ignore_missing(core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=grace)):
-            asked.append(f"Pod/{pod.metadata.name}")
-    services = await core.list_namespaced_service(namespace, label_selector=selector)
-    for service in services.items:
-        if await _ignore_missing(core.delete_namespaced_service(service.metadata.name, namespace)):
-            asked.append(f"Service/{service.metadata.name}")
-    if group_resource is not None:
-        gr = group_resource
-        groups = await _ignore_missing(custom.list_namespaced_custom_object(
-            gr.group, gr.version, namespace, gr.plural, label_selector=selector))
-        for group in (groups or {}).get("items") or []:
-            name = group["metadata"]["name"]
-            if await _ignore_missing(custom.delete_namespaced_custom_object(gr.group, gr.version, namespace,
-                                                                            gr.plural, name)):
-                asked.append(f"{gr.kind}/{name}")
+    for k in _kinds(core, custom, namespace, selector, group_resource, grace):
+        for name in _names(await call(k.list, k.may_be_absent)):
+            if await call(lambda: k.delete(name)) is not _MISSING:
+                asked.append(f"{k.kind}/{name}")
     return asked
 
 
-async def _ignore_missing(call):
-    """The call's result, or None when the object (or the CRD) is not there."""
-    try:
-        return await call
-    except Exception as exc:
-        if getattr(exc, "status", None) == NOT_FOUND:
-            return None
-        raise
+def delete_task_instance_objects_sync(core, custom, namespace: str, selector: str,
+                                      group_resource: GroupResource | None, grace: int | None = None) -> list[str]:
+    """The same with the sync official client (CoreV1Api / CustomObjectsApi), lists and deletes of
+    pods and Services not deserialised (the operator's path)."""
+
+    def call(request, absent_ok: bool = True):
+        try:
+            return request()
+        except Exception as exc:
+            if absent_ok and _missing(exc):
+                return _MISSING
+            raise
+
+    asked: list[str] = []
+    for k in _kinds(core, custom, namespace, selector, group_resource, grace, _preload_content=False):
+        for name in _names(call(k.list, k.may_be_absent)):
+            if call(lambda: k.delete(name)) is not _MISSING:
+                asked.append(f"{k.kind}/{name}")
+    return asked
 
 
-__all__ = ["delete_task_instance_objects"]
+__all__ = ["delete_task_instance_objects", "delete_task_instance_objects_sync"]

@@ -50,7 +50,7 @@ def common_labels(spec: WorkloadSpec) -> dict[str, str]:
 
 
 def scheduling_annotations(spec: WorkloadSpec) -> dict[str, str]:
-    """What the airflow-gpu scheduler reads from a gang's objects (scheduler/convert.py)."""
+    """What the airflow-gpu scheduler reads from a gang's objects (kube/convert.py)."""
     out = {C.ANNOTATION_CHECKPOINTABLE: str(spec.checkpointable).lower(),
            C.ANNOTATION_INTERRUPTIONS: str(spec.interruptions), C.ANNOTATION_PREEMPTIONS: str(spec.preemptions)}
     if spec.gpu_products:

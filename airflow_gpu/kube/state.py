@@ -41,6 +41,16 @@ def disruption_cause(reason: str | None) -> str | None:
     return CAUSE_PREEMPTION if reason == C.REASON_PREEMPTION_BY_SCHEDULER else CAUSE_INTERRUPTION
 
 
+def disruption_target(pod: Any) -> tuple[str, str] | None:
+    """(reason, message) of the pod's DisruptionTarget condition when it is True (reason
+    "DisruptionTarget" when it has none), else None: the one reader of that condition (gang state,
+    trigger, chargeback, demo)."""
+    cond = _condition(as_dict(pod).get("status") or {}, C.CONDITION_DISRUPTION_TARGET)
+    if cond and cond.get("status") == "True":
+        return cond.get("reason") or C.CONDITION_DISRUPTION_TARGET, cond.get("message") or ""
+    return None
+
+
 @dataclass(frozen=True)
 class MemberState:
     name: str
@@ -118,9 +128,9 @@ def member_state(pod: Any, live_nodes: Collection[str] | None = None, container:
     phase = status.get("phase") or "Pending"
     node = spec.get("nodeName") or None
     disruption, message = None, ""
-    cond = _condition(status, C.CONDITION_DISRUPTION_TARGET)
-    if cond and cond.get("status") == "True":
-        disruption, message = cond.get("reason") or C.CONDITION_DISRUPTION_TARGET, cond.get("message") or ""
+    target = disruption_target(pod)
+    if target:
+        disruption, message = target
     elif status.get("reason") == C.POD_REASON_NODE_LOST:
         disruption, message = C.POD_REASON_NODE_LOST, status.get("message") or ""
     elif node and live_nodes is not None and node not in live_nodes and phase not in ("Succeeded", "Failed"):

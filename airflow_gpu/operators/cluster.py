@@ -12,6 +12,7 @@ from collections.abc import Callable
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from airflow_gpu.kube.cleanup import delete_task_instance_objects_sync
 
 QUOTA_REFUSAL = "exceeded quota"
 LOG_TAIL_BYTES = 256 * 1024
@@ -109,29 +110,10 @@ class GangClient:
     # -- delete ---------------------------------------------------------------------------------
 
     def delete_all(self, namespace: str, selector: str, group_resource=None, grace: int | None = None) -> int:
-        """Delete every pod, Service and group object matching `selector`; return how many were asked to go."""
-        n = 0
-        pods = _json(self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False))
-        for p in pods["items"]:
-            n += self._ignore_missing(lambda name=p["metadata"]["name"]: self.core.delete_namespaced_pod(
-                name, namespace, grace_period_seconds=grace, _preload_content=False))
-        services = _json(self.core.list_namespaced_service(namespace, label_selector=selector, _preload_content=False))
-        for s in services["items"]:
-            n += self._ignore_missing(lambda name=s["metadata"]["name"]: self.core.delete_namespaced_service(
-                name, namespace, _preload_content=False))
-        if group_resource is not None:
-            gr = group_resource
-            try:
-                groups = self.custom.list_namespaced_custom_object(gr.group, gr.version, namespace, gr.plural,
-                                                                   label_selector=selector)["items"]
-            except ApiException as exc:
-                if exc.status != 404:  # the CRD is not installed: nothing to delete
-                    raise
-                groups = []
-            for g in groups:
-                n += self._ignore_missing(lambda name=g["metadata"]["name"]: self.custom.delete_namespaced_custom_object(
-                    gr.group, gr.version, namespace, gr.plural, name))
-        return n
+        """Delete every pod, Service and group object matching `selector` (kube/cleanup.py's rule);
+        return how many were asked to go."""
+        return len(delete_task_instance_objects_sync(self.core, self.custom, namespace, selector, group_resource,
+                                                     grace))
 
     def remaining(self, namespace: str, selector: str, group_resource=None) -> list[str]:
         """Objects of the selector still present (pods still terminating count)."""
@@ -148,16 +130,6 @@ class GangClient:
                 if exc.status != 404:
                     raise
         return left
-
-    @staticmethod
-    def _ignore_missing(call) -> int:
-        try:
-            call()
-            return 1
-        except ApiException as exc:
-            if exc.status == 404:
-                return 0
-            raise
 
 
 def _json(resp) -> dict:

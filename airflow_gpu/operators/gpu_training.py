@@ -27,6 +27,7 @@ from airflow_gpu.config import ConfigError, load_config_cached
 from airflow_gpu.config.workload import GpuTaskPlan, WorkloadError, plan_gpu_task
 from airflow_gpu.core.capacity import choose_capacity, spot_request_problem
 from airflow_gpu.core.chargeback import CAPACITY_UNKNOWN, CAUSE_INTERRUPTION, CAUSE_PREEMPTION
+from airflow_gpu.core.model import gpu_seconds_lost
 from airflow_gpu.kube.outcome import LOST_GPU_SECONDS_KEYS, USAGE_BY_CAPACITY
 from airflow_gpu.pools.plan import pool_name
 
@@ -447,7 +448,7 @@ class GpuTrainingOperator(BaseOperator):
         spec = self.workload_spec(ref, run, choice.capacity_type)
         manifests = build(spec)
         run.update(gang=spec.gang_name, capacity=choice.capacity_type, uids={}, attempts=run["attempts"] + 1,
-                   pods=[p["metadata"]["name"] for p in manifests.pods], gpus=_gang_gpus(spec),
+                   pods=[p["metadata"]["name"] for p in manifests.pods], gpus=_gang_gpus(spec, load_config_cached(self.config_file)),
                    checkpoint_uri=spec.checkpoint_uri_of(0),
                    gpu_product=self.gpu_products[0] if len(self.gpu_products) == 1 else None)
         self._save(context, run)  # the names first: a worker dying mid-creation is found by them
@@ -508,8 +509,7 @@ class GpuTrainingOperator(BaseOperator):
         run["gpu_seconds"] += used
         part["gpu_seconds"] += used
         if outcome.status == "disrupted" and outcome.started_at is not None and outcome.finished_at is not None:
-            since = max(outcome.started_at, outcome.last_checkpoint_time or outcome.started_at)
-            lost = max(0.0, outcome.finished_at - since) * gpus
+            lost = gpu_seconds_lost(gpus, outcome.started_at, outcome.finished_at, outcome.last_checkpoint_time or None)
             run["lost_gpu_seconds"] += lost
             key = LOST_GPU_SECONDS_KEYS[outcome.disruption_kind]
             run[key] = run.get(key, 0.0) + lost
@@ -637,10 +637,9 @@ def _attempt_selector(ref, attempt: int) -> str:
     return f"{ref.selector()},{C.LABEL_ATTEMPT}={attempt}"
 
 
-def _gang_gpus(spec) -> float:
-    from airflow_gpu.config import SLOTS_PER_GPU
+def _gang_gpus(spec, cfg) -> float:
+    from airflow_gpu.config.core import mig_gpus
 
     if spec.gpus_per_worker:
         return float(spec.workers * spec.gpus_per_worker)
-    slices = int(spec.mig_profile.split("g", 1)[0])
-    return spec.workers * slices / SLOTS_PER_GPU
+    return spec.workers * mig_gpus(spec.mig_profile, cfg, spec.gpu_products)

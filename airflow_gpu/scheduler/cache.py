@@ -24,7 +24,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from airflow_gpu.constants import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION
-from airflow_gpu.scheduler.convert import key_of
+from airflow_gpu.kube.convert import key_of
 
 log = logging.getLogger(__name__)
 

@@ -44,6 +44,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from airflow_gpu import constants as C
+from airflow_gpu.config.core import preemption_policy_from_config, quota_book_from_config
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import GangDecision
@@ -53,13 +54,8 @@ from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy
 from airflow_gpu.core.queue import Backoff, ReservationHold, schedule_cycle
-from airflow_gpu.core.quota import QuotaBook
-from airflow_gpu.core.tiers import (borrow_within_cohort_tiers, borrowing_priority, never_preempting_tiers,
-                                    non_preemptible_tiers, preempt_behind_head_tiers)
-from airflow_gpu.kube import preemptions
-from airflow_gpu.scheduler.actions import Api, default_identity, grace_seconds_of
-from airflow_gpu.scheduler.cache import ClusterCache, View
-from airflow_gpu.scheduler.convert import (
+from airflow_gpu.kube import preemptions, queue_status
+from airflow_gpu.kube.convert import (
     ConversionContext,
     gang_from_k8s,
     key_of,
@@ -67,7 +63,8 @@ from airflow_gpu.scheduler.convert import (
     pod_node,
     tier_of_priority_class,
 )
-from airflow_gpu.kube import queue_status
+from airflow_gpu.scheduler.actions import Api, default_identity, grace_seconds_of
+from airflow_gpu.scheduler.cache import ClusterCache, View
 from airflow_gpu.scheduler.metrics import SchedulerMetrics
 from airflow_gpu.scheduler.publish import Publisher, nominated_gangs
 from airflow_gpu.scheduler.publish import document as publish_document
@@ -106,25 +103,6 @@ class Settings:
     backoff_cap: float = 30.0  # ... up to this
     state_namespace: str = "default"  # the scheduler's own namespace: its Lease, plan records, published queue
     publish_interval: float = C.DEFAULT_PUBLISH_INTERVAL  # its queue is published at most this often (publish.py)
-
-
-def preemption_policy_from_config(cfg) -> PreemptionPolicy:
-    """The tiers' preemption rules (core.tiers) as the preemption plugin takes them."""
-    if cfg is None:
-        return PreemptionPolicy()
-    tiers = cfg.tier_policies()
-    return PreemptionPolicy(non_preemptible_tiers=non_preemptible_tiers(tiers),
-                            never_preempting_tiers=never_preempting_tiers(tiers),
-                            borrow_within_cohort_tiers=borrow_within_cohort_tiers(tiers),
-                            preempt_behind_head_tiers=preempt_behind_head_tiers(tiers))
-
-
-def quota_book_from_config(cfg) -> QuotaBook | None:
-    if cfg is None:
-        return None
-    return QuotaBook.from_teams(cfg.teams, aliases=cfg.node_label_aliases(),
-                                borrowed_priority=borrowing_priority(cfg.tier_policies()),
-                                speeds=cfg.product_speeds(), product_rank=cfg.product_ranks())
 
 
 class Scheduler:

@@ -20,7 +20,7 @@ from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.queue import CycleResult
 from airflow_gpu.core.visibility import cluster_picture, gpus_of, waiting_entries
 from airflow_gpu.kube import queue_status as Q
-from airflow_gpu.scheduler.convert import ConversionContext, gang_identity, key_of, pod_node
+from airflow_gpu.kube.convert import ConversionContext, gang_identity, key_of, pod_node
 from airflow_gpu.scheduler.state import PLAN_NOMINATED, World
 
 log = logging.getLogger(__name__)

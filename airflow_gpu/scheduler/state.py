@@ -24,8 +24,7 @@ from airflow_gpu.core.plans import may_bind, recheck_plan
 from airflow_gpu.core.preemption import PreemptionPolicy
 from airflow_gpu.core.quota import QuotaBook, placement_speed
 from airflow_gpu.core.snapshot import OverCommitError, Snapshot
-from airflow_gpu.scheduler.cache import View
-from airflow_gpu.scheduler.convert import (
+from airflow_gpu.kube.convert import (
     ConversionContext,
     ConversionError,
     gang_from_k8s,
@@ -41,6 +40,7 @@ from airflow_gpu.scheduler.convert import (
     pod_request_from_k8s,
     running_gang_from_k8s,
 )
+from airflow_gpu.scheduler.cache import View
 
 log = logging.getLogger(__name__)
 

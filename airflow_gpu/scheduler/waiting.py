@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from airflow_gpu import constants as C
 from airflow_gpu.core.queue import Reservation
-from airflow_gpu.scheduler.convert import ConversionError, parse_time, schedule_timeout
+from airflow_gpu.kube.convert import ConversionError, parse_time, schedule_timeout
 from airflow_gpu.scheduler.state import Unit, World
 
 

@@ -27,7 +27,8 @@ import numpy as np
 from airflow_gpu.constants import CAPACITY_SPOT, DEFAULT_RESERVATION_HOLD_SECONDS
 from airflow_gpu.core.capacity import confine_to_eligible_capacity, is_spot_eligible
 from airflow_gpu.core.framework import place_pod
-from airflow_gpu.core.model import GPU_MILLI, Gang, Node, Placement, RunningGang, TopologyLevel, TopologyRequirement
+from airflow_gpu.core.model import (GPU_MILLI, Gang, Node, Placement, RunningGang, TopologyLevel, TopologyRequirement,
+                                    periodic_checkpoint_work)
 from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, SPREAD_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPolicy
@@ -476,7 +477,7 @@ class Replay:
             a.kept = ran
         else:
             interval = st.job.checkpoint_interval
-            a.kept = math.floor((st.done + ran) / interval) * interval - st.done if interval > 0 else 0.0
+            a.kept = periodic_checkpoint_work(st.done + ran, interval) - st.done if interval > 0 else 0.0
             a.kept = max(0.0, a.kept)
         st.done += a.kept
         st.attempt = None
@@ -519,14 +520,10 @@ class Replay:
                 until = -math.inf  # the gang is not complete yet: look again next cycle
             elif gang.checkpointable and st.job.checkpoint_interval > 0:
                 iv = st.job.checkpoint_interval
-                if a.speed == 1.0:
-                    saved = math.floor((st.done + now - a.start) / iv) * iv  # work covered by the last checkpoint
-                    ckpt = a.start + saved - st.done
-                    until = a.start + saved + iv - st.done
-                else:  # work runs `speed` times as fast as the clock
-                    saved = math.floor((st.done + (now - a.start) * a.speed) / iv) * iv
-                    ckpt = a.start + (saved - st.done) / a.speed
-                    until = a.start + (saved + iv - st.done) / a.speed
+                # work runs `speed` times as fast as the clock; saved: work the last checkpoint covers
+                saved = periodic_checkpoint_work(st.done + (now - a.start) * a.speed, iv)
+                ckpt = a.start + (saved - st.done) / a.speed
+                until = a.start + (saved + iv - st.done) / a.speed
                 ckpt = ckpt if ckpt >= a.start else None
             rg = RunningGang(gang, placements, since, last_checkpoint_at=ckpt, borrowed=st.borrowed.get(unit, False),
                              speed=a.speed if a is not None else 1.0)

@@ -1,4 +1,4 @@
-"""Build a replay Setting from the quota config (tiers, prices: the scheduler's config adapter) and a
+"""Build a replay Setting from the quota config (tiers, prices: config/core.py, the scheduler's adapter) and a
 workload source (the openb trace or the seed-scenario generator)."""
 
 from __future__ import annotations
@@ -14,17 +14,16 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "seed-quotas
 
 def _from_config(config: Path):
     from airflow_gpu.config import load_config
-    from airflow_gpu.scheduler.loop import preemption_policy_from_config
+    from airflow_gpu.config.core import borrowing_priority_from_config, preemption_policy_from_config
 
     cfg = load_config(config)
     tiers = {t.name: TierRule(t.priority, t.preemptible, t.spot_eligible, t.spot_fallback) for t in cfg.tiers}
-    preemptible = [t.priority for t in cfg.tiers if t.preemptible]
     prices = {}
     for p in cfg.products:
         price = p.price_per_gpu_hour
         if price is not None:
             prices[p.node_label or p.name] = (float(price.on_demand), float(price.spot))
-    return cfg, tiers, preemption_policy_from_config(cfg), (min(preemptible) if preemptible else None), prices
+    return cfg, tiers, preemption_policy_from_config(cfg), borrowing_priority_from_config(cfg), prices
 
 
 def _queue_rules(cfg) -> dict:

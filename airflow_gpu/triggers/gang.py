@@ -33,7 +33,7 @@ from airflow_gpu import constants as C
 from airflow_gpu.kube import state as S
 from airflow_gpu.kube.outcome import STATUS_DISRUPTED, STATUS_ERROR, GangOutcome, outcome_of, with_recorded_preemption
 from airflow_gpu.kube.preemptions import read_record
-from airflow_gpu.kube.state import GangState, gang_state
+from airflow_gpu.kube.state import GangState, disruption_target, gang_state
 
 
 CLASSPATH = "airflow_gpu.triggers.gang.GangTrigger"
@@ -387,9 +387,9 @@ class GangTrigger(BaseTrigger):
     def _evaluate(self) -> GangOutcome | None:
         pods = self._ours()
         for pod in pods:
-            for cond in (pod.get("status") or {}).get("conditions") or []:
-                if cond.get("type") == C.CONDITION_DISRUPTION_TARGET and cond.get("status") == "True":
-                    self._first_disruption.setdefault(pod["metadata"]["name"], cond.get("reason") or "DisruptionTarget")
+            target = disruption_target(pod)
+            if target:
+                self._first_disruption.setdefault(pod["metadata"]["name"], target[0])
         state = gang_state(pods, self._group_obj, expected_names=self.pod_names, container=self.container_name)
         self._log_changes(state)
         if state.phase == S.RUNNING:

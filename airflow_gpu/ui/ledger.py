@@ -14,12 +14,16 @@
 from __future__ import annotations
 
 import time
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from airflow_gpu import constants as C
+from airflow_gpu.config.core import mig_gpus
 from airflow_gpu.core.chargeback import CAPACITY_UNKNOWN, CAUSE_INTERRUPTION, CAUSE_PREEMPTION, Usage
+from airflow_gpu.core.model import gpu_seconds_lost
+from airflow_gpu.kube.convert import capacity_type_of, hint_time, key_of, parse_time
 from airflow_gpu.kube.outcome import LOST_GPU_SECONDS_KEYS, USAGE_BY_CAPACITY
-from airflow_gpu.scheduler.convert import capacity_type_of, hint_time, key_of, parse_time
+from airflow_gpu.kube.state import disruption_cause as cause_of_reason
+from airflow_gpu.kube.state import disruption_target
 
 KNOWN_CAPACITY = (C.CAPACITY_SPOT, C.CAPACITY_ON_DEMAND)
 
@@ -30,8 +34,8 @@ def try_key(labels: Mapping[str, str]) -> tuple | None:
     return parts if all(parts) else None
 
 
-def pod_gpus(pod: Mapping) -> float:
-    """Whole GPUs, MIG slices as sevenths (the pool slot unit)."""
+def pod_gpus(pod: Mapping, gpus_of_mig: Callable[[str], float] = mig_gpus) -> float:
+    """Whole GPUs, MIG slices by `gpus_of_mig(profile)` (default: the profile's name, in pool slots)."""
     total = 0.0
     for c in (pod.get("spec") or {}).get("containers") or []:
         req = {**((c.get("resources") or {}).get("limits") or {}), **((c.get("resources") or {}).get("requests") or {})}
@@ -39,7 +43,7 @@ def pod_gpus(pod: Mapping) -> float:
             if name == C.RESOURCE_GPU:
                 total += float(value)
             elif name.startswith(C.RESOURCE_MIG_PREFIX):
-                total += float(value) * int(name[len(C.RESOURCE_MIG_PREFIX):].split("g")[0] or 1) / 7
+                total += float(value) * gpus_of_mig(name[len(C.RESOURCE_MIG_PREFIX):])
     return total
 
 
@@ -61,32 +65,31 @@ def _run_span(pod: Mapping, now: float) -> tuple[float, float] | None:
 
 
 def disruption_cause(pod: Mapping) -> str | None:
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == C.CONDITION_DISRUPTION_TARGET and cond.get("status") == "True":
-            return CAUSE_PREEMPTION if cond.get("reason") == C.REASON_PREEMPTION_BY_SCHEDULER else CAUSE_INTERRUPTION
-    return None
+    target = disruption_target(pod)
+    return cause_of_reason(target[0]) if target else None
 
 
 def usage_from_pods(pods: Iterable[Mapping], nodes: Mapping[str, Mapping], team_of, product_of,
-                    now: float | None = None) -> list[Usage]:
-    """`team_of(pod)` and `product_of(node_label)` come from the quota config."""
+                    now: float | None = None, cfg=None) -> list[Usage]:
+    """`team_of(pod)` and `product_of(node_label)` come from the quota config; a MIG slice counts the
+    GPUs `cfg` says for its profile on the node's product (config.core.mig_gpus)."""
     now = time.time() if now is None else now
     out = []
     for pod in pods:
-        gpus = pod_gpus(pod)
-        span = _run_span(pod, now)
-        if not gpus or span is None:
-            continue
         meta = pod.get("metadata") or {}
         node = nodes.get((pod.get("spec") or {}).get("nodeName") or "") or {}
         node_labels = (node.get("metadata") or {}).get("labels") or {}
-        capacity = capacity_type_of(node_labels) if node else CAPACITY_UNKNOWN
         product = product_of(node_labels.get(C.NODE_GPU_PRODUCT))
+        gpus = pod_gpus(pod, lambda profile: mig_gpus(profile, cfg, (product,)))
+        span = _run_span(pod, now)
+        if not gpus or span is None:
+            continue
+        capacity = capacity_type_of(node_labels) if node else CAPACITY_UNKNOWN
         cause = disruption_cause(pod)
         lost = 0.0
         if cause:
             ckpt = hint_time((meta.get("annotations") or {}).get(C.ANNOTATION_LAST_CHECKPOINT_TIME), "checkpoint", [])
-            lost = gpus * max(0.0, span[1] - max(span[0], ckpt or span[0]))
+            lost = gpu_seconds_lost(gpus, span[0], span[1], ckpt or None)
         out.append(Usage(team_of(pod), product, capacity, gpus, span[0], span[1], lost, cause, key_of(pod)))
     return out
 

@@ -179,7 +179,8 @@ def usage_records(cfg, pods: list[dict], nodes: dict, xcom_results: list[dict], 
     def team_of(pod):
         return team_of_namespace((pod.get("metadata") or {}).get("namespace") or "", team_by_ns)
 
-    records = ledger.usage_from_pods(pods, nodes, team_of, lambda label: aliases.get(label, label or "unknown"), now)
+    records = ledger.usage_from_pods(pods, nodes, team_of, lambda label: aliases.get(label, label or "unknown"), now,
+                                     cfg)
     covered = {ledger.try_key((p.get("metadata") or {}).get("labels") or {}) for p in pods} - {None}
     return records + ledger.usage_from_xcom(xcom_results, covered)
 

@@ -34,7 +34,7 @@ def read_cluster(kubeconfig: str | Path) -> ClusterObjects:
     """Pods and nodes as plain dicts (no model deserialisation: 1,000s of pods stay fast)."""
     from kubernetes import client
 
-    from airflow_gpu.devtools.gangs import api_client
+    from airflow_gpu.kube.client import api_client
 
     with api_client(kubeconfig, pool=2) as api:
         core = client.CoreV1Api(api)
@@ -53,7 +53,7 @@ def read_published(kubeconfig: str | Path, namespace: str, scheduler_name: str) 
     """The scheduler's published queue, None when there is none."""
     from kubernetes import client
 
-    from airflow_gpu.devtools.gangs import api_client
+    from airflow_gpu.kube.client import api_client
 
     where = f"ConfigMap {namespace}/{queue_status.configmap_name(scheduler_name)}"
     try:

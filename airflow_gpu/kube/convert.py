@@ -1,4 +1,5 @@
-"""Kubernetes objects -> the core vocabulary (Node, PodRequest, Gang, RunningGang).
+"""Kubernetes objects -> the core vocabulary (Node, PodRequest, Gang, RunningGang): the one reader
+of these shapes (scheduler, UI, demo).
 
 Accepts objects as the official client returns them (V1Pod, V1Node ...) or plain dicts in the wire
 format (camelCase, as the cache keeps them). Everything is converted to a wire-format dict first,
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any, Iterable, Mapping
 
@@ -42,11 +42,13 @@ from airflow_gpu.core.tiers import (  # noqa: F401
     resolve_tier,
     tier_of_priority_class,
 )
-from airflow_gpu.kube.wire import as_dict
-
-
-class ConversionError(ValueError):
-    """An object the scheduler cannot understand; the message names the object and the field."""
+from airflow_gpu.kube.wire import (  # noqa: F401 - re-exported: one time parser (wire.py), read with the objects
+    MAX_EPOCH_SECONDS,
+    ConversionError,
+    api_time,
+    as_dict,
+    parse_time,
+)
 
 
 def key_of(obj: Mapping) -> str:
@@ -54,40 +56,6 @@ def key_of(obj: Mapping) -> str:
     meta = obj.get("metadata") or {}
     ns = meta.get("namespace")
     return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
-
-
-def parse_time(value: Any) -> float | None:
-    """RFC 3339 string, datetime or epoch seconds -> epoch seconds. Anything else (not a time, not
-    finite, before 1970 or after 9999) raises ConversionError naming the value."""
-    if value in (None, ""):
-        return None
-    if isinstance(value, bool):
-        raise ConversionError(f"{value!r} is not a time (RFC 3339, e.g. 2026-01-02T03:04:05Z)")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, datetime):
-        seconds = _timestamp(value)
-    else:
-        text = str(value).strip()[:64]
-        try:
-            seconds = float(text)
-        except ValueError:
-            try:
-                seconds = _timestamp(datetime.fromisoformat(text.replace("Z", "+00:00")))
-            except (ValueError, OverflowError):
-                raise ConversionError(f"{text!r} is not a time (RFC 3339, e.g. 2026-01-02T03:04:05Z)") from None
-    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_EPOCH_SECONDS:
-        raise ConversionError(f"{value!r} is not a time between 1970 and 9999")
-    return seconds
-
-
-MAX_EPOCH_SECONDS = 253402300799.0  # 9999-12-31T23:59:59Z
-
-
-def _timestamp(dt: datetime) -> float:
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.timestamp()
 
 
 def hint_time(value: Any, where: str, problems: list[str]) -> float | None:
