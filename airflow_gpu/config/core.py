@@ -7,15 +7,21 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from typing import TYPE_CHECKING
+
 from airflow_gpu.config.model import MIG_PROFILE, SLOTS_PER_GPU, QuotaConfig
-from airflow_gpu.core.preemption import PreemptionPolicy
-from airflow_gpu.core.quota import QuotaBook
 from airflow_gpu.core.tiers import (borrow_within_cohort_tiers, borrowing_priority, never_preempting_tiers,
                                     non_preemptible_tiers, preempt_behind_head_tiers)
+
+if TYPE_CHECKING:  # the decision modules load where decisions are made: the UI reads mig_gpus only
+    from airflow_gpu.core.preemption import PreemptionPolicy
+    from airflow_gpu.core.quota import QuotaBook
 
 
 def preemption_policy_from_config(cfg: QuotaConfig | None) -> PreemptionPolicy:
     """The tiers' preemption rules (core.tiers) as the preemption plugin takes them."""
+    from airflow_gpu.core.preemption import PreemptionPolicy
+
     if cfg is None:
         return PreemptionPolicy()
     tiers = cfg.tier_policies()
@@ -26,6 +32,8 @@ def preemption_policy_from_config(cfg: QuotaConfig | None) -> PreemptionPolicy:
 
 
 def quota_book_from_config(cfg: QuotaConfig | None) -> QuotaBook | None:
+    from airflow_gpu.core.quota import QuotaBook
+
     if cfg is None:
         return None
     return QuotaBook.from_teams(cfg.teams, aliases=cfg.node_label_aliases(),
