@@ -110,3 +110,42 @@ def test_invalid_return_json_is_a_clear_error(platform, sqlite_airflow_db, kube_
     assert ti["state"] == "failed", log[-6000:]
     assert "succeeded but its result is unusable: /airflow/xcom/return.json from rank 0 is not valid JSON" in log, \
         log[-6000:]
+
+
+def test_two_interruptions_in_one_try_leave_each_attempt_s_last_lines(platform, sqlite_airflow_db, kube_cluster,
+                                                                     seaweedfs):
+    """Attempts 1000 and 1001 interrupted: the try's log holds their ranks' last lines (each header with its
+    attempt, the SIGTERM stop-save line among them) and attempt 1002's resume step."""
+    import time
+
+    from tests.test_operator_run import S3_SECRET, TRAINER
+
+    bucket, core = platform["bucket"], platform["core"]
+
+    def interrupt_twice():
+        for attempt in ("1000", "1001"):
+            def running(attempt=attempt):
+                pods = core.list_namespaced_pod("team-research", label_selector=(
+                    f"{C.LABEL_DAG_ID}=logs_spot,{C.LABEL_ATTEMPT}={attempt}")).items
+                return next((p for p in pods if p.status.phase == "Running" and p.spec.node_name), None)
+            pod = wait_until(running, timeout=180, what=f"attempt {attempt} training")
+            time.sleep(4)
+            kube_cluster.interrupt(pod.spec.node_name, notice=1.0, replace_after=2.0)
+
+    result, log = run_dag(sqlite_airflow_db, kube_cluster, seaweedfs, "logs_spot", (
+        f'team="research", tier="best-effort-training", workers=1, gpus_per_worker=4, checkpoint="s3://{bucket}/lspot", '
+        f'spot="always", retries=1, image="python:3.11", cmds={TRAINER!r}, secrets=[{{"secret": "{S3_SECRET}"}}], '
+        f'termination_grace_period=15, env_vars={{"{C.ENV_EXAMPLE_EPOCHS}": "40", "{C.ENV_EXAMPLE_STEP_SECONDS}": "0.02"}}'),
+        timeout=600, during=interrupt_twice)
+    ti = result["tis"]["train"]
+    assert (ti["state"], ti["try_number"]) == ("success", 1), log[-8000:]
+    assert _xcom(ti)["interruptions"] == 2, _xcom(ti)
+    lines = log.splitlines()
+    for attempt in (1000, 1001):
+        assert any(f"attempt {attempt} (gang " in x and "ended: disrupted" in x for x in lines), log[-8000:]
+        head = next(i for i, x in enumerate(lines) if "===== rank 0: pod " in x and f", attempt {attempt} =====" in x)
+        end = next(i for i in range(head, len(lines)) if "===== end of rank 0" in lines[i])
+        block = "\n".join(lines[head:end])
+        assert '"event": "epoch"' in block and '"event": "stopped"' in block, block[-3000:]
+    resumed = [json.loads(x[x.index("{"):]) for x in lines if '"event": "resume"' in x and x.lstrip().startswith("{")]
+    assert any(r["attempt"] == 1002 and r["step"] > 0 for r in resumed), log[-8000:]

@@ -3,14 +3,16 @@ writes them to the try's log (the trigger log file is replaced by the next defer
 
 Read in the triggerer because it is there when the attempt ends: an evicted or preempted pod is deleted
 by Kubernetes once its containers stop, before a worker could read it. For a disruption the ranks are
-followed until the ranks being stopped have stopped (their SIGTERM checkpoint lines are the ones that
-matter), at most the grace period; ranks nobody stops (a partial loss) are read at once.
+followed until rank 0 has stopped (its SIGTERM checkpoint lines are the ones that matter), at most the
+grace period; a rank nobody stops (a partial loss) is read at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+from collections import deque
+
+import aiohttp
 
 from airflow_gpu import constants as C
 from airflow_gpu.kube.podlog import TAIL_MAX_BYTES, rank_end, ranks_to_show, trim_tail
@@ -36,17 +38,30 @@ def _stopping(pod: dict) -> bool:
                for c in (pod.get("status") or {}).get("conditions") or [])
 
 
-async def _tail(core, namespace: str, pod: str, container: str | None, lines: int) -> tuple[str, bool] | None:
+async def _tail(core, namespace: str, pod: str, container: str | None, lines: int,
+                follow_for: float = 0.0) -> tuple[str, bool] | None:
+    """(the last `lines` lines, whether there were more before), None when there is no log. follow_for > 0:
+    follow the log until the container ends (the stream closes) or that many seconds passed."""
     from kubernetes_asyncio import client
 
+    kept: deque[bytes] = deque(maxlen=lines + 1)
     try:
         resp = await core.read_namespaced_pod_log(pod, namespace, container=container, tail_lines=lines + 1,
-                                                  _preload_content=False)
-        text = (await resp.read()).decode("utf-8", "replace")
-    except client.ApiException:
-        return None
-    kept = text.splitlines(keepends=True)
-    return ("".join(kept[len(kept) - lines:]), True) if len(kept) > lines else (text, False)
+                                                  follow=follow_for > 0, _preload_content=False,
+                                                  _request_timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
+        async with resp:
+            async def read() -> None:
+                while line := await resp.content.readline():
+                    kept.append(line)
+            try:
+                await asyncio.wait_for(read(), follow_for if follow_for > 0 else 60.0)
+            except asyncio.TimeoutError:
+                pass  # what came so far
+    except (client.ApiException, aiohttp.ClientError):
+        if not kept:
+            return None
+    more = len(kept) > lines
+    return b"".join(list(kept)[1:] if more else kept).decode("utf-8", "replace"), more
 
 
 async def rank_ends(core, namespace: str, pods: dict[str, dict], container: str | None, *, get_logs: bool,
@@ -55,24 +70,18 @@ async def rank_ends(core, namespace: str, pods: dict[str, dict], container: str 
     (failed ranks and rank 0). pods: the attempt's pods by name as last seen; list_pods(): a fresh
     {name: pod} (for a disruption, polled until the ranks stopped)."""
     tails: dict[str, tuple[str, bool] | None] = {}
-    if disrupted:
-        deadline, gone = time.monotonic() + grace + SETTLE_MARGIN, set()
-        while True:
-            for name, pod in pods.items():  # read at first sight (the pod may vanish) and once it has ended
-                if get_logs and name not in gone and rank_end(pod, container).rank == 0 and (
-                        name not in tails or _ended(pod)):
-                    tails[name] = await _tail(core, namespace, name, container, tail_lines) or tails.get(name)
-            if not any(_stopping(p) and not _ended(p) and n not in gone for n, p in pods.items()) \
-                    or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(1.0)
-            try:
-                fresh = await list_pods()
-            except Exception as exc:  # noqa: BLE001 - what was read so far is shown
-                log.info("Reading the ranks of a disrupted gang failed: %s", exc)
-                break
-            gone |= set(pods) - set(fresh)
+    if disrupted and get_logs:
+        # rank 0 is followed until it has stopped: its SIGTERM lines (the stop-save) come last, and a
+        # pod being deleted is gone the moment it stops
+        for name, pod in pods.items():
+            if rank_end(pod, container).rank == 0:
+                follow = grace + SETTLE_MARGIN if _stopping(pod) and not _ended(pod) else 0.0
+                tails[name] = await _tail(core, namespace, name, container, tail_lines, follow)
+        try:
+            fresh = await list_pods()
             pods = {n: fresh.get(n, p) for n, p in pods.items()}
+        except Exception as exc:  # noqa: BLE001 - the ends as last seen
+            log.info("Reading the ranks of a disrupted gang failed: %s", exc)
     ends = [rank_end(p, container) for p in pods.values()]
     shown = ranks_to_show(ends, disrupted=disrupted)
     budget = max(4096, min(TAIL_MAX_BYTES, EVENT_TAIL_BUDGET // max(1, len(shown))))
