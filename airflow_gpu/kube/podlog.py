@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,15 +157,11 @@ def stamp_key(stamp: str) -> tuple[str, int]:
     return whole, int((frac + "000000000")[:9])
 
 
-def since_time(stamp: str) -> str:
-    """sinceTime for a resumed read: the whole second of `stamp` (the API's sinceTime has seconds);
-    lines at or before `stamp` are skipped by the reader."""
-    return stamp.rstrip("Z").partition(".")[0] + "Z"
-
-
-def stamp_age(stamp: str, now: float) -> float:
+def since_seconds(stamp: str, now: float) -> int:
+    """sinceSeconds for a read resumed after `stamp` (the clients have no sinceTime; KPO does the same):
+    whole seconds back to it, one more for clock skew; lines at or before `stamp` are skipped by the reader."""
     whole = dt.datetime.strptime(stamp.rstrip("Z").partition(".")[0], "%Y-%m-%dT%H:%M:%S")
-    return now - whole.replace(tzinfo=dt.timezone.utc).timestamp()
+    return max(1, math.ceil(now - whole.replace(tzinfo=dt.timezone.utc).timestamp()) + 1)
 
 
 __all__ = ["DEFAULT_TAIL_LINES", "RESULT_PATH", "RESULT_MAX_BYTES", "RankEnd", "ResultError", "failure_message",

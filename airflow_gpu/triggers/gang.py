@@ -32,7 +32,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_gpu import constants as C
 from airflow_gpu.kube import state as S
 from airflow_gpu.kube.outcome import STATUS_DISRUPTED, STATUS_ERROR, GangOutcome, outcome_of
-from airflow_gpu.kube.podlog import DEFAULT_TAIL_LINES, since_time, split_timestamp, stamp_key
+from airflow_gpu.kube.podlog import DEFAULT_TAIL_LINES, since_seconds, split_timestamp, stamp_key
 from airflow_gpu.kube.state import GangState, gang_state
 
 
@@ -464,7 +464,7 @@ class GangTrigger(BaseTrigger):
                 try:
                     resp = await core.read_namespaced_pod_log(
                         pod, self.namespace, container=self.container_name, follow=True, timestamps=True,
-                        since_time=since_time(last) if last else None, _preload_content=False,
+                        **({"since_seconds": since_seconds(last, time.time())} if last else {}), _preload_content=False,
                         _request_timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
                     async with resp:
                         while True:
