@@ -87,6 +87,12 @@ LABEL_QUEUE_OF = f"{DOMAIN}/queue-of"  # not LABEL_PLAN_OF: it is no plan record
 QUEUE_CONFIGMAP_PREFIX = "airflow-gpu-queue-"
 QUEUE_DATA_KEY = "queue.json.gz"
 DEFAULT_PUBLISH_INTERVAL = 5.0  # seconds between two publications at most (and on a change of the waiting set)
+# live logs (triggers/gang.py): the timestamp of rank 0's last log line copied to the task log, on rank 0's
+# pod, so a restarted triggerer resumes after it (sinceTime) without copying a line twice
+ANNOTATION_LOGGED_UNTIL = f"{DOMAIN}/logged-until"
+# on_finish_action keeps a failed gang's ended pods for debugging until this time (RFC 3339); any later
+# run of a GpuTrainingOperator in the namespace deletes kept pods past it
+ANNOTATION_KEEP_UNTIL = f"{DOMAIN}/keep-until"
 ANNOTATION_EXPECTED_DURATION = f"{DOMAIN}/expected-duration-seconds"  # lets smaller gangs backfill safely
 
 # Marker in an Airflow pool description: only pools carrying it are changed or deleted. Capitalised
@@ -152,6 +158,11 @@ ENV_RESUME_URI = "AIRFLOW_GPU_RESUME_URI"
 ENV_ATTEMPT = "AIRFLOW_GPU_ATTEMPT"
 ENV_INTERRUPTIONS = "AIRFLOW_GPU_INTERRUPTIONS"
 ENV_DEADLINE = "AIRFLOW_GPU_DEADLINE"
+ENV_RESULT_PATH = "AIRFLOW_GPU_RESULT_PATH"  # rank 0's return.json: its JSON becomes the XCom `result`
+# KubernetesPodOperator's path; the container's terminationMessagePath, so the kubelet keeps the file in the
+# pod's status (at most RESULT_MAX_BYTES, what a kubelet keeps of a termination message)
+RESULT_PATH = "/airflow/xcom/return.json"
+RESULT_MAX_BYTES = 4096
 ENV_CHECKPOINT_KEEP_LAST = "AIRFLOW_GPU_CHECKPOINT_KEEP_LAST"
 ENV_CHECKPOINT_KEEP_EVERY = "AIRFLOW_GPU_CHECKPOINT_KEEP_EVERY"
 # the example training script (airflow_gpu.checkpoint.examples.train_numpy) reads these too

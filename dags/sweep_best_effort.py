@@ -1,5 +1,6 @@
 """A sweep of best-effort jobs (issue 11 §5): one gang per learning rate by dynamic task mapping, on spot,
 checkpointed, preemptible by the team's production work (they requeue and resume; no retry spent).
+`pick_best` reads each trial's final loss from its XCom `result` (the training script's return.json).
 
 Settings as in finetune_pipeline.py (the quota config, AIRFLOW_GPU_EXAMPLE_CHECKPOINTS, AIRFLOW_GPU_EXAMPLE_S3_SECRET).
 """
@@ -30,12 +31,21 @@ def sweep_best_effort():
         return [{C.ENV_EXAMPLE_LEARNING_RATE: lr, C.ENV_EXAMPLE_EPOCHS: "20", C.ENV_EXAMPLE_STEP_SECONDS: "0.02"}
                 for lr in LEARNING_RATES]
 
-    GpuTrainingOperator.partial(
+    @task
+    def pick_best(results: list[dict]) -> dict | None:
+        """The trial with the lowest final loss, from each trial's XCom `result` (what rank 0 wrote with
+        airflow_gpu.checkpoint.write_result): no checkpoint metadata read from S3."""
+        done = [r for r in results if r and isinstance(r.get("result"), dict)]
+        best = min(done, key=lambda r: r["result"]["loss"], default=None)
+        return None if best is None else {"loss": best["result"]["loss"], "checkpoint_uri": best["checkpoint_uri"]}
+
+    trials = GpuTrainingOperator.partial(
         task_id="sweep", team="research", tier="best-effort-training", workers=1, gpus_per_worker=2,
         checkpoint=CHECKPOINTS.format(team="research") + "/sweep", spot="always", image="python:3.11",
         cmds=[sys.executable, "-m", "airflow_gpu.checkpoint.examples.train_numpy"],
         secrets=[{"secret": S3_SECRET}], termination_grace_period=20,
     ).expand(env_vars=learning_rates())
+    pick_best(trials.output)
 
 
 sweep_best_effort()

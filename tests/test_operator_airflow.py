@@ -88,6 +88,9 @@ gpu_dag("acc_mark_failed", team="vision", tier="production-training", workers=2,
         cmds=sleeper(600), termination_grace_period=GRACE)
 gpu_dag("acc_quick_disruption", team="vision", tier="production-training", workers=1, gpus_per_worker=1,
         retries=1, cmds=saves_on_sigterm(4, 6), termination_grace_period=10)
+gpu_dag("acc_live_logs", team="vision", tier="production-training", workers=1, gpus_per_worker=1, retries=0,
+        logging_interval=5, cmds=[sys.executable, "-c", "import time\\nfor i in range(1, 61):\\n"
+                                  "    print(f'LIVE-{{i:03d}}', flush=True); time.sleep(1)"])
 gpu_dag("acc_timeout", team="vision", tier="production-training", workers=2, gpus_per_worker=1, retries=0,
         cmds=sleeper(600), termination_grace_period=GRACE, execution_timeout=dt.timedelta(seconds=25))
 '''
@@ -154,7 +157,8 @@ def platform(kube_cluster, seaweedfs, tmp_path_factory):
     wait_for_http(f"{stack.base_url}/execution/health", timeout=120)  # warm: its first answer is slow
     try:
         wait_until(lambda: _parsed(api) >= {"finetune_pipeline", "acc_best_effort", "acc_production", "acc_exit1",
-                                            "acc_triggerer_crash", "acc_mark_failed", "acc_timeout", "acc_quick_disruption"},
+                                            "acc_triggerer_crash", "acc_mark_failed", "acc_timeout", "acc_quick_disruption",
+                                            "acc_live_logs"},
                    timeout=180, interval=1, what="every DAG parsed")
         yield {"stack": stack, "api": api, "core": core, "bucket": bucket, "gpu_scheduler": gpu_scheduler}
     finally:
@@ -313,6 +317,44 @@ def test_a_crashed_triggerer_is_replaced_and_the_task_continues_on_the_same_pods
     assert log.count("submitting gang") == 1, log[-4000:]
     assert f"gang {pod.metadata.name.rsplit('-', 1)[0]} succeeded" in log, log[-4000:]
     print(f"\ntrigger taken over by triggerer {taken_over} (was {first_triggerer}); same pod {pod.metadata.uid}")
+
+
+def test_live_logs_reach_the_task_log_while_deferred_and_survive_a_triggerer_crash(platform):
+    """Issue 26: rank 0 prints LIVE-001..LIVE-060, one a second, logging_interval=5. LIVE-010 is in the
+    task log read through the REST API before the gang ends; the triggerer is killed -9 and restarted
+    mid-way; the live copies (the trigger logs) hold every line exactly once."""
+    api, core, stack = platform["api"], platform["core"], platform["stack"]
+    run_id = trigger(api, "acc_live_logs")
+    wait_until(lambda: running_pods(core, "acc_live_logs", 1), timeout=180, interval=0.5, what="the gang running")
+    path = f"/api/v2/dags/acc_live_logs/dagRuns/{api.quote(run_id)}/taskInstances/train/logs/1"
+
+    def rest_log() -> str:
+        return json.dumps(api.request("GET", path, params={"full_content": True}))
+
+    folder = stack.home / "logs" / "dag_id=acc_live_logs" / f"run_id={run_id}" / "task_id=train"
+
+    def trigger_files() -> list[Path]:  # each file once (the glob may also match a link to one)
+        return sorted({p.resolve() for p in folder.glob("attempt=1.log.trigger.*")})
+
+    def trigger_logs() -> str:
+        return "".join(p.read_text(errors="replace") for p in trigger_files())
+
+    wait_until(lambda: "LIVE-010" in rest_log(), timeout=60, interval=1,
+               what=lambda: f"LIVE-010 through the REST API; trigger logs: {trigger_logs()[-3000:]}")
+    ti = task_instance(api, "acc_live_logs", run_id)
+    assert ti["state"] == "deferred", ti  # read while the gang still runs
+    seen_at_crash = max(int(n) for n in re.findall(r"LIVE-(\d{3})", rest_log()))
+    stack.crash_and_restart("triggerer")
+    ti = wait_state(api, "acc_live_logs", run_id, {"success", "failed"}, timeout=240)
+    assert ti["state"] == "success", ti
+    # the live copies: the trigger's "rank 0 (<pod>):" records (the triggerer also logs the event, whose
+    # payload carries rank 0's final tail for the worker)
+    records = [json.loads(x) for x in trigger_logs().splitlines() if x.startswith("{")]
+    live = "\n".join(r["event"] for r in records if str(r.get("event", "")).startswith("rank 0 ("))
+    numbers = [int(n) for n in re.findall(r"LIVE-(\d{3})", live)]
+    assert sorted(numbers) == list(range(1, 61)), (seen_at_crash, numbers)
+    assert len(trigger_files()) == 2  # the crashed triggerer's file and its successor's
+    print(f"\nlive logs: LIVE-{seen_at_crash:03d} seen before the triggerer crash; 60 lines, each once")
 
 
 def _deferred_with_pods(api, core, dag_id: str, pods: int) -> str:

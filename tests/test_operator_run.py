@@ -131,7 +131,7 @@ def test_application_failure_spends_a_retry_with_a_new_attempt(platform, sqlite_
     ti = result["tis"]["train"]
     assert (ti["state"], ti["try_number"]) == ("failed", 2), log[-6000:]
     assert "attempt 1000" in log and "attempt 2000" in log  # ENV.md: try_number * 1000 + relaunches
-    assert "application failure, exit codes {'" in log
+    assert "failed (application failure) - rank 0: pod " in log and "exit code 1 (Error): its log ends with:" in log
     assert wait_until(lambda: not leftovers(platform["core"], "op_fail"), timeout=60, what="objects deleted")
 
 

@@ -14,6 +14,7 @@ contract is ENV.md next to this file.
             ckpt.save(step, state_dict, metadata={"loss": loss})
         if ckpt.should_stop():
             sys.exit(constants.EXIT_CODE_STOPPED)
+    write_result({"loss": loss})                # rank 0: the task's XCom `result` (ENV.md)
 """
 
 from airflow_gpu.checkpoint.env import TrainingEnv
@@ -28,6 +29,7 @@ from airflow_gpu.checkpoint.errors import (
 from airflow_gpu.checkpoint.layout import Checkpoint
 from airflow_gpu.checkpoint.store import CheckpointStore
 from airflow_gpu.checkpoint.restore import Restored, materialize, restore_from_uri, restore_newest
+from airflow_gpu.checkpoint.result import write_result
 from airflow_gpu.checkpoint.writer import Checkpointer
 
 __all__ = [
@@ -45,4 +47,5 @@ __all__ = [
     "materialize",
     "restore_from_uri",
     "restore_newest",
+    "write_result",
 ]

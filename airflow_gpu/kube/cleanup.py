@@ -11,7 +11,7 @@ This module takes the API objects as arguments and imports no client itself.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,9 +83,11 @@ async def delete_task_instance_objects(core, custom, namespace: str, selector: s
 
 
 def delete_task_instance_objects_sync(core, custom, namespace: str, selector: str,
-                                      group_resource: GroupResource | None, grace: int | None = None) -> list[str]:
+                                      group_resource: GroupResource | None, grace: int | None = None,
+                                      spare_pods: Collection[str] = ()) -> list[str]:
     """The same with the sync official client (CoreV1Api / CustomObjectsApi), lists and deletes of
-    pods and Services not deserialised (the operator's path)."""
+    pods and Services not deserialised (the operator's path). `spare_pods`: pod names kept (ended
+    pods on_finish_action keeps for debugging)."""
 
     def call(request, absent_ok: bool = True):
         try:
@@ -98,6 +100,8 @@ def delete_task_instance_objects_sync(core, custom, namespace: str, selector: st
     asked: list[str] = []
     for k in _kinds(core, custom, namespace, selector, group_resource, grace, _preload_content=False):
         for name in _names(call(k.list, k.may_be_absent)):
+            if k.kind == "Pod" and name in spare_pods:
+                continue
             if call(lambda: k.delete(name)) is not _MISSING:
                 asked.append(f"{k.kind}/{name}")
     return asked

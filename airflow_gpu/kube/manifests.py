@@ -19,6 +19,7 @@ from airflow_gpu.kube.backends import (
     membership,
 )
 from airflow_gpu.kube.names import member_name
+from airflow_gpu.kube.podlog import RESULT_PATH
 from airflow_gpu.kube.spec import WorkloadSpec, WorkloadSpecError
 
 
@@ -122,8 +123,11 @@ def _container(spec: WorkloadSpec, rank: int) -> dict:
         env_from.append({"secretRef": {"name": spec.s3_secret}})
     resources = {part: dict(spec.container_resources.get(part) or {}) for part in ("requests", "limits")}
     resources["limits"].update(spec.gpu_limits())
+    # the training code's result: the kubelet keeps this file as the termination message (rank 0's is read)
+    env.append({"name": C.ENV_RESULT_PATH, "value": RESULT_PATH})
     container: dict = {"name": spec.container_name, "image": spec.image, "env": env,
-                       "resources": {k: v for k, v in resources.items() if v}}
+                       "resources": {k: v for k, v in resources.items() if v},
+                       "terminationMessagePath": RESULT_PATH, "terminationMessagePolicy": "File"}
     if spec.cmds:
         container["command"] = list(spec.cmds)
     if spec.arguments:

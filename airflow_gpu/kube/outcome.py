@@ -40,6 +40,9 @@ class GangOutcome:
     finished_at: float | None = None  # when the outcome was decided
     last_checkpoint_step: int | None = None  # the newest status.json the trigger mirrored
     last_checkpoint_time: float | None = None
+    # the ranks the task log shows (failed ranks and rank 0), read when the attempt ended: {pod, rank,
+    # node, phase, exit_code, reason, message (rank 0: its return.json), tail, cut} (triggers/ranklogs.py)
+    ranks: list[dict] = field(default_factory=list)
 
     def to_payload(self) -> dict[str, Any]:
         return asdict(self)

@@ -48,6 +48,38 @@ def _no_tokens(pod, audience, seconds) -> str:
     raise VolumeError("MountVolume.SetUp failed: this kubelet has no token issuer for serviceAccountToken volumes")
 
 
+TERMINATION_MESSAGE_MAX = 4096  # what a kubelet keeps of a container's termination message
+HOST_BOUND = ("/dev/", "/proc/", "/sys/")  # bound from the host into the container's root: never read
+
+
+def _termination_message_file(plan: MountPlan, spec: dict) -> Path | None:
+    """The container's terminationMessagePath, as a kubelet provides it: an empty file there (its
+    directories created) before the container starts, in the container's copy-on-write root."""
+    path = spec.get("terminationMessagePath") or ""
+    if not path.startswith("/") or path.startswith(HOST_BOUND) or ".." in path.split("/"):
+        return None
+    target = plan.rootfs / "upper" / path.lstrip("/")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.touch(mode=0o666)
+        os.chmod(target, 0o666)  # the container's user may not be root
+    except OSError:
+        return None
+    return target
+
+
+def _termination_message(path: Path | None) -> str | None:
+    """The termination message: the file's first TERMINATION_MESSAGE_MAX bytes (None when empty)."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(TERMINATION_MESSAGE_MAX)
+    except OSError:
+        return None
+    return data.decode("utf-8", "replace") or None
+
+
 def _missing_executable(program: str, env: dict, plan: MountPlan) -> bool:
     """The container's root shows host directories at their paths, so the host tells which of them
     holds the program, except for a path inside a volume."""
@@ -434,6 +466,7 @@ class Kubelet:
         c.started_at = now_iso()
         log = LogWriter(c.log_path)
         pumps = []
+        message_file = None
         if command:
             plan = None
             who = security.identity(pod, c.spec, self.can_drop_caps)
@@ -446,6 +479,7 @@ class Kubelet:
                                          "with util-linux's setpriv")
             if self.isolation == "mountns":
                 plan = self._mount_plan(run, c, who)
+                message_file = _termination_message_file(plan, c.spec)
             elif [m for m in c.spec.get("volumeMounts") or [] if m.get("mountPath") != TOKEN_MOUNT_PATH] \
                     or who.read_only_root:
                 # the injected service-account token alone is left out (nothing can show it at its path):
@@ -499,6 +533,7 @@ class Kubelet:
         if c.proc is not None:
             code = await c.proc.wait()
             c.exit_code = 128 - code if code < 0 else code  # killed by signal N -> 128+N
+            c.message = _termination_message(message_file)
             # drain the pipes; a leftover grandchild holding them open does not keep the container alive
             _, left = await asyncio.wait(pumps, timeout=0.5)
             for task in left:

@@ -1,5 +1,5 @@
 """The operator's few Kubernetes calls: create a gang's objects (find-or-create by deterministic name,
-waiting on a ResourceQuota refusal), check that stored UIDs still exist, read rank 0's log, and
+waiting on a ResourceQuota refusal), check that stored UIDs still exist, read the ranks' ends and log tails, and
 delete every object of a task instance by label selector. Sync official client, from the cncf
 provider's KubernetesHook (so `kubernetes_conn_id` works exactly as for KubernetesPodOperator)."""
 
@@ -15,7 +15,6 @@ from kubernetes.client.rest import ApiException
 from airflow_gpu.kube.cleanup import delete_task_instance_objects_sync
 
 QUOTA_REFUSAL = "exceeded quota"
-LOG_TAIL_BYTES = 256 * 1024
 
 
 class ForeignObjectError(RuntimeError):
@@ -32,6 +31,7 @@ class GangClient:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.log = log
+        self.last_refusal: str | None = None  # the ResourceQuota's message while create() waits
 
     # -- create --------------------------------------------------------------------------------
 
@@ -56,7 +56,7 @@ class GangClient:
                         message = _status_message(exc)
                         if message != last_refusal:
                             self.log.warning("waiting: %s refused by a ResourceQuota: %s", _key(obj), message)
-                            last_refusal = message
+                            last_refusal = self.last_refusal = message
                         sleep(poll_interval)
                         continue
                     raise
@@ -98,27 +98,63 @@ class GangClient:
         return {f"Pod/{p['metadata']['name']}": p["metadata"]["uid"] for p in pods["items"]
                 if not p["metadata"].get("deletionTimestamp")}
 
-    def pod_log(self, namespace: str, pod: str, container: str | None) -> str | None:
+    def pods(self, namespace: str, selector: str) -> list[dict]:
+        """The pods of `selector` (wire dicts)."""
+        return _json(self.core.list_namespaced_pod(namespace, label_selector=selector,
+                                                   _preload_content=False))["items"]
+
+    def log_tail(self, namespace: str, pod: str, container: str | None, lines: int) -> tuple[str, bool] | None:
+        """(the last `lines` lines of the pod's log, whether it has lines before them), None when
+        there is no log. tailLines, not limitBytes: limitBytes keeps the head, and the end is what matters."""
         try:
-            resp = self.core.read_namespaced_pod_log(pod, namespace, container=container, limit_bytes=LOG_TAIL_BYTES,
+            resp = self.core.read_namespaced_pod_log(pod, namespace, container=container, tail_lines=lines + 1,
                                                      _preload_content=False)
-            return resp.data.decode("utf-8", "replace")
         except ApiException as exc:
             self.log.info("no log for pod %s: %s", pod, exc.reason)
             return None
+        text = resp.data.decode("utf-8", "replace")
+        kept = text.splitlines(keepends=True)
+        if len(kept) > lines:
+            return "".join(kept[len(kept) - lines:]), True
+        return text, False
 
     # -- delete ---------------------------------------------------------------------------------
 
-    def delete_all(self, namespace: str, selector: str, group_resource=None, grace: int | None = None) -> int:
-        """Delete every pod, Service and group object matching `selector` (kube/cleanup.py's rule);
-        return how many were asked to go."""
-        return len(delete_task_instance_objects_sync(self.core, self.custom, namespace, selector, group_resource,
-                                                     grace))
+    def group(self, namespace: str, name: str, group_resource) -> dict | None:
+        """The gang's group object, None when there is none (or no group resource)."""
+        if group_resource is None:
+            return None
+        gr = group_resource
+        try:
+            return self.custom.get_namespaced_custom_object(gr.group, gr.version, namespace, gr.plural, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
-    def remaining(self, namespace: str, selector: str, group_resource=None) -> list[str]:
-        """Objects of the selector still present (pods still terminating count)."""
+    def annotate_pod(self, namespace: str, pod: str, annotations: dict[str, str]) -> None:
+        self.core.patch_namespaced_pod(pod, namespace, {"metadata": {"annotations": annotations}},
+                                       _preload_content=False)
+
+    def delete_pod(self, namespace: str, pod: str) -> int:
+        return self._ignore_missing(lambda: self.core.delete_namespaced_pod(pod, namespace, _preload_content=False))
+
+    def delete_all(self, namespace: str, selector: str, group_resource=None, grace: int | None = None,
+                   spare: Callable[[dict], bool] | None = None) -> int:
+        """Delete every pod, Service and group object matching `selector` (kube/cleanup.py's rule), but
+        the pods `spare` says stay; return how many were asked to go."""
+        kept = ()
+        if spare is not None:
+            pods = _json(self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False))
+            kept = {p["metadata"]["name"] for p in pods["items"] if spare(p)}
+        return len(delete_task_instance_objects_sync(self.core, self.custom, namespace, selector, group_resource,
+                                                     grace, spare_pods=kept))
+
+    def remaining(self, namespace: str, selector: str, group_resource=None,
+                  spare: Callable[[dict], bool] | None = None) -> list[str]:
+        """Objects of the selector still present (pods still terminating count; spared pods do not)."""
         left = [f"Pod/{p['metadata']['name']}" for p in _json(self.core.list_namespaced_pod(
-            namespace, label_selector=selector, _preload_content=False))["items"]]
+            namespace, label_selector=selector, _preload_content=False))["items"] if spare is None or not spare(p)]
         left += [f"Service/{s['metadata']['name']}" for s in _json(self.core.list_namespaced_service(
             namespace, label_selector=selector, _preload_content=False))["items"]]
         if group_resource is not None:

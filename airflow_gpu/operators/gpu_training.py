@@ -29,6 +29,8 @@ from airflow_gpu.core.capacity import choose_capacity, spot_request_problem
 from airflow_gpu.core.chargeback import CAPACITY_UNKNOWN, CAUSE_INTERRUPTION, CAUSE_PREEMPTION
 from airflow_gpu.core.model import gpu_seconds_lost
 from airflow_gpu.kube.outcome import LOST_GPU_SECONDS_KEYS, USAGE_BY_CAPACITY
+from airflow_gpu.operators.gang_logs import (ResultError, application_failure, argument_problems, delete_expired_kept,
+                                             disruptions_note, is_kept, keep_ended_pods, keeps, log_ranks, result_of)
 from airflow_gpu.pools.plan import pool_name
 
 CONFIG_SECTION = "airflow_gpu"
@@ -182,6 +184,10 @@ class GpuTrainingOperator(BaseOperator):
         config_file: str | None = None,
         deferrable: bool = True,
         poll_interval: float = 10.0,
+        get_logs: bool = True,
+        logging_interval: int | float | None = 30,
+        log_tail_lines: int = 200,
+        on_finish_action: str = "delete_pod",
         **kwargs: Any,
     ) -> None:
         task_id = kwargs.get("task_id", "?")
@@ -220,6 +226,8 @@ class GpuTrainingOperator(BaseOperator):
             raise bad("topology_required", f"must be True or False (got {topology_required!r})")
         if not isinstance(poll_interval, (int, float)) or isinstance(poll_interval, bool) or poll_interval <= 0:
             raise bad("poll_interval", f"must be a number of seconds > 0 (got {poll_interval!r})")
+        for problem in argument_problems(get_logs, logging_interval, log_tail_lines, on_finish_action):
+            raise bad(*problem)
         if namespace is not None and namespace != plan.namespace:
             raise bad("namespace", f"team {plan.team.name!r} runs in namespace {plan.namespace!r} (its quota and "
                                    "pools are there); leave namespace out")
@@ -256,6 +264,11 @@ class GpuTrainingOperator(BaseOperator):
         self.config_file = path
         self.deferrable = deferrable
         self.poll_interval = float(poll_interval)
+        # logs and kept objects, as KubernetesPodOperator names them (operators/gang_logs.py)
+        self.get_logs = get_logs
+        self.logging_interval = logging_interval
+        self.log_tail_lines = log_tail_lines
+        self.on_finish_action = on_finish_action
         self.priority_class = plan.priority_class
         self.tier_class = plan.tier_class
         self._dry_run(bad)
@@ -323,7 +336,8 @@ class GpuTrainingOperator(BaseOperator):
                 self.log.info("try %s: earlier try %s left state behind; its objects are deleted first",
                               ti.try_number, stored.get("try"))
             run = new_run(ti.try_number, resumed_from_step=(stored or {}).get("last_checkpoint_step"))
-        self._delete_objects(kube, ref, wait=True)  # nothing of an earlier try or attempt stays around
+        self._delete_objects(kube, ref, wait=True)  # nothing of an earlier try or attempt stays around (but kept pods)
+        self._delete_expired_kept(kube)
         return self._launch(run, context, kube)
 
     def execute_complete(self, context, event=None, run=None):
@@ -338,11 +352,17 @@ class GpuTrainingOperator(BaseOperator):
         lost_before = run.get("lost_gpu_seconds", 0.0)
         self._account(run, outcome)
         self._emit_metrics(run, outcome, run.get("lost_gpu_seconds", 0.0) - lost_before)
-        self._log_rank0(kube, outcome)
+        self.log.info("attempt %s (gang %s) ended: %s%s, after %.0fs running", outcome.attempt, outcome.gang,
+                      outcome.status, f" ({outcome.reason})" if outcome.reason else "", outcome.running_seconds)
+        log_ranks(self.log, outcome, self.namespace)
         if outcome.status == "succeeded":
             self.log.info("gang %s succeeded: %s", outcome.gang, outcome.reason)
-            self._finish(kube, ref, context, run)
-            return self._result(run)
+            self._finish(kube, ref, context, run, succeeded=True)
+            try:
+                value = result_of(outcome)
+            except ResultError as exc:
+                raise AirflowException(f"gang {outcome.gang} succeeded but its result is unusable: {exc}") from None
+            return {**self._result(run), "result": value}
         if outcome.status == "disrupted":
             kind = "preemptions" if outcome.disruption_kind == CAUSE_PREEMPTION else "interruptions"
             run[kind] += 1
@@ -358,22 +378,52 @@ class GpuTrainingOperator(BaseOperator):
                              else " (none yet: from the start)")
             run["resumed_from_step"] = run.get("last_checkpoint_step")
             run["attempt"] += 1
+            run["launch_reason"] = (f"relaunch after the {'preemption' if kind == 'preemptions' else 'interruption'} "
+                                    f"of attempt {outcome.attempt}")
             return self._launch(run, context, kube)
-        self._finish(kube, ref, context, run)
+        self._finish(kube, ref, context, run, succeeded=False)
         if outcome.status == "failed":
-            raise AirflowException(f"gang {outcome.gang} failed (application failure, exit codes "
-                                   f"{outcome.exit_codes or '?'}): {outcome.reason}; Airflow retries it if retries remain")
-        raise AirflowException(f"gang {outcome.gang}: the trigger could not follow it: {outcome.reason}")
+            raise AirflowException(application_failure(outcome, run) + f" Exit codes: {outcome.exit_codes or '?'}.")
+        raise AirflowException(f"gang {outcome.gang}: the trigger could not follow it ({outcome.reason}); its objects "
+                               "were deleted; Airflow retries the task if retries remain" + disruptions_note(run))
 
     def resume_execution(self, next_method, next_kwargs, context):
         """Also on a deferral that ended in failure (execution_timeout while deferred, trigger error):
-        delete the gang before the task fails, so nothing is left behind."""
+        delete the gang before the task fails, so nothing is left behind, and say where it was."""
         try:
             return super().resume_execution(next_method, next_kwargs, context)
-        except Exception:
+        except Exception as exc:
             if next_method == "__fail__" or not self._done:
+                where = self._where_it_was(context) if next_method == "__fail__" else ""
                 self._cleanup_quietly(context)
+                if where:  # the same exception type (Airflow treats a deferral timeout as such), saying more
+                    raise type(exc)(f"{exc or type(exc).__name__}: {where}") from exc
             raise
+
+    def _where_it_was(self, context) -> str:
+        """For a deferral that timed out: the gang's state then (for a gang still queued, the
+        scheduler's last wait reason), read before its objects are deleted; "" if unknown."""
+        try:
+            from airflow_gpu.kube.backends import group_resource
+            from airflow_gpu.kube.state import gang_state
+
+            store = context.get("task_state_store")
+            run = (store.get(STATE_KEY) if store is not None else None) or {}
+            if not run.get("gang"):
+                return ""
+            kube = self._client()
+            ref = self._task_instance(context)
+            pods = kube.pods(self.namespace, _attempt_selector(ref, run["attempt"]))
+            group = kube.group(self.namespace, run["gang"], group_resource(self.gang_backend))
+            state = gang_state(pods, group, expected_names=run.get("pods") or None)
+        except Exception as exc:  # noqa: BLE001 - the timeout's own message stands
+            self.log.info("could not read the gang's state: %s", exc)
+            return ""
+        if state.phase == "pending":
+            return (f"gang {run['gang']} (attempt {run['attempt']}) was still waiting to be scheduled; last wait "
+                    f"reason: {state.wait_reason or 'none given'}. Ask for fewer GPUs, another tier, or a longer "
+                    "execution_timeout" + disruptions_note(run))
+        return f"gang {run['gang']} (attempt {run['attempt']}) was {state.describe()}" + disruptions_note(run)
 
     def on_kill(self) -> None:
         context = getattr(self, "_context", None)
@@ -452,13 +502,22 @@ class GpuTrainingOperator(BaseOperator):
                    checkpoint_uri=spec.checkpoint_uri_of(0),
                    gpu_product=self.gpu_products[0] if len(self.gpu_products) == 1 else None)
         self._save(context, run)  # the names first: a worker dying mid-creation is found by them
+        self.log.info("attempt %s starts: %s", run["attempt"], run.pop("launch_reason", None) or
+                      ("a new try" if run["attempts"] == 1 else "resubmitted after a worker restart"))
         self.log.info("submitting gang %s: %s x %s in %s, attempt %s, %s (%s)%s", spec.gang_name, self.workers,
                       f"{self.gpus_per_worker} GPU" if self.gpus_per_worker else self.mig_profile, self.namespace,
                       run["attempt"], choice.capacity_type, choice.reason,
                       f", resuming from checkpoint step {run['resumed_from_step']}"
                       if run.get("resumed_from_step") is not None else "")
         labels = {**ref.labels(), C.LABEL_ATTEMPT: str(run["attempt"])}
-        run["uids"] = kube.create(manifests, labels, self.poll_interval)
+        try:
+            run["uids"] = kube.create(manifests, labels, self.poll_interval)
+        except Exception as exc:
+            if kube.last_refusal and type(exc).__name__ == "AirflowTaskTimeout":
+                raise type(exc)(f"{exc}: the gang {spec.gang_name} never fit its namespace's ResourceQuota; last "
+                                f"refusal: {kube.last_refusal}. Free quota, ask for fewer GPUs or a longer "
+                                "execution_timeout") from exc
+            raise
         run["submitted"] = time.time()
         self._save(context, run)
         return self._defer(run, context)
@@ -477,7 +536,8 @@ class GpuTrainingOperator(BaseOperator):
             poll_interval=self.poll_interval, checkpoint_status_uri=self._status_uri(ref),
             # marked failed / cleared while deferred: the trigger deletes the task instance's objects
             cleanup_selector=ref.selector(), cleanup_grace_period=self.termination_grace_period,
-            settle_seconds=deferral_settle_setting(),
+            settle_seconds=deferral_settle_setting(), get_logs=self.get_logs,
+            logging_interval=self.logging_interval if self.get_logs else None, log_tail_lines=self.log_tail_lines,
             preemption_record=self._preemption_record())
         timeout = None
         if self.execution_timeout is not None and context["ti"].start_date is not None:
@@ -551,17 +611,14 @@ class GpuTrainingOperator(BaseOperator):
         step = status.get("step")
         return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
-    def _log_rank0(self, kube, outcome) -> None:
-        if not outcome.gang:
-            return
-        pod = f"{outcome.gang}-0"
-        text = kube.pod_log(self.namespace, pod, None)
-        if text:
-            self.log.info("--- log of rank 0 (%s), attempt %s ---\n%s--- end of rank 0's log ---", pod,
-                          outcome.attempt, text if text.endswith("\n") else text + "\n")
-
-    def _finish(self, kube, ref, context, run: dict) -> None:
+    def _finish(self, kube, ref, context, run: dict, succeeded: bool = False) -> None:
         self._done = True
+        if keeps(self.on_finish_action, succeeded):
+            try:
+                keep_ended_pods(kube, self.namespace, _attempt_selector(ref, run["attempt"]), self.log,
+                                dt.datetime.now(dt.timezone.utc))
+            except Exception as exc:  # noqa: BLE001 - keeping is for debugging: never fail the task over it
+                self.log.warning("could not keep the gang's pods: %s", exc)
         self._delete_objects(kube, ref, wait=False)
         run["finished"] = time.time()
         self._save(context, run)
@@ -571,13 +628,23 @@ class GpuTrainingOperator(BaseOperator):
 
         gr = group_resource(self.gang_backend)
         selector = ref.selector()
-        asked = kube.delete_all(self.namespace, selector, gr)
+
+        def spare(pod: dict) -> bool:  # pods kept by on_finish_action stay until their keep-until time
+            return is_kept(pod, dt.datetime.now(dt.timezone.utc))
+
+        asked = kube.delete_all(self.namespace, selector, gr, spare=spare)
         if asked:
             self.log.info("deleting %s object(s) of this task instance (%s)", asked, selector)
         if wait and asked:
             deadline = time.monotonic() + max(60.0, (self.termination_grace_period or 30) + 60.0)
-            while kube.remaining(self.namespace, selector, gr) and time.monotonic() < deadline:
+            while kube.remaining(self.namespace, selector, gr, spare=spare) and time.monotonic() < deadline:
                 time.sleep(0.5)
+
+    def _delete_expired_kept(self, kube) -> None:
+        try:
+            delete_expired_kept(kube, self.namespace, dt.datetime.now(dt.timezone.utc), self.log)
+        except Exception as exc:  # noqa: BLE001 - housekeeping never fails a task
+            self.log.info("could not delete expired kept pods: %s", exc)
 
     def _cleanup_quietly(self, context) -> None:
         try:

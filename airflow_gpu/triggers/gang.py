@@ -32,6 +32,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_gpu import constants as C
 from airflow_gpu.kube import state as S
 from airflow_gpu.kube.outcome import STATUS_DISRUPTED, STATUS_ERROR, GangOutcome, outcome_of, with_recorded_preemption
+from airflow_gpu.kube.podlog import DEFAULT_TAIL_LINES, since_seconds, split_timestamp, stamp_key
 from airflow_gpu.kube.preemptions import read_record
 from airflow_gpu.kube.state import GangState, disruption_target, gang_state
 
@@ -121,6 +122,9 @@ class GangTrigger(BaseTrigger):
         cleanup_selector: str | None = None,
         cleanup_grace_period: int | None = None,
         settle_seconds: float | None = None,
+        get_logs: bool = True,
+        logging_interval: float | None = None,
+        log_tail_lines: int = DEFAULT_TAIL_LINES,
         preemption_record: dict[str, str] | None = None,
     ):
         super().__init__()
@@ -152,6 +156,9 @@ class GangTrigger(BaseTrigger):
         self.cleanup_selector = cleanup_selector
         self.cleanup_grace_period = cleanup_grace_period
         self.settle_seconds = float(settle_seconds)
+        self.get_logs = bool(get_logs)
+        self.logging_interval = None if logging_interval is None else float(logging_interval)
+        self.log_tail_lines = int(log_tail_lines)
         # {"namespace", "name"} of the scheduler's record of preempted pods (kube/preemptions.py)
         self.preemption_record = dict(preemption_record) if preemption_record else None
         # watch state (not serialised)
@@ -185,6 +192,9 @@ class GangTrigger(BaseTrigger):
             "cleanup_selector": self.cleanup_selector,
             "cleanup_grace_period": self.cleanup_grace_period,
             "settle_seconds": self.settle_seconds,
+            "get_logs": self.get_logs,
+            "logging_interval": self.logging_interval,
+            "log_tail_lines": self.log_tail_lines,
             "preemption_record": self.preemption_record,
         }
 
@@ -213,6 +223,7 @@ class GangTrigger(BaseTrigger):
             async with self._hook().get_conn() as api:
                 api.user_agent = USER_AGENT
                 outcome = await self._wait(api)
+                outcome = await self._with_ranks(api, outcome)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the event says what went wrong; the operator decides
@@ -234,6 +245,8 @@ class GangTrigger(BaseTrigger):
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         failing_since: float | None = None
         mirror = asyncio.create_task(self._mirror_checkpoints(core)) if self.checkpoint_status_uri else None
+        live = asyncio.create_task(self._follow_rank0(core)) if self.get_logs and self.logging_interval is not None \
+            else None
         try:
             while True:
                 try:
@@ -254,8 +267,11 @@ class GangTrigger(BaseTrigger):
                     return await self._with_recorded_preemption(core, done)
                 await asyncio.sleep(self.poll_interval)  # a watch failed: never relist in a tight loop
         finally:
-            if mirror is not None:
-                mirror.cancel()
+            for task in (mirror, live):
+                if task is not None:
+                    task.cancel()
+            if live is not None:
+                await asyncio.gather(live, return_exceptions=True)  # its last lines are flushed
 
     async def _with_recorded_preemption(self, core, outcome: GangOutcome) -> GangOutcome:
         """A disruption the pods call an interruption is a preemption when the scheduler recorded one
@@ -406,6 +422,95 @@ class GangTrigger(BaseTrigger):
         if state.phase != self._last_phase:
             self.log.info("Gang %s: %s", self.gang_name, state.describe())
             self._last_phase = state.phase
+
+    # --- logs -----------------------------------------------------------------------------------
+
+    async def _with_ranks(self, api, outcome: GangOutcome) -> GangOutcome:
+        """The outcome with its ranks' ends and log tails (triggers/ranklogs.py): read here, before
+        anything deletes the pods, and carried to the worker in the event."""
+        if outcome.status == STATUS_ERROR:
+            return outcome
+        import dataclasses
+
+        from kubernetes_asyncio import client
+
+        from airflow_gpu.triggers.ranklogs import rank_ends
+
+        core = client.CoreV1Api(api)
+
+        async def list_pods() -> dict[str, dict]:
+            await self._list(core, client.CustomObjectsApi(api))
+            return {p["metadata"]["name"]: p for p in self._ours()}
+
+        try:
+            ranks = await rank_ends(core, self.namespace, {p["metadata"]["name"]: p for p in self._ours()},
+                                    self.container_name, get_logs=self.get_logs, tail_lines=self.log_tail_lines,
+                                    disrupted=outcome.status == STATUS_DISRUPTED,
+                                    grace=float(self.cleanup_grace_period or 30), list_pods=list_pods, log=self.log)
+        except Exception as exc:  # noqa: BLE001 - the outcome stands without the logs
+            self.log.warning("Reading the ranks' logs of %s failed: %s", self.gang_name, exc)
+            return outcome
+        return dataclasses.replace(outcome, ranks=ranks)
+
+    async def _follow_rank0(self, core) -> None:
+        """Live logs: rank 0's output into the trigger log (Airflow shows it in the task log), in
+        batches every logging_interval seconds (0: as it comes). One follow stream per gang; each flush
+        records the last line's timestamp on rank 0's pod, where a restarted triggerer resumes."""
+        await self._running.wait()
+        pod = self.pod_names[0]
+        last = ((self._pods.get(pod) or {}).get("metadata") or {}).get("annotations", {}).get(
+            C.ANNOTATION_LOGGED_UNTIL)
+        batch: list[str] = []
+        flushed_at = time.monotonic()
+
+        async def flush() -> None:
+            nonlocal batch, flushed_at
+            flushed_at = time.monotonic()
+            if not batch:
+                return
+            self.log.info("rank 0 (%s):\n%s", pod, "\n".join(batch))
+            batch = []
+            try:
+                await core.patch_namespaced_pod(pod, self.namespace,
+                                                {"metadata": {"annotations": {C.ANNOTATION_LOGGED_UNTIL: last}}},
+                                                _content_type="application/merge-patch+json")
+            except Exception as exc:  # noqa: BLE001 - a restart would repeat this batch, nothing worse
+                self.log.info("Recording the live log position of %s failed: %s", pod, exc)
+
+        try:
+            while True:
+                try:
+                    resp = await core.read_namespaced_pod_log(
+                        pod, self.namespace, container=self.container_name, follow=True, timestamps=True,
+                        **({"since_seconds": since_seconds(last, time.time())} if last else {}), _preload_content=False,
+                        _request_timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
+                    async with resp:
+                        while True:
+                            wait = None if self.logging_interval == 0 or not batch else \
+                                max(0.0, self.logging_interval - (time.monotonic() - flushed_at))
+                            try:
+                                raw = await asyncio.wait_for(resp.content.readline(), wait)
+                            except asyncio.TimeoutError:
+                                await flush()
+                                continue
+                            if not raw:
+                                break
+                            stamp, message = split_timestamp(raw.decode("utf-8", "replace").rstrip("\n"))
+                            if stamp is not None:
+                                if last and stamp_key(stamp) <= stamp_key(last):
+                                    continue  # copied before the restart
+                                last = stamp
+                            batch.append(message)
+                            if self.logging_interval == 0 or time.monotonic() - flushed_at >= self.logging_interval:
+                                await flush()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - live logs are a convenience: try again
+                    self.log.info("Following the log of %s: %s", pod, exc)
+                await flush()
+                await asyncio.sleep(max(1.0, self.logging_interval or 0.0))
+        finally:
+            await asyncio.shield(flush())
 
     # --- checkpoint status channel -> pod annotations ------------------------------------------
 

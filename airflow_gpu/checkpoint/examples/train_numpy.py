@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from airflow_gpu import constants as C
-from airflow_gpu.checkpoint import Checkpointer, StaleAttemptError
+from airflow_gpu.checkpoint import Checkpointer, StaleAttemptError, write_result
 from airflow_gpu.checkpoint.env import env_number
 
 SAMPLES, FEATURES, HIDDEN, BATCH = 512, 8, 32, 32
@@ -135,7 +135,10 @@ def main() -> int:
         return 1
     finally:
         ckpt.close()
-    emit("done", step=state["step"], loss=full_loss(params, x, y), initial_loss=initial_loss)
+    final_loss = full_loss(params, x, y)
+    emit("done", step=state["step"], loss=final_loss, initial_loss=initial_loss)
+    if os.environ.get(C.ENV_RESULT_PATH) and os.environ.get(C.ENV_RANK, "0") == "0":  # run by the operator
+        write_result({"loss": final_loss, "step": state["step"], "initial_loss": initial_loss})
     return 0
 
 

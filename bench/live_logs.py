@@ -1,0 +1,103 @@
+"""What live logs cost (issue 26): GangTriggers in one event loop (as in a triggerer) following running
+gangs whose rank 0 prints a line a second, with get_logs=False and then with live logs
+(logging_interval), each for the same time on the same pods. Counted: the Kubernetes API requests of
+the triggers (the local cluster's audit log, by user agent) and the CPU time of this process, which
+runs only the triggers (the cluster is another process), per gang per minute.
+
+    python -m bench live_logs                                   # 5 gangs, 2 x 2 minutes
+    BENCH_LIVE_GANGS=50 BENCH_LIVE_MINUTES=5 BENCH_LIVE_INTERVAL=30 python -m bench live_logs
+
+Run it on a quiet machine: the triggers' CPU is measured, and the pods' own printing loads it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import resource
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from airflow_gpu import constants as C
+from airflow_gpu.devtools import gangs as G
+from airflow_gpu.devtools.kube import start_kube_cluster
+from airflow_gpu.devtools.processes import wait_until
+from airflow_gpu.kube.wire import api_time
+from airflow_gpu.triggers.gang import USER_AGENT, GangTrigger
+
+NS = "bench-live"
+PRINTER = "i=0; while true; do i=$((i+1)); echo \"step $i loss 0.$i\"; sleep 1; done"
+
+
+def _pod(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "labels": {C.LABEL_GANG: name, C.LABEL_GANG_RANK: "0"}},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "base", "image": "busybox", "command": ["sh", "-c", PRINTER]}]}}
+
+
+async def _run_for(triggers: list[GangTrigger], seconds: float) -> None:
+    gens = [t.run() for t in triggers]
+    tasks = [asyncio.create_task(g.__anext__()) for g in gens]
+    done, _ = await asyncio.wait(tasks, timeout=seconds)
+    if done:
+        raise RuntimeError(f"{len(done)} triggers ended while their gangs ran")
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for g in gens:
+        await g.aclose()
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def main() -> None:
+    gangs = int(os.environ.get("BENCH_LIVE_GANGS", "5"))
+    minutes = float(os.environ.get("BENCH_LIVE_MINUTES", "2"))
+    logging.getLogger("airflow_gpu.triggers.gang.GangTrigger").setLevel(logging.WARNING)  # lines counted, not shown
+    interval = float(os.environ.get("BENCH_LIVE_INTERVAL", "30"))
+    with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp, \
+            start_kube_cluster(Path(tmp), audit=True) as cluster:
+        from kubernetes import client
+
+        api = G.api_client(cluster.kubeconfig)
+        G.ensure_namespace(api, NS)
+        core = client.CoreV1Api(api)
+        names = [f"live-{i}" for i in range(gangs)]
+        uids = {n: core.create_namespaced_pod(NS, _pod(n)).metadata.uid for n in names}
+        wait_until(lambda: all(p.status.phase == "Running" for p in core.list_namespaced_pod(NS).items),
+                   timeout=120, what="the printing pods running")
+        print(f"{gangs} running gangs (1 pod printing a line a second), {minutes:g} min each way; "
+              f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        rows = []
+        for label, get_logs, logging_interval in (("warm-up", True, interval), ("get_logs=False", False, None),
+                                                  (f"logging_interval={interval:g}", True, interval)):
+            triggers = [GangTrigger(NS, n, [n], pod_uids={n: uids[n]}, config_file=str(cluster.kubeconfig),
+                                    get_logs=get_logs, logging_interval=logging_interval, settle_seconds=0)
+                        for n in names]
+            started, cpu0 = time.time(), _cpu()
+            asyncio.run(_run_for(triggers, 15 if label == "warm-up" else minutes * 60))
+            ended, cpu = time.time(), _cpu() - cpu0
+            ours = [e for e in cluster.audit_events() if e.get("userAgent") == USER_AGENT
+                    and started <= api_time(e["requestReceivedTimestamp"]) <= ended]
+            verbs = Counter(f"{e['verb']} {e['objectRef'].get('subresource') or e['objectRef'].get('resource')}"
+                            for e in ours)
+            per = gangs * (ended - started) / 60
+            if label != "warm-up":  # imports and first connections are paid once, in the warm-up
+                rows.append((label, len(ours) / per, cpu / per, dict(verbs)))
+        print(f"{'':24s} {'requests/gang/min':>18s} {'trigger CPU ms/gang/min':>24s}  requests")
+        for label, req, cpu, verbs in rows:
+            print(f"{label:24s} {req:18.2f} {cpu * 1000:24.1f}  {verbs}")
+        print(f"added by live logs: {rows[1][1] - rows[0][1]:.2f} requests and "
+              f"{(rows[1][2] - rows[0][2]) * 1000:.1f} ms CPU per gang per minute; load average after: "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
