@@ -450,7 +450,8 @@ class GpuTrainingOperator(BaseOperator):
         from airflow_gpu.kube.retry import with_retries
         from airflow_gpu.operators.cluster import GangClient
 
-        return GangClient(with_retries(KubernetesHook(conn_id=self.kubernetes_conn_id).api_client), self.log)
+        return GangClient(with_retries(KubernetesHook(conn_id=self.kubernetes_conn_id).api_client), self.log,
+                          on_quota=self._defer_for_quota)
 
     def _task_instance(self, context):
         from airflow_gpu.kube.names import TaskInstanceRef
@@ -526,6 +527,28 @@ class GpuTrainingOperator(BaseOperator):
             self._dry_run(lambda argument, message: GpuTaskArgumentError(self.task_id, argument, message))
         except GpuTaskArgumentError as exc:
             raise A.fail_without_retry(self.task_id, exc) from None
+
+    def _defer_for_quota(self, what: str, message: str) -> None:
+        """A ResourceQuota refused `what`: defer for poll_interval (the worker slot is freed) and
+        submit the same attempt again (what was created is adopted). The run state was saved just
+        before creation; without a state store, GangClient waits in place as before."""
+        context = getattr(self, "_context", None)
+        store = context.get("task_state_store") if context else None
+        run = store.get(STATE_KEY) if store is not None else None
+        if not run:
+            return
+        from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+
+        self.log.info("waiting for quota: %s refused by a ResourceQuota (%s); deferred for %.0f s, no worker slot "
+                      "held, then the gang is submitted again", what, message, self.poll_interval)
+        self.defer(trigger=TimeDeltaTrigger(dt.timedelta(seconds=self.poll_interval)),
+                   method_name="execute_after_quota", kwargs={"run": dict(run)})
+
+    def execute_after_quota(self, context, event=None, run=None):
+        """Back from a quota wait: the same attempt again (_launch counts a submission, so one back)."""
+        run = dict(run)
+        run["attempts"] -= 1
+        return self._launch(run, context, self._client())
 
     def _launch(self, run: dict, context, kube):
         from airflow_gpu.kube.manifests import build
