@@ -17,6 +17,7 @@ import pytest
 from airflow_gpu import constants as C
 from airflow_gpu.operators import GpuTrainingOperator
 from airflow_gpu.operators.gpu_training import GpuTaskArgumentError, new_run
+from tests.test_operator_run import platform  # noqa: F401 - fixture: quotas, namespaces, the GPU scheduler
 
 SEED = Path(__file__).resolve().parent.parent / "examples" / "seed-quotas.yaml"
 BASE = dict(team="nlp", tier="production-training", gpus_per_worker=1, image="python:3.11", config_file=str(SEED))
@@ -100,6 +101,9 @@ def test_kpo_types_reach_every_member():
         {"matchExpressions": [{"key": C.NODE_CAPACITY_TYPE_KARPENTER, "operator": "In", "values": ["spot"]}]}]}}}},
      "affinity", "no nodeSelectorTerm can match"),
     ({"pod_template_dict": {"spec": {}}, "full_pod_spec": {"spec": {}}}, "full_pod_spec", "give one of"),
+    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n1"]}]}]}}}},
+     "affinity", "operator In with one value"),
     ({"deferrable": False}, "deferrable", "always defers"),
     ({"gang_backend": "kueue"}, "gang_backend", "not supported"),
     ({"pool": "gpu.nlp.guaranteed"}, "pool", "derived from team and tier"),  # equal to the derived pool: still refused
@@ -179,3 +183,54 @@ def test_credential_by_value_fails_before_creation_without_retry(sqlite_airflow_
     store = (kube_cluster.state_dir / "store.log").read_bytes()
     assert SECRET.encode() not in store
     assert f'"{dag_id}"'.encode() not in store  # no object of this DAG was ever created
+
+
+@pytest.mark.slow
+def test_templated_argument_error_fails_try_1_without_retry(sqlite_airflow_db, kube_cluster, seaweedfs):
+    from tests.test_operator_run import run_dag
+
+    result, log = run_dag(sqlite_airflow_db, kube_cluster, seaweedfs, "tmpl_bad", (
+        'team="nlp", tier="production-training", gpus_per_worker=1, retries=2, image="python:3.11", '
+        'labels={"note": "{{ \'not a label value!\' }}"}'), timeout=240)
+    ti = result["tis"]["train"]
+    assert (ti["state"], ti["try_number"]) == ("failed", 1), log[-6000:]
+    assert "argument 'labels'" in log and "without spending a retry" in log, log[-6000:]
+    assert b'"tmpl_bad"' not in (kube_cluster.state_dir / "store.log").read_bytes()
+
+
+@pytest.mark.slow
+def test_kpo_habits_run_on_the_local_cluster(platform, sqlite_airflow_db, kube_cluster, seaweedfs):
+    import json
+    import sys
+
+    from airflow_gpu.devtools.processes import wait_until
+    from tests.test_operator_run import run_dag
+
+    seen: dict = {}
+
+    def read_pod():
+        def pod():
+            pods = kube_cluster.core().list_namespaced_pod("team-nlp", label_selector=f"{C.LABEL_DAG_ID}=kpo_run").items
+            return pods[0] if pods else None
+        seen["pod"] = kube_cluster.api_client().sanitize_for_serialization(wait_until(pod, timeout=120, what="pod"))
+
+    cmd = [sys.executable, "-c", "import os; print('A=' + os.environ['A'])"]
+    result, log = run_dag(sqlite_airflow_db, kube_cluster, seaweedfs, "kpo_run", (
+        'team="nlp", tier="production-training", gpus_per_worker=1, image="python:3.11", '
+        f'cmds={cmd!r}, env_vars=[__import__("kubernetes").client.V1EnvVar(name="A", value="{{{{ 1 + 1 }}}}")], '
+        'container_resources=__import__("kubernetes").client.V1ResourceRequirements(requests={"cpu": "1"}), '
+        'image_pull_secrets="regcred", image_pull_policy="IfNotPresent", '
+        'affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": ['
+        '{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}}}, '
+        'pod_template_dict={"spec": {"containers": [{"name": "base", "volumeMounts": [{"name": "shm", '
+        '"mountPath": "/dev/shm"}]}], "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}]}}'),
+        timeout=300, during=read_pod)
+    ti = result["tis"]["train"]
+    assert (result["state"], ti["state"]) == ("success", "success"), log[-6000:]
+    spec = seen["pod"]["spec"]
+    base = spec["containers"][0]
+    assert {e["name"]: e.get("value") for e in base["env"]}["A"] == "2" and "A=2" in log  # templated, as in KPO
+    assert base["resources"]["requests"]["cpu"] == "1" and base["imagePullPolicy"] == "IfNotPresent"
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}] and spec["affinity"]["nodeAffinity"]
+    assert {"name": "shm", "emptyDir": {"medium": "Memory"}} in spec["volumes"], json.dumps(spec)
+    assert {"name": "shm", "mountPath": "/dev/shm"} in base["volumeMounts"]

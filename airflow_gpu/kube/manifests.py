@@ -177,7 +177,8 @@ def build(spec: WorkloadSpec) -> GangManifests:
                             "annotations": {**spec.annotations, **annotations, **member.annotations}},
                "spec": pod_spec}
         if spec.pod_template:
-            apply_pod_template(pod, spec.pod_template, spec.container_name)
+            apply_pod_template(pod, spec.pod_template, spec.container_name,
+                               simple_affinity=spec.gang_backend == C.GANG_BACKEND_AIRFLOW_GPU)
         pods.append(pod)
     if not spec.gang:
         return GangManifests(None, None, None, tuple(pods))

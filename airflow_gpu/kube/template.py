@@ -53,8 +53,10 @@ def _merge(base, over):
     return copy.deepcopy(over)
 
 
-def apply_pod_template(pod: dict, template: Mapping, container_name: str) -> dict:
-    """The gang member `pod` (wire dict, as kube.manifests builds it) with `template` under it."""
+def apply_pod_template(pod: dict, template: Mapping, container_name: str, simple_affinity: bool = False) -> dict:
+    """The gang member `pod` (wire dict, as kube.manifests builds it) with `template` under it.
+    simple_affinity: the airflow-gpu scheduler places by a required node affinity of one term of
+    `In` with one value (as a nodeSelector) and refuses richer ones; refuse them here, at parse."""
     tmeta = template.get("metadata") or {}
     meta = pod["metadata"]
     for part in ("labels", "annotations"):
@@ -86,7 +88,7 @@ def apply_pod_template(pod: dict, template: Mapping, container_name: str) -> dic
                 raise WorkloadSpecError(f"{_where(f'spec.{key}')}={theirs!r}: the gang sets it to {value!r} "
                                         f"(airflow-gpu decides it); remove it from the template")
             out[key] = value  # the operator's own argument (e.g. service_account_name) wins, as in KPO
-    _check_affinity(out)
+    _check_affinity(out, simple_affinity)
     pod["spec"] = out
     return pod
 
@@ -154,11 +156,18 @@ def _resources(theirs: Mapping, ours: Mapping, name: str, part: str) -> dict:
     return out
 
 
-def _check_affinity(spec: dict) -> None:
+def _check_affinity(spec: dict, simple: bool) -> None:
     """A required node affinity that no node carrying the gang's nodeSelector can satisfy (e.g. the
     capacity type the scheduler chose) would leave the gang pending forever: an error instead."""
     terms = ((((spec.get("affinity") or {}).get("nodeAffinity") or {})
               .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
+    if simple and terms:
+        rich = len(terms) > 1 or terms[0].get("matchFields") or any(
+            e.get("operator") != "In" or len(e.get("values") or []) != 1 for e in terms[0].get("matchExpressions") or [])
+        if rich:
+            raise WorkloadSpecError("affinity: the airflow-gpu scheduler takes a required node affinity of one "
+                                    "nodeSelectorTerm whose matchExpressions are operator In with one value (or "
+                                    "node_selector); preferred affinity and pod (anti-)affinity are kept as given")
     selector = spec.get("nodeSelector") or {}
     if not terms or not selector:
         return
