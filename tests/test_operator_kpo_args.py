@@ -105,6 +105,7 @@ def test_kpo_types_reach_every_member():
         {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n1"]}]}]}}}},
      "affinity", "operator In with one value"),
     ({"deferrable": False}, "deferrable", "always defers"),
+    ({"skip_on_exit_code": "3"}, "skip_on_exit_code", "list of exit codes"),
     ({"gang_backend": "kueue"}, "gang_backend", "not supported"),
     ({"pool": "gpu.nlp.guaranteed"}, "pool", "derived from team and tier"),  # equal to the derived pool: still refused
     ({"config_file": "/nonexistent/quotas.yaml"}, "config_file", "the cluster comes from kubernetes_conn_id"),
@@ -234,3 +235,18 @@ def test_kpo_habits_run_on_the_local_cluster(platform, sqlite_airflow_db, kube_c
     assert spec["imagePullSecrets"] == [{"name": "regcred"}] and spec["affinity"]["nodeAffinity"]
     assert {"name": "shm", "emptyDir": {"medium": "Memory"}} in spec["volumes"], json.dumps(spec)
     assert {"name": "shm", "mountPath": "/dev/shm"} in base["volumeMounts"]
+
+
+@pytest.mark.slow
+def test_skip_on_exit_code(platform, sqlite_airflow_db, kube_cluster, seaweedfs):
+    import sys
+
+    from tests.test_operator_run import run_dag
+
+    cmd = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    result, log = run_dag(sqlite_airflow_db, kube_cluster, seaweedfs, "kpo_skip", (
+        f'team="nlp", tier="production-training", gpus_per_worker=1, image="python:3.11", retries=1, '
+        f'cmds={cmd!r}, skip_on_exit_code=[3, 4]'), timeout=300)
+    ti = result["tis"]["train"]
+    assert (ti["state"], ti["try_number"]) == ("skipped", 1), log[-6000:]
+    assert "(skip_on_exit_code): skipped" in log
