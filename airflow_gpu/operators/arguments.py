@@ -117,6 +117,27 @@ def image_pull_secrets_list(value: Any) -> list[dict]:
     return [{"name": v} if isinstance(v, str) else as_dict(v) for v in value]
 
 
+def exit_codes(value: Any) -> tuple[int, ...]:
+    """skip_on_exit_code: an int or a list of ints, as in KPO."""
+    if value is None:
+        return ()
+    codes = (value,) if isinstance(value, int) else value
+    if isinstance(codes, (str, bytes)) or not all(isinstance(c, int) and not isinstance(c, bool) for c in codes):
+        raise ArgumentProblem("skip_on_exit_code", f"give an exit code or a list of exit codes (got {value!r})")
+    return tuple(codes)
+
+
+def skip_exception(outcome, codes: tuple[int, ...]):
+    """AirflowSkipException when the gang failed and every non-zero exit code of its members is one of
+    `codes` (a member killed because another failed shows its own code, e.g. 137, and prevents the skip)."""
+    failed = {code for code in (outcome.exit_codes or {}).values() if code != 0}
+    if outcome.status != "failed" or not codes or not failed or not failed <= set(codes):
+        return None
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    return AirflowSkipException(f"gang {outcome.gang} exited with {sorted(failed)} (skip_on_exit_code): skipped")
+
+
 def kpo_pod_template(*, container_name: str, env_sources=(), env_from=(), secret_volumes=(), image_pull_secrets=(),
                      image_pull_policy=None, affinity=None, security_context=None,
                      container_security_context=None, init_containers=()) -> dict | None:
@@ -225,6 +246,7 @@ def fail_without_retry(task_id: str, problem_or_error: Exception):
     return AirflowFailException(f"{problem_or_error} (an argument error: failing without spending a retry)")
 
 
-__all__ = ["ArgumentProblem", "POOL_ARGUMENTS", "VALUE_ARGUMENTS", "credential_by_value", "fail_without_retry",
+__all__ = ["ArgumentProblem", "POOL_ARGUMENTS", "VALUE_ARGUMENTS", "credential_by_value", "exit_codes",
+           "fail_without_retry", "skip_exception",
            "image_pull_secrets_list", "kpo_pod_template", "load_template", "resources_dict", "split_env",
            "split_secrets"]

@@ -203,6 +203,7 @@ class GpuTrainingOperator(BaseOperator):
         pod_template_file: str | None = None,
         pod_template_dict: Mapping[str, Any] | None = None,
         full_pod_spec: Any = None,
+        skip_on_exit_code: int | Sequence[int] | None = None,
         **kwargs: Any,
     ) -> None:
         from airflow_gpu.operators import arguments as A
@@ -235,6 +236,7 @@ class GpuTrainingOperator(BaseOperator):
             secrets, self.secret_volumes = A.split_secrets(secrets)
             container_resources = A.resources_dict(container_resources)
             self.image_pull_secrets = A.image_pull_secrets_list(image_pull_secrets)
+            self.skip_on_exit_code = A.exit_codes(skip_on_exit_code)
         except A.ArgumentProblem as exc:
             raise bad(exc.argument, exc.message) from None
         env_vars = env_literal
@@ -420,6 +422,7 @@ class GpuTrainingOperator(BaseOperator):
             run["attempt"] += 1
             return self._launch(run, context, kube)
         self._finish(kube, ref, context, run)
+        self._skip_on_exit_code(outcome)
         if outcome.status == "failed":
             raise AirflowException(f"gang {outcome.gang} failed (application failure, exit codes "
                                    f"{outcome.exit_codes or '?'}): {outcome.reason}; Airflow retries it if retries remain")
@@ -527,6 +530,14 @@ class GpuTrainingOperator(BaseOperator):
             self._dry_run(lambda argument, message: GpuTaskArgumentError(self.task_id, argument, message))
         except GpuTaskArgumentError as exc:
             raise A.fail_without_retry(self.task_id, exc) from None
+
+    def _skip_on_exit_code(self, outcome) -> None:
+        """KPO's skip_on_exit_code for a gang: skipped when every failed member exited with one of them."""
+        from airflow_gpu.operators.arguments import skip_exception
+
+        skip = skip_exception(outcome, self.skip_on_exit_code)
+        if skip is not None:
+            raise skip
 
     def _defer_for_quota(self, what: str, message: str) -> None:
         """A ResourceQuota refused `what`: defer for poll_interval (the worker slot is freed) and
