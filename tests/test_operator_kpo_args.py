@@ -250,3 +250,20 @@ def test_skip_on_exit_code(platform, sqlite_airflow_db, kube_cluster, seaweedfs)
     ti = result["tis"]["train"]
     assert (ti["state"], ti["try_number"]) == ("skipped", 1), log[-6000:]
     assert "(skip_on_exit_code): skipped" in log
+
+
+def test_expand_checks_partial_with_each_literal_value_at_parse():
+    from airflow.sdk import DAG
+
+    with DAG("kpo_mapped_bad", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
+        with pytest.raises(GpuTaskArgumentError) as info:
+            GpuTrainingOperator.partial(task_id="m", **BASE, labels={"note": "not a label!"}).expand(cmds=[["a"]])
+        assert info.value.argument == "labels" and "item 0" in str(info.value)
+        with pytest.raises(GpuTaskArgumentError) as info:
+            GpuTrainingOperator.partial(task_id="n", **BASE).expand(env_vars=[{"A": "1"}, {"RANK": "1"}])
+        assert info.value.argument == "env_vars" and "expand(env_vars=[...]) item 1" in str(info.value)
+        mapped = GpuTrainingOperator.partial(task_id="o", **BASE).expand(env_vars=[{"A": "1"}, {"A": "2"}])
+    assert mapped.partial_kwargs["pool"] == "gpu.nlp.guaranteed"
+    # at run time the task is unmapped with partial()'s derived values: accepted (an author's are not)
+    task = mapped.unmap({"env_vars": {"A": "2"}})
+    assert (task.pool, task.env_vars) == ("gpu.nlp.guaranteed", {"A": "2"})

@@ -132,7 +132,8 @@ class GpuTrainingOperator(BaseOperator):
     """Gang-scheduled training on the airflow-gpu scheduler; see the module docstring and README."""
 
     template_fields: Sequence[str] = ("image", "cmds", "arguments", "env_vars", "labels", "annotations",
-                                      "checkpoint", "pod_template_file", "pod_template_dict")
+                                      "checkpoint", "pod_template_file", "pod_template_dict", "env_from",
+                                      "node_selector", "container_resources", "volumes", "volume_mounts")
     ui_color = "#76b900"
 
     @classmethod
@@ -215,7 +216,8 @@ class GpuTrainingOperator(BaseOperator):
 
         plan, path, derived = plan_arguments(task_id, config_file, team, tier, workers, gpus_per_worker, mig_profile,
                                              gpu_products)
-        from_mapped = kwargs.get("_airflow_from_mapped")
+        # set by BaseOperator's apply_defaults for a task unmapped from partial()/expand()
+        from_mapped = getattr(self, "_BaseOperator__from_mapped", False)
         for name, value in derived.items():
             # partial() puts the derived values into a mapped task's kwargs (checked equal: an expand()
             # over a pool-deciding argument would differ); an author's own value is refused, even equal
@@ -743,6 +745,7 @@ class GpuTrainingOperator(BaseOperator):
                 "resumed_from_step": run.get("resumed_from_step"), "gpu_product": run.get("gpu_product")}
 
 
+MAPPED_CHECK_LIMIT = 64  # literal expand() values checked at parse time per argument (parse stays cheap)
 _MAPPED_HINT = ("; in a mapped task the arguments that decide the pool and priority (team, tier, workers, gpus_per_worker, "
                 "mig_profile, gpu_products, config_file) cannot be expanded: give them to partial()")
 
@@ -763,7 +766,31 @@ def _operator_partial_class():
                 raise GpuTaskArgumentError(self.kwargs.get("task_id", "?"), mapped[0],
                                            "decides the task's pool and priority, which the scheduler needs before "
                                            "the task is expanded" + _MAPPED_HINT)
+            self._check_literal_values(mapped_kwargs)
             return super().expand(**mapped_kwargs)
+
+        def _check_literal_values(self, mapped_kwargs) -> None:
+            """What can be checked at parse time is: the partial() arguments with each literal expand()
+            value (an XComArg is only known at run time), through the operator's own parse checks,
+            built outside the DAG (DagContext None, as Airflow's serialization does)."""
+            from airflow.sdk.definitions._internal.contextmanager import DagContext
+
+            if not all(isinstance(v, (list, tuple)) and v for v in mapped_kwargs.values()):
+                return
+            fixed = {k: v for k, v in self.kwargs.items() if k not in ("dag", "task_group")}
+            first = {k: v[0] for k, v in mapped_kwargs.items()}
+            DagContext.push(None)
+            try:
+                for name, values in mapped_kwargs.items():
+                    for i, value in enumerate(values[:MAPPED_CHECK_LIMIT]):
+                        try:
+                            self.operator_class(**fixed, **{**first, name: value}, _airflow_from_mapped=True)
+                        except GpuTaskArgumentError as exc:
+                            raise GpuTaskArgumentError(fixed.get("task_id", "?"), exc.argument,
+                                                       f"expand({name}=[...]) item {i}: "
+                                                       + str(exc).split(": ", 1)[1]) from None
+            finally:
+                DagContext.pop()
 
     return GpuOperatorPartial
 
