@@ -13,6 +13,7 @@ does.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import re
 import time
@@ -750,6 +751,7 @@ _MAPPED_HINT = ("; in a mapped task the arguments that decide the pool and prior
                 "mig_profile, gpu_products, config_file) cannot be expanded: give them to partial()")
 
 
+@functools.cache
 def _operator_partial_class():
     from airflow.sdk.definitions.mappedoperator import OperatorPartial
 
