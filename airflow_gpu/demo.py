@@ -257,64 +257,29 @@ class Demo:
     def start_platform(self) -> None:
         from kubernetes import client
 
-        from airflow_gpu.config import load_config
-        from airflow_gpu.devtools.airflow_stack import AirflowStack
-        from airflow_gpu.devtools.gangs import scheduler_process
-        from airflow_gpu.devtools.kube import start_kube_cluster
-        from airflow_gpu.devtools.seaweedfs import SeaweedFS, create_team_secrets
+        from airflow_gpu.devtools.devplatform import start_platform
         from airflow_gpu.kube.convert import ConversionContext
-
-        self.step("Starting the platform (everything on 127.0.0.1, stopped by PID at the end)")
-        self.s3 = self.stack.enter_context(SeaweedFS(root=self.workdir / "s3"))
-        self.say(f"S3 (SeaweedFS) {self.s3.endpoint_url}, pid {self.s3.pid}; filer, volume and gRPC ports locked "
-                 "(JWT, mutual TLS)")
-
-        self.cluster = self.stack.enter_context(start_kube_cluster(self.workdir / "cluster", SEED_CLUSTER))
-        self.api = self.cluster.api_client()
-        nodes = json.loads(client.CoreV1Api(self.api).list_node(_preload_content=False).data)["items"]
         from airflow_gpu.ui.ledger import pod_gpus
 
+        self.step("Starting the platform (everything on 127.0.0.1, stopped by PID at the end)")
+        # `airflow-gpu dev up`'s platform, with the example DAGs and the demo's own settings
+        platform = start_platform(self.stack, self.workdir, DAGS, SEED_QUOTAS, SEED_CLUSTER, say=self.say,
+                                  bucket=BUCKET, keep_airflow_env=False, log_level="WARNING", extra_env={
+                                      C.ENV_EXAMPLE_CHECKPOINTS: f"s3://{BUCKET}/checkpoints",  # the DAGs fill in {team}
+                                      C.ENV_EXAMPLE_S3_SECRET: S3_SECRET,
+                                      # only the runs the demo triggers: finetune_pipeline's @daily schedule stays quiet
+                                      "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
+                                      "AIRFLOW__CORE__PARALLELISM": "8",
+                                  })
+        self.s3, self.cluster, self.scheduler, self.airflow = platform.s3, platform.cluster, platform.scheduler, \
+            platform.airflow
+        self.config = platform.config
+        self.api = self.cluster.api_client()
+        nodes = json.loads(client.CoreV1Api(self.api).list_node(_preload_content=False).data)["items"]
         self.gpus_total = sum(pod_gpus({"spec": {"containers": [{"resources": {"requests": n["status"]["allocatable"]}}]}})
                               for n in nodes)
-        self.say(f"local cluster {SEED_CLUSTER.name}: {len(nodes)} nodes, {self.gpus_total:g} GPUs "
-                 f"(MIG slices as 1/7), kubeconfig {self.cluster.kubeconfig}, pid {self.cluster.pid}")
-
-        self.config = load_config(SEED_QUOTAS)
-        rendered = _cli("pools", "render-k8s", "--config", str(SEED_QUOTAS))
-        self.cluster.kubectl("apply", "-f", "-", input=rendered)
-        core = client.CoreV1Api(self.api)
+        self.say(f"{len(nodes)} nodes, {self.gpus_total:g} GPUs (MIG slices as 1/7)")
         self.namespaces = tuple(t.namespace for t in self.config.teams)
-        for team in self.config.teams:
-            self.s3.add_team(team.name, BUCKET.format(team=team.name))
-        create_team_secrets(core, self.s3, {t.name: t.namespace for t in self.config.teams}, S3_SECRET)
-        self.say(f"quotas of {SEED_QUOTAS.name} applied: Namespaces, ResourceQuotas, PriorityClasses; per team a "
-                 f"bucket {BUCKET!r} and Secret {S3_SECRET!r} with an S3 identity limited to it")
-
-        self.scheduler = scheduler_process(self.cluster.kubeconfig, self.workdir / "scheduler.log",
-                                           config_path=SEED_QUOTAS, identity="demo-scheduler").start()
-        self.stack.callback(self.scheduler.stop)
-        self.say(f"GPU scheduler pid {self.scheduler.pid}, log {self.workdir / 'scheduler.log'}")
-
-        conn = json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(self.cluster.kubeconfig)}})
-        self.airflow = AirflowStack(home=self.workdir / "airflow", dags_folder=DAGS, extra_env={
-            **self.s3.env(),  # the platform's identity: workers read every team's status.json (rank 0's progress)
-            "AIRFLOW_CONN_KUBERNETES_DEFAULT": conn,
-            "AIRFLOW__AIRFLOW_GPU__CONFIG_FILE": str(SEED_QUOTAS),  # the operator's quota config
-            "AIRFLOW__AIRFLOW_GPU__QUOTA_CONFIG": str(SEED_QUOTAS),  # the UI plugin's
-            "AIRFLOW__AIRFLOW_GPU__KUBECONFIG": str(self.cluster.kubeconfig),
-            C.ENV_EXAMPLE_CHECKPOINTS: f"s3://{BUCKET}/checkpoints",  # the DAGs fill in {team}
-            C.ENV_EXAMPLE_S3_SECRET: S3_SECRET,
-            # only the runs the demo triggers: finetune_pipeline's @daily schedule stays quiet
-            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
-            "AIRFLOW__CORE__PARALLELISM": "8",
-        })
-        self.airflow.migrate()
-        sync = _cli("pools", "sync", "--config", str(SEED_QUOTAS), env=self.airflow.env())
-        self.say(f"Airflow pools synced from the quotas: {sync.strip().splitlines()[-1] if sync.strip() else 'ok'}")
-        self.stack.callback(self.airflow.stop)
-        self.airflow.start(migrate=False)
-        procs = ", ".join(f"{name} {p.pid}" for name, p in self.airflow.processes.items())
-        self.say(f"Airflow {self.airflow.base_url} ({procs}), DAGs from {DAGS}")
         self.rest = self.airflow.api()
         self.stack.callback(self.rest.close)
 
@@ -581,16 +546,6 @@ class Demo:
         if report["orphaned_objects"]:
             problems.append(f"objects left behind: {report['orphaned']}")
         return problems
-
-
-def _cli(*args: str, env: dict | None = None) -> str:
-    import subprocess
-
-    result = subprocess.run([sys.executable, "-m", "airflow_gpu", *args], capture_output=True, text=True, env=env,
-                            timeout=300, stdin=subprocess.DEVNULL)
-    if result.returncode != 0:
-        raise DemoFailed(f"airflow-gpu {' '.join(args)} failed ({result.returncode}):\n{result.stderr}{result.stdout}")
-    return result.stdout
 
 
 def _stop_on_signal(signum, frame) -> None:

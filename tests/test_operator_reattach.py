@@ -3,13 +3,13 @@ airflow_gpu.devtools.operator_run stands in for the task runner and its durable 
 - a worker killed while the task is deferred: the restarted execute() reattaches to the same pod UIDs
   and creates nothing new;
 - on_kill deletes every object of the task instance;
-- a ResourceQuota refusal at creation is waited out (logged with the quota's message), not a failure.
+- a ResourceQuota refusal at creation defers (logged with the quota's message), not a failure, and
+  the same attempt is submitted when the quota frees.
 No GPU scheduler runs here: the pods stay pending, which is all these steps need."""
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
@@ -92,7 +92,13 @@ class Recorder:
     info = warning = error = exception = debug = _add
 
 
-def test_resource_quota_refusal_is_waited_out(cluster, monkeypatch):
+def test_resource_quota_refusal_defers_and_submits_when_the_quota_frees(cluster, monkeypatch):
+    """Issue 27 item 5: no worker slot is held while a ResourceQuota refuses the gang: execute() defers
+    (a timer of poll_interval, the quota's message in the log); back from it, the same attempt is
+    submitted again, adopting what was created, until the quota admits it."""
+    from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+    from airflow.sdk.exceptions import TaskDeferred
+
     from airflow_gpu.operators import GpuTrainingOperator
     from airflow_gpu.operators.cluster import GangClient
 
@@ -102,21 +108,29 @@ def test_resource_quota_refusal_is_waited_out(cluster, monkeypatch):
                         "containers": [{"name": "c", "image": "x", "resources": {"limits": {C.RESOURCE_GPU: "12"}}}]}}
     core.create_namespaced_pod("team-research", blocker)  # 12 of research's 16 preemptible GPUs
     recorder = Recorder()
-    monkeypatch.setattr(GpuTrainingOperator, "_client", lambda self: GangClient(cluster.api_client(), recorder))
+    monkeypatch.setattr(GpuTrainingOperator, "_client", lambda self: GangClient(
+        cluster.api_client(), recorder, on_quota=self._defer_for_quota))
     ti = FakeTaskInstance("quota", "train", "manual__1")
-    result: dict = {}
-    thread = threading.Thread(target=lambda: result.update(
-        deferred=execute_until_deferred(operator("train"), context_for(ti, DictStateStore()))), daemon=True)
-    thread.start()
-    refusals = lambda: [x for x in recorder.lines if "refused by a ResourceQuota" in x]  # noqa: E731
-    wait_until(refusals, timeout=60, what="the quota refusal logged")
-    assert "exceeded quota: airflow-gpu-preemptible" in refusals()[0]
-    time.sleep(2)  # several tries at poll_interval 0.5 s
-    assert thread.is_alive() and len(refusals()) == 1  # waiting, not failed; logged when the message changes
+    store = DictStateStore()
+    started = time.monotonic()
+    deferred = execute_until_deferred(operator("train"), context_for(ti, store))
+    assert time.monotonic() - started < 10  # deferred at the first refusal, not waited out
+    assert isinstance(deferred.trigger, TimeDeltaTrigger) and deferred.method_name == "execute_after_quota"
+    refusals = [x for x in recorder.lines if "refused by a ResourceQuota" in x]
+    assert refusals and "exceeded quota: airflow-gpu-preemptible" in refusals[0]
+    run = deferred.kwargs["run"]
+    assert run["attempt"] == 1000 and run["attempts"] == 1
+    # still refused: deferred again, same attempt, same gang name
+    with pytest.raises(TaskDeferred) as again:
+        operator("train").execute_after_quota(context_for(ti, store), event=None, run=run)
+    assert again.value.method_name == "execute_after_quota" and again.value.kwargs["run"]["gang"] == run["gang"]
     core.delete_namespaced_pod("quota-blocker", "team-research", grace_period_seconds=0)
-    thread.join(timeout=60)
-    assert "deferred" in result and len(result["deferred"].trigger.pod_uids) == 2
-    assert set(result["deferred"].trigger.pod_uids) == set(pods_of(cluster, "quota"))
+    with pytest.raises(TaskDeferred) as admitted:
+        operator("train").execute_after_quota(context_for(ti, store), event=None, run=again.value.kwargs["run"])
+    assert admitted.value.method_name == "execute_complete"
+    final = admitted.value.kwargs["run"]
+    assert (final["attempt"], final["attempts"], final["gang"]) == (1000, 1, run["gang"])
+    assert set(admitted.value.trigger.pod_uids) == set(pods_of(cluster, "quota")) and len(final["pods"]) == 2
 
 
 def test_execution_timeout_while_deferred_deletes_the_gang(cluster):

@@ -32,6 +32,13 @@ from airflow_gpu.airflow_api import AirflowApi, fetch_token
 from airflow_gpu.devtools.processes import ManagedProcess, free_port, wait_for_http
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+# settings that connect the components (DB, ports, secrets, users): never taken from the caller
+_WIRING = frozenset({
+    "AIRFLOW__CORE__EXECUTION_API_SERVER_URL", "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS",
+    "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+    "AIRFLOW__API__HOST", "AIRFLOW__API__PORT", "AIRFLOW__API__BASE_URL", "AIRFLOW__API__SECRET_KEY",
+    "AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__EXECUTOR",
+})
 # monitor/health key of each component that heartbeats (the api-server answers the request itself)
 _HEALTH_KEY = {"scheduler": "scheduler", "dag-processor": "dag_processor", "triggerer": "triggerer"}
 
@@ -48,6 +55,9 @@ class AirflowStack:
     password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     # more simple-auth-manager users: name -> "role" or "role:team1|team2" (multi_team); random passwords
     users: dict[str, str] = field(default_factory=dict)
+    # the caller's AIRFLOW__* settings kept (dev up), except the ones that wire the processes together
+    keep_airflow_env: bool = False
+    log_level: str = "WARNING"
     processes: dict[str, ManagedProcess] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
@@ -92,10 +102,12 @@ class AirflowStack:
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "5",
             "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
-            "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": self.log_level,
             # a loaded machine answers the task runners' execution API slowly: wait instead of failing a try
             "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30",
         })
+        if self.keep_airflow_env:
+            env.update({k: v for k, v in os.environ.items() if k.startswith("AIRFLOW__") and k not in _WIRING})
         env.update(self.extra_env)
         return env
 

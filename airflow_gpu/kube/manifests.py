@@ -21,6 +21,7 @@ from airflow_gpu.kube.backends import (
 from airflow_gpu.kube.names import member_name
 from airflow_gpu.kube.podlog import RESULT_PATH
 from airflow_gpu.kube.spec import WorkloadSpec, WorkloadSpecError
+from airflow_gpu.kube.template import apply_pod_template
 
 
 @dataclass(frozen=True)
@@ -175,10 +176,14 @@ def build(spec: WorkloadSpec) -> GangManifests:
             pod_spec["serviceAccountName"] = spec.service_account_name
         if spec.termination_grace_period is not None:
             pod_spec["terminationGracePeriodSeconds"] = spec.termination_grace_period
-        pods.append({"apiVersion": "v1", "kind": "Pod",
-                     "metadata": {"name": pod_name, "namespace": spec.namespace, "labels": pod_labels,
-                                  "annotations": {**spec.annotations, **annotations, **member.annotations}},
-                     "spec": pod_spec})
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": pod_name, "namespace": spec.namespace, "labels": pod_labels,
+                            "annotations": {**spec.annotations, **annotations, **member.annotations}},
+               "spec": pod_spec}
+        if spec.pod_template:
+            apply_pod_template(pod, spec.pod_template, spec.container_name,
+                               simple_affinity=spec.gang_backend == C.GANG_BACKEND_AIRFLOW_GPU)
+        pods.append(pod)
     if not spec.gang:
         return GangManifests(None, None, None, tuple(pods))
     group = group_manifest(

@@ -164,6 +164,7 @@ class WorkloadSpec:
     master_port: int = C.DEFAULT_MASTER_PORT
     schedule_timeout_seconds: int | None = None
     gang: bool = True  # False: one lone pod, no PodGroup, Service or gang labels (inference)
+    pod_template: Mapping[str, Any] | None = None  # a Pod (wire dict) under every member (kube/template.py)
 
     def __post_init__(self) -> None:
         setter = object.__setattr__  # frozen: normalise inputs once, here
@@ -179,6 +180,11 @@ class WorkloadSpec:
         setter(self, "volume_mounts", _wire_list(self.volume_mounts, "volume_mounts"))
         setter(self, "tolerations", _wire_list(self.tolerations, "tolerations"))
         setter(self, "container_resources", MappingProxyType(dict(as_dict(self.container_resources or {}))))
+        if self.pod_template is not None:
+            template = as_dict(self.pod_template)
+            if not isinstance(template, dict) or not isinstance(template.get("spec", {}), dict):
+                raise WorkloadSpecError("pod_template: must be a Pod (a dict with metadata and spec, or a V1Pod)")
+            setter(self, "pod_template", MappingProxyType(template))
         self._validate()
 
     # --- validation ---------------------------------------------------------------------------

@@ -26,8 +26,10 @@ def _key(obj: dict) -> str:
 
 
 class GangClient:
-    def __init__(self, api_client: client.ApiClient, log):
+    def __init__(self, api_client: client.ApiClient, log,
+                 on_quota: Callable[[str, str], None] | None = None):
         self.api = api_client
+        self.on_quota = on_quota  # called on a quota refusal (the operator defers from it); else wait here
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.log = log
@@ -40,7 +42,8 @@ class GangClient:
         """Create the group, Service and pods in that order; return {"Kind/name": uid}. An object that
         already exists with our labels (a worker that died after creating it) is adopted. A 403
         "exceeded quota" means the namespace is full for now: log the quota's message once per change
-        and try again every poll_interval (the task's execution_timeout bounds the wait)."""
+        and try again every poll_interval (the task's execution_timeout bounds the wait). With on_quota,
+        it is called first: the operator defers there (raises), so no worker slot waits."""
         uids: dict[str, str] = {}
         last_refusal = None
         for obj in manifests.objects():
@@ -57,6 +60,8 @@ class GangClient:
                         if message != last_refusal:
                             self.log.warning("waiting: %s refused by a ResourceQuota: %s", _key(obj), message)
                             last_refusal = self.last_refusal = message
+                        if self.on_quota is not None:
+                            self.on_quota(_key(obj), message)
                         sleep(poll_interval)
                         continue
                     raise

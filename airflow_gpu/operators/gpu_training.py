@@ -13,6 +13,7 @@ does.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import re
 import time
@@ -41,6 +42,8 @@ SCHEDULER_NAMESPACE_OPTION = "scheduler_namespace"  # [airflow_gpu] scheduler_na
 DERIVED = ("pool", "pool_slots", "priority_weight", "weight_rule")
 DERIVED_MESSAGE = ("is derived from team and tier (the team's pool for the tier class, the GPU demand in 1/7-GPU "
                    "slots, the tier's priority with weight_rule 'absolute'); remove it")
+CONFIG_FILE_NOTE = ("; config_file is the airflow-gpu quota file (teams, tiers, quotas), not a kubeconfig as for "
+                    "KubernetesPodOperator: the cluster comes from kubernetes_conn_id")
 STATE_KEY = "airflow_gpu.gang"  # task_state_store key of the try's RunState
 _SAFE_KEY = re.compile(r"[^A-Za-z0-9._=-]+")
 _LEADING_NAME = re.compile(r"^[a-z_]+")
@@ -112,11 +115,12 @@ def plan_arguments(task_id: str, config_file, team, tier, workers, gpus_per_work
     path = resolve_config_file(config_file)
     if not path:
         raise bad("config_file", f"no quota configuration: pass config_file=... or set [{CONFIG_SECTION}] "
-                                 f"{CONFIG_OPTION} (env AIRFLOW__{CONFIG_SECTION.upper()}__{CONFIG_OPTION.upper()})")
+                                 f"{CONFIG_OPTION} (env AIRFLOW__{CONFIG_SECTION.upper()}__{CONFIG_OPTION.upper()})"
+                                 f"{CONFIG_FILE_NOTE}")
     try:
         cfg = load_config_cached(path)
     except ConfigError as exc:
-        raise bad("config_file", str(exc)) from None
+        raise bad("config_file", f"{exc}{CONFIG_FILE_NOTE}") from None
     try:
         plan = plan_gpu_task(cfg, team=team, tier=tier, workers=workers, gpus_per_worker=gpus_per_worker,
                              mig_profile=mig_profile,
@@ -132,7 +136,8 @@ class GpuTrainingOperator(BaseOperator):
     """Gang-scheduled training on the airflow-gpu scheduler; see the module docstring and README."""
 
     template_fields: Sequence[str] = ("image", "cmds", "arguments", "env_vars", "labels", "annotations",
-                                      "checkpoint")
+                                      "checkpoint", "pod_template_file", "pod_template_dict", "env_from",
+                                      "node_selector", "container_resources", "volumes", "volume_mounts")
     ui_color = "#76b900"
 
     @classmethod
@@ -140,14 +145,21 @@ class GpuTrainingOperator(BaseOperator):
         """Dynamic task mapping: the pool, pool_slots and priority of every mapped task are decided here,
         when the DAG file is parsed (the scheduler needs them before any task is expanded), so the
         arguments that decide them go to partial(); the others may be expanded."""
+        from airflow_gpu.operators.arguments import POOL_ARGUMENTS
+
         task_id = kwargs.get("task_id", "?")
         for name in DERIVED:
             if name in kwargs:
                 raise GpuTaskArgumentError(task_id, name, DERIVED_MESSAGE)
-        _, _, derived = plan_arguments(task_id, kwargs.get("config_file"), kwargs.get("team"), kwargs.get("tier"),
-                                       kwargs.get("workers", 1), kwargs.get("gpus_per_worker"),
-                                       kwargs.get("mig_profile"), kwargs.get("gpu_products"))
-        return super().partial(**kwargs, **derived)
+        try:
+            _, _, derived = plan_arguments(task_id, kwargs.get("config_file"), kwargs.get("team"), kwargs.get("tier"),
+                                           kwargs.get("workers", 1), kwargs.get("gpus_per_worker"),
+                                           kwargs.get("mig_profile"), kwargs.get("gpu_products"))
+        except GpuTaskArgumentError as exc:
+            raise GpuTaskArgumentError(task_id, exc.argument, str(exc).split(": ", 1)[1] + _MAPPED_HINT) from None
+        partial = super().partial(**kwargs, **derived)
+        partial.__class__ = _operator_partial_class()  # expand() refuses the pool-deciding arguments
+        return partial
 
     def __init__(
         self,
@@ -165,7 +177,8 @@ class GpuTrainingOperator(BaseOperator):
         deadline: dt.datetime | dt.timedelta | None = None,
         cmds: Sequence[str] | None = None,
         arguments: Sequence[str] | None = None,
-        env_vars: Mapping[str, str] | None = None,
+        env_vars: Mapping[str, str] | Sequence[Any] | None = None,
+        env_from: Sequence[Any] | None = None,
         secrets: Sequence[Any] | None = None,
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
@@ -175,7 +188,7 @@ class GpuTrainingOperator(BaseOperator):
         tolerations: Sequence[Any] | None = None,
         service_account_name: str | None = None,
         termination_grace_period: int | None = None,
-        container_resources: Mapping[str, Mapping[str, str]] | None = None,
+        container_resources: Any = None,
         topology: str | None = None,
         topology_required: bool = False,
         gang_backend: str = "airflow-gpu",
@@ -188,8 +201,22 @@ class GpuTrainingOperator(BaseOperator):
         logging_interval: int | float | None = 30,
         log_tail_lines: int = 200,
         on_finish_action: str = "delete_pod",
+        image_pull_secrets: Any = None,
+        image_pull_policy: str | None = None,
+        affinity: Any = None,
+        security_context: Any = None,
+        container_security_context: Any = None,
+        init_containers: Sequence[Any] | None = None,
+        schedule_timeout_seconds: int | None = None,
+        startup_timeout_seconds: int | None = None,
+        pod_template_file: str | None = None,
+        pod_template_dict: Mapping[str, Any] | None = None,
+        full_pod_spec: Any = None,
+        skip_on_exit_code: int | Sequence[int] | None = None,
         **kwargs: Any,
     ) -> None:
+        from airflow_gpu.operators import arguments as A
+
         task_id = kwargs.get("task_id", "?")
 
         def bad(argument: str, message: str) -> GpuTaskArgumentError:
@@ -197,11 +224,43 @@ class GpuTrainingOperator(BaseOperator):
 
         plan, path, derived = plan_arguments(task_id, config_file, team, tier, workers, gpus_per_worker, mig_profile,
                                              gpu_products)
+        # set by BaseOperator's apply_defaults for a task unmapped from partial()/expand()
+        from_mapped = getattr(self, "_BaseOperator__from_mapped", False)
         for name, value in derived.items():
-            # partial() puts the derived values into a mapped task's kwargs; an author's own value is refused
-            if name in kwargs and kwargs.pop(name) != value:
-                raise bad(name, DERIVED_MESSAGE)
+            # partial() puts the derived values into a mapped task's kwargs (checked equal: an expand()
+            # over a pool-deciding argument would differ); an author's own value is refused, even equal
+            if name in kwargs and (not from_mapped or kwargs.pop(name) != value):
+                raise bad(name, DERIVED_MESSAGE + ("" if not from_mapped else _MAPPED_HINT))
         super().__init__(**derived, **kwargs)
+        if not deferrable:
+            raise bad("deferrable", "GpuTrainingOperator always defers while its gang waits and runs (no worker "
+                                    "slot is held); remove deferrable=False")
+        if gang_backend == C.GANG_BACKEND_KUEUE:
+            raise bad("gang_backend", "'kueue' is not supported by GpuTrainingOperator (a Kueue LocalQueue is not "
+                                      "part of the quota config); use airflow-gpu, coscheduling or volcano")
+        if startup_timeout_seconds is not None and schedule_timeout_seconds is not None:
+            raise bad("startup_timeout_seconds", "give schedule_timeout_seconds or startup_timeout_seconds (its KPO "
+                                                 "name), not both")
+        try:
+            env_literal, self.env_sources = A.split_env(env_vars)
+            secrets, self.secret_volumes = A.split_secrets(secrets)
+            container_resources = A.resources_dict(container_resources)
+            self.image_pull_secrets = A.image_pull_secrets_list(image_pull_secrets)
+            self.skip_on_exit_code = A.exit_codes(skip_on_exit_code)
+        except A.ArgumentProblem as exc:
+            raise bad(exc.argument, exc.message) from None
+        env_vars = env_literal
+        self.env_from = list(env_from or [])
+        self.image_pull_policy = image_pull_policy
+        self.affinity = affinity
+        self.security_context = security_context
+        self.container_security_context = container_security_context
+        self.init_containers = list(init_containers or [])
+        self.schedule_timeout_seconds = schedule_timeout_seconds if startup_timeout_seconds is None \
+            else startup_timeout_seconds
+        self.pod_template_file = pod_template_file
+        self.pod_template_dict = pod_template_dict
+        self.full_pod_spec = full_pod_spec
 
         if checkpoint is not None:
             problem = uri_problem(checkpoint)
@@ -277,14 +336,18 @@ class GpuTrainingOperator(BaseOperator):
         """Build the first attempt's WorkloadSpec now (kube/ validates the Kubernetes side: names,
         labels, env, secrets, resources, backend, topology), so its errors are parse errors too.
         Templated values are only known at run time: with a Jinja template among them, skipped."""
+        from airflow_gpu.kube.manifests import build
         from airflow_gpu.kube.names import TaskInstanceRef
         from airflow_gpu.kube.spec import WorkloadSpecError
+        from airflow_gpu.operators.arguments import ArgumentProblem
 
         if any(_templated(getattr(self, name)) for name in self.template_fields):
             return
         ref = TaskInstanceRef(self.dag_id if self.has_dag() else "dag", self.task_id, "parse")
         try:
-            self.workload_spec(ref, new_run(1), self.capacity_for().capacity_type)
+            build(self.workload_spec(ref, new_run(1), self.capacity_for().capacity_type))
+        except ArgumentProblem as exc:
+            raise bad(exc.argument, exc.message) from None
         except WorkloadSpecError as exc:
             text = str(exc)
             argument = _LEADING_NAME.match(text).group(0) if _LEADING_NAME.match(text) else "arguments"
@@ -292,6 +355,8 @@ class GpuTrainingOperator(BaseOperator):
                 argument = "checkpoint"
             if argument == "capacity_labels":
                 argument = f"[{CONFIG_SECTION}] {CAPACITY_LABELS_OPTION}"
+            if argument == "pod":
+                argument = self._template_argument()
             raise bad(argument, text) from None
 
     # -- derived values, recomputed from the (cached) config where they decide -------------------
@@ -317,6 +382,7 @@ class GpuTrainingOperator(BaseOperator):
     # of the gang is out there (its object UIDs), and the try's counters for the XCom result.
 
     def execute(self, context):
+        self.check_before_create()
         ti = context["ti"]
         store = context.get("task_state_store")
         stored = store.get(STATE_KEY) if store is not None else None
@@ -382,6 +448,7 @@ class GpuTrainingOperator(BaseOperator):
                                     f"of attempt {outcome.attempt}")
             return self._launch(run, context, kube)
         self._finish(kube, ref, context, run, succeeded=False)
+        self._skip_on_exit_code(outcome)
         if outcome.status == "failed":
             raise AirflowException(application_failure(outcome, run) + f" Exit codes: {outcome.exit_codes or '?'}.")
         raise AirflowException(f"gang {outcome.gang}: the trigger could not follow it ({outcome.reason}); its objects "
@@ -440,7 +507,8 @@ class GpuTrainingOperator(BaseOperator):
         from airflow_gpu.kube.retry import with_retries
         from airflow_gpu.operators.cluster import GangClient
 
-        return GangClient(with_retries(KubernetesHook(conn_id=self.kubernetes_conn_id).api_client), self.log)
+        return GangClient(with_retries(KubernetesHook(conn_id=self.kubernetes_conn_id).api_client), self.log,
+                          on_quota=self._defer_for_quota)
 
     def _task_instance(self, context):
         from airflow_gpu.kube.names import TaskInstanceRef
@@ -479,9 +547,73 @@ class GpuTrainingOperator(BaseOperator):
             tolerations=tuple(self.tolerations), service_account_name=self.service_account_name,
             termination_grace_period=self.termination_grace_period, container_resources=self.container_resources,
             gang_backend=self.gang_backend, capacity_labels=capacity_labels_setting(),
+            schedule_timeout_seconds=self.schedule_timeout_seconds, pod_template=self._pod_template(),
             # every rank its own store (<uri>/rank-<r>): training code that saves from every rank never
             # races itself; rank 0's store is the gang's progress (status.json) and the XCom result
             checkpoint_per_rank=self.checkpoint is not None)
+
+    def _pod_template(self) -> dict | None:
+        """The author's pod template (pod_template_file / pod_template_dict / full_pod_spec) with the
+        KPO-style pod arguments laid over it (operators/arguments.py)."""
+        from airflow_gpu.kube.template import merge_templates
+        from airflow_gpu.operators import arguments as A
+
+        kpo = A.kpo_pod_template(
+            container_name="base", env_sources=self.env_sources, env_from=self.env_from,
+            secret_volumes=self.secret_volumes, image_pull_secrets=self.image_pull_secrets,
+            image_pull_policy=self.image_pull_policy, affinity=self.affinity, security_context=self.security_context,
+            container_security_context=self.container_security_context, init_containers=self.init_containers)
+        template = A.load_template(self.pod_template_file, self.pod_template_dict, self.full_pod_spec)
+        return merge_templates(template, kpo) if template or kpo else None
+
+    def _template_argument(self) -> str:
+        return next((n for n in ("pod_template_file", "pod_template_dict", "full_pod_spec") if getattr(self, n)),
+                    "pod template (from the KPO-style arguments)")
+
+    def check_before_create(self) -> None:
+        """After rendering, before anything is created: no credential by value, and every argument
+        valid (templated values are only known now). A failure here is deterministic: it fails the
+        task without spending a retry, naming the argument and never the secret."""
+        from airflow_gpu.operators import arguments as A
+
+        problem = A.credential_by_value({name: getattr(self, name, None) for name in A.VALUE_ARGUMENTS})
+        if problem is not None:
+            raise A.fail_without_retry(self.task_id, GpuTaskArgumentError(self.task_id, problem.argument,
+                                                                          problem.message))
+        try:
+            self._dry_run(lambda argument, message: GpuTaskArgumentError(self.task_id, argument, message))
+        except GpuTaskArgumentError as exc:
+            raise A.fail_without_retry(self.task_id, exc) from None
+
+    def _skip_on_exit_code(self, outcome) -> None:
+        """KPO's skip_on_exit_code for a gang: skipped when every failed member exited with one of them."""
+        from airflow_gpu.operators.arguments import skip_exception
+
+        skip = skip_exception(outcome, self.skip_on_exit_code)
+        if skip is not None:
+            raise skip
+
+    def _defer_for_quota(self, what: str, message: str) -> None:
+        """A ResourceQuota refused `what`: defer for poll_interval (the worker slot is freed) and
+        submit the same attempt again (what was created is adopted). The run state was saved just
+        before creation; without a state store, GangClient waits in place as before."""
+        context = getattr(self, "_context", None)
+        store = context.get("task_state_store") if context else None
+        run = store.get(STATE_KEY) if store is not None else None
+        if not run:
+            return
+        from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+
+        self.log.info("waiting for quota: %s refused by a ResourceQuota (%s); deferred for %.0f s, no worker slot "
+                      "held, then the gang is submitted again", what, message, self.poll_interval)
+        self.defer(trigger=TimeDeltaTrigger(dt.timedelta(seconds=self.poll_interval)),
+                   method_name="execute_after_quota", kwargs={"run": dict(run)})
+
+    def execute_after_quota(self, context, event=None, run=None):
+        """Back from a quota wait: the same attempt again (_launch counts a submission, so one back)."""
+        run = dict(run)
+        run["attempts"] -= 1
+        return self._launch(run, context, self._client())
 
     def _launch(self, run: dict, context, kube):
         from airflow_gpu.kube.manifests import build
@@ -679,6 +811,57 @@ class GpuTrainingOperator(BaseOperator):
                 USAGE_BY_CAPACITY: {cap: {k: round(v, 3) for k, v in part.items()}
                                     for cap, part in run.get(USAGE_BY_CAPACITY, {}).items()},
                 "resumed_from_step": run.get("resumed_from_step"), "gpu_product": run.get("gpu_product")}
+
+
+MAPPED_CHECK_LIMIT = 64  # literal expand() values checked at parse time per argument (parse stays cheap)
+_MAPPED_HINT = ("; in a mapped task the arguments that decide the pool and priority (team, tier, workers, gpus_per_worker, "
+                "mig_profile, gpu_products, config_file) cannot be expanded: give them to partial()")
+
+
+@functools.cache
+def _operator_partial_class():
+    from airflow.sdk.definitions.mappedoperator import OperatorPartial
+
+    class GpuOperatorPartial(OperatorPartial):
+        """partial() of GpuTrainingOperator: expand() over a pool-deciding argument is a parse error."""
+
+        __slots__ = ()
+
+        def expand(self, **mapped_kwargs):
+            from airflow_gpu.operators.arguments import POOL_ARGUMENTS
+
+            mapped = [n for n in POOL_ARGUMENTS if n in mapped_kwargs]
+            if mapped:
+                raise GpuTaskArgumentError(self.kwargs.get("task_id", "?"), mapped[0],
+                                           "decides the task's pool and priority, which the scheduler needs before "
+                                           "the task is expanded" + _MAPPED_HINT)
+            self._check_literal_values(mapped_kwargs)
+            return super().expand(**mapped_kwargs)
+
+        def _check_literal_values(self, mapped_kwargs) -> None:
+            """What can be checked at parse time is: the partial() arguments with each literal expand()
+            value (an XComArg is only known at run time), through the operator's own parse checks,
+            built outside the DAG (DagContext None, as Airflow's serialization does)."""
+            from airflow.sdk.definitions._internal.contextmanager import DagContext
+
+            if not all(isinstance(v, (list, tuple)) and v for v in mapped_kwargs.values()):
+                return
+            fixed = {k: v for k, v in self.kwargs.items() if k not in ("dag", "task_group")}
+            first = {k: v[0] for k, v in mapped_kwargs.items()}
+            DagContext.push(None)
+            try:
+                for name, values in mapped_kwargs.items():
+                    for i, value in enumerate(values[:MAPPED_CHECK_LIMIT]):
+                        try:
+                            self.operator_class(**fixed, **{**first, name: value}, _airflow_from_mapped=True)
+                        except GpuTaskArgumentError as exc:
+                            raise GpuTaskArgumentError(fixed.get("task_id", "?"), exc.argument,
+                                                       f"expand({name}=[...]) item {i}: "
+                                                       + str(exc).split(": ", 1)[1]) from None
+            finally:
+                DagContext.pop()
+
+    return GpuOperatorPartial
 
 
 def new_run(try_number: int, resumed_from_step: int | None = None) -> dict:

@@ -1,0 +1,269 @@
+"""Issue 27: GpuTrainingOperator takes KubernetesPodOperator's argument types, one pod template as the
+escape hatch (the gang's own fields win; a template contradicting one is a parse error naming it),
+errors at parse time where they can be, never retried at run time; and no credential in a pod spec,
+by value: a rendered value Airflow's secrets masker would redact is refused before anything is
+created, without the secret in the error, the task log, the API server's store or the XCom.
+
+The parse-time cases build the operator in-process (what the DAG processor does); the credential
+cases run `dag.test()` against the local cluster (tests/test_operator_run.py's harness)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pendulum
+import pytest
+
+from airflow_gpu import constants as C
+from airflow_gpu.operators import GpuTrainingOperator
+from airflow_gpu.operators.gpu_training import GpuTaskArgumentError, new_run
+from tests.test_operator_run import platform  # noqa: F401 - fixture: quotas, namespaces, the GPU scheduler
+
+SEED = Path(__file__).resolve().parent.parent / "examples" / "seed-quotas.yaml"
+BASE = dict(team="nlp", tier="production-training", gpus_per_worker=1, image="python:3.11", config_file=str(SEED))
+
+
+def _pods(**kwargs):
+    from airflow.sdk import DAG
+
+    from airflow_gpu.kube.manifests import build
+    from airflow_gpu.kube.names import TaskInstanceRef
+
+    with DAG("kpo", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
+        op = GpuTrainingOperator(task_id="t", **{**BASE, **kwargs})
+    return build(op.workload_spec(TaskInstanceRef("kpo", "t", "r"), new_run(1), C.CAPACITY_ON_DEMAND)).pods
+
+
+def _error(**kwargs) -> GpuTaskArgumentError:
+    from airflow.sdk import DAG
+
+    with DAG("kpo", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
+        with pytest.raises(GpuTaskArgumentError) as info:
+            GpuTrainingOperator(task_id="t", **{**BASE, **kwargs})
+    return info.value
+
+
+def test_kpo_types_reach_every_member():
+    from airflow.providers.cncf.kubernetes.secret import Secret
+    from kubernetes.client import models as k8s
+
+    pods = _pods(
+        workers=2,
+        env_vars=[k8s.V1EnvVar(name="A", value="1"),
+                  k8s.V1EnvVar(name="POD", value_from=k8s.V1EnvVarSource(
+                      field_ref=k8s.V1ObjectFieldSelector(field_path="metadata.name")))],
+        container_resources=k8s.V1ResourceRequirements(requests={"cpu": "2"}, limits={"memory": "4Gi"}),
+        secrets=[Secret("env", "HF", "hf", "token"), Secret("env", None, "s3-creds"),
+                 Secret("volume", "/etc/certs", "certs")],
+        image_pull_secrets="regcred", image_pull_policy="Always",
+        affinity=k8s.V1Affinity(node_affinity=k8s.V1NodeAffinity(
+            required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(node_selector_terms=[
+                k8s.V1NodeSelectorTerm(match_expressions=[k8s.V1NodeSelectorRequirement(
+                    key="topology.kubernetes.io/zone", operator="In", values=["a"])])]))),
+        security_context={"runAsUser": 1000}, container_security_context=k8s.V1SecurityContext(run_as_non_root=True),
+        init_containers=[k8s.V1Container(name="init", image="busybox")], startup_timeout_seconds=300,
+        pod_template_dict={"spec": {"containers": [{"name": "base", "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}]},
+                                                   {"name": "metrics", "image": "prom/statsd-exporter"}],
+                                    "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}]}})
+    assert len(pods) == 2
+    for rank, pod in enumerate(pods):
+        spec = pod["spec"]
+        base, sidecar = spec["containers"]
+        env = {e["name"]: e for e in base["env"]}
+        assert env["A"]["value"] == "1" and env["RANK"]["value"] == str(rank)
+        assert env["POD"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        assert env["HF"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+        assert {"secretRef": {"name": "s3-creds"}} in base["envFrom"]
+        assert base["resources"] == {"requests": {"cpu": "2"}, "limits": {"memory": "4Gi", C.RESOURCE_GPU: "1"}}
+        assert base["imagePullPolicy"] == "Always" and base["securityContext"] == {"runAsNonRoot": True}
+        assert {m["mountPath"] for m in base["volumeMounts"]} == {"/dev/shm", "/etc/certs"}
+        assert sidecar["name"] == "metrics"
+        assert {v["name"] for v in spec["volumes"]} == {"shm", "secret-certs"}
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}] and spec["securityContext"] == {"runAsUser": 1000}
+        assert spec["initContainers"][0]["name"] == "init"
+        assert spec["affinity"]["nodeAffinity"] and spec["schedulerName"] == C.DEFAULT_SCHEDULER_NAME
+        assert spec["nodeSelector"] == {C.NODE_CAPACITY_TYPE_KARPENTER: C.CAPACITY_ON_DEMAND}
+
+
+@pytest.mark.parametrize("kwargs, argument, fragment", [
+    ({"pod_template_dict": {"spec": {"schedulerName": "default-scheduler"}}}, "pod_template_dict",
+     "spec.schedulerName"),
+    ({"pod_template_dict": {"spec": {"priorityClassName": "high"}}}, "pod_template_dict", "spec.priorityClassName"),
+    ({"pod_template_dict": {"spec": {"containers": [{"name": "base", "resources": {"limits": {C.RESOURCE_GPU: "8"}}}]}}},
+     "pod_template_dict", "resources.limits['nvidia.com/gpu']"),
+    ({"pod_template_dict": {"metadata": {"labels": {C.LABEL_TEAM: "vision"}}}}, "pod_template_dict",
+     f"metadata.labels['{C.LABEL_TEAM}']"),
+    ({"pod_template_dict": {"spec": {"containers": [{"name": "base", "env": [{"name": "RANK", "value": "3"}]}]}}},
+     "pod_template_dict", "env['RANK']"),
+    ({"pod_template_dict": {"spec": {"nodeSelector": {C.NODE_CAPACITY_TYPE_KARPENTER: C.CAPACITY_SPOT}}}},
+     "pod_template_dict", "nodeSelector"),
+    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": C.NODE_CAPACITY_TYPE_KARPENTER, "operator": "In", "values": ["spot"]}]}]}}}},
+     "affinity", "no nodeSelectorTerm can match"),
+    ({"pod_template_dict": {"spec": {}}, "full_pod_spec": {"spec": {}}}, "full_pod_spec", "give one of"),
+    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n1"]}]}]}}}},
+     "affinity", "operator In with one value"),
+    ({"deferrable": False}, "deferrable", "always defers"),
+    ({"skip_on_exit_code": "3"}, "skip_on_exit_code", "list of exit codes"),
+    ({"gang_backend": "kueue"}, "gang_backend", "not supported"),
+    ({"pool": "gpu.nlp.guaranteed"}, "pool", "derived from team and tier"),  # equal to the derived pool: still refused
+    ({"config_file": "/nonexistent/quotas.yaml"}, "config_file", "the cluster comes from kubernetes_conn_id"),
+])
+def test_parse_errors_name_the_argument(kwargs, argument, fragment):
+    error = _error(**kwargs)
+    assert error.argument == argument and fragment in str(error), str(error)
+
+
+def test_pod_template_file(tmp_path):
+    path = tmp_path / "pod.yaml"
+    path.write_text("spec:\n  containers:\n  - name: base\n    securityContext: {readOnlyRootFilesystem: true}\n"
+                    "  - name: sidecar\n    image: busybox\n")
+    (pod,) = _pods(pod_template_file=str(path))
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["base", "sidecar"]
+    assert pod["spec"]["containers"][0]["securityContext"] == {"readOnlyRootFilesystem": True}
+    path.write_text("spec:\n  restartPolicy: Always\n")
+    assert "spec.restartPolicy" in str(_error(pod_template_file=str(path)))
+
+
+@pytest.mark.parametrize("expanded", [{"gpus_per_worker": [1, 2]}, {"workers": [1, 2]}, {"team": ["nlp", "vision"]}])
+def test_expand_over_a_pool_argument_names_partial(expanded):
+    from airflow.sdk import DAG
+
+    with DAG("kpo_mapped", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
+        with pytest.raises(GpuTaskArgumentError) as info:
+            GpuTrainingOperator.partial(task_id="m", **{k: v for k, v in BASE.items() if k not in expanded}
+                                        ).expand(**expanded)
+    assert "partial()" in str(info.value) and info.value.argument in expanded, str(info.value)
+
+
+def test_expand_over_other_arguments_keeps_the_derived_pool():
+    from airflow.sdk import DAG
+
+    with DAG("kpo_mapped_ok", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
+        mapped = GpuTrainingOperator.partial(task_id="m", **BASE).expand(cmds=[["a"], ["b"]])
+    assert mapped.partial_kwargs["pool"] == "gpu.nlp.guaranteed"
+
+
+def test_credential_by_value_never_echoes_the_secret():
+    from airflow.sdk.log import mask_secret
+
+    from airflow_gpu.operators.arguments import credential_by_value
+
+    secret = "pa55-w0rd-kpo-args-27"
+    mask_secret(secret)
+    problem = credential_by_value({"env_vars": {"X": "ok"}, "arguments": ["--token", f"x{secret}y"]})
+    assert problem is not None and problem.argument == "arguments" and "arguments[1]" in str(problem)
+    assert secret not in str(problem) and "secrets=" in str(problem)
+    assert credential_by_value({"env_vars": {"X": "harmless"}}) is None
+
+
+# -- the credential refused before anything is created (dag.test() on the local cluster) -----------
+
+SECRET = "hunter2-s3cr3t-27-VALUE"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dag_id, value, env", [
+    ("cred_conn", "{{ conn.c.password }}",
+     {"AIRFLOW_CONN_C": '{"conn_type": "generic", "host": "h", "password": "%s"}' % SECRET}),
+    ("cred_var", "{{ var.value.hf_api_key }}", {"AIRFLOW_VAR_HF_API_KEY": SECRET}),
+])
+def test_credential_by_value_fails_before_creation_without_retry(sqlite_airflow_db, kube_cluster, seaweedfs, dag_id,
+                                                                 value, env):
+    from tests.test_operator_run import run_dag
+
+    result, log = run_dag(sqlite_airflow_db, kube_cluster, seaweedfs, dag_id, (
+        f'team="nlp", tier="production-training", gpus_per_worker=1, retries=2, image="python:3.11", '
+        f'env_vars={{"X": "{value}"}}'), timeout=240, extra_env=env)
+    ti = result["tis"]["train"]
+    assert (ti["state"], ti["try_number"]) == ("failed", 1), log[-6000:]  # no retry spent
+    assert ti.get("xcom") is None
+    assert "env_vars['X'] holds a value that Airflow masks as a secret" in log, log[-6000:]
+    assert SECRET not in log
+    store = (kube_cluster.state_dir / "store.log").read_bytes()
+    assert SECRET.encode() not in store
+    assert f'"{dag_id}"'.encode() not in store  # no object of this DAG was ever created
+
+
+@pytest.mark.slow
+def test_templated_argument_error_fails_try_1_without_retry(sqlite_airflow_db, kube_cluster, seaweedfs):
+    from tests.test_operator_run import run_dag
+
+    result, log = run_dag(sqlite_airflow_db, kube_cluster, seaweedfs, "tmpl_bad", (
+        'team="nlp", tier="production-training", gpus_per_worker=1, retries=2, image="python:3.11", '
+        'labels={"note": "{{ \'not a label value!\' }}"}'), timeout=240)
+    ti = result["tis"]["train"]
+    assert (ti["state"], ti["try_number"]) == ("failed", 1), log[-6000:]
+    assert "argument 'labels'" in log and "without spending a retry" in log, log[-6000:]
+    assert b'"tmpl_bad"' not in (kube_cluster.state_dir / "store.log").read_bytes()
+
+
+@pytest.mark.slow
+def test_kpo_habits_run_on_the_local_cluster(platform, sqlite_airflow_db, kube_cluster, seaweedfs):
+    import json
+    import sys
+
+    from airflow_gpu.devtools.processes import wait_until
+    from tests.test_operator_run import run_dag
+
+    seen: dict = {}
+
+    def read_pod():
+        def pod():
+            pods = kube_cluster.core().list_namespaced_pod("team-nlp", label_selector=f"{C.LABEL_DAG_ID}=kpo_run").items
+            return pods[0] if pods else None
+        seen["pod"] = kube_cluster.api_client().sanitize_for_serialization(wait_until(pod, timeout=120, what="pod"))
+
+    cmd = [sys.executable, "-c", "import os; print('A=' + os.environ['A'])"]
+    result, log = run_dag(sqlite_airflow_db, kube_cluster, seaweedfs, "kpo_run", (
+        'team="nlp", tier="production-training", gpus_per_worker=1, image="python:3.11", '
+        f'cmds={cmd!r}, env_vars=[__import__("kubernetes").client.V1EnvVar(name="A", value="{{{{ 1 + 1 }}}}")], '
+        'container_resources=__import__("kubernetes").client.V1ResourceRequirements(requests={"cpu": "1"}), '
+        'image_pull_secrets="regcred", image_pull_policy="IfNotPresent", '
+        'affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": ['
+        '{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}}}, '
+        'pod_template_dict={"spec": {"containers": [{"name": "base", "volumeMounts": [{"name": "shm", '
+        '"mountPath": "/dev/shm"}]}], "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}]}}'),
+        timeout=300, during=read_pod)
+    ti = result["tis"]["train"]
+    assert (result["state"], ti["state"]) == ("success", "success"), log[-6000:]
+    spec = seen["pod"]["spec"]
+    base = spec["containers"][0]
+    assert {e["name"]: e.get("value") for e in base["env"]}["A"] == "2" and "A=2" in log  # templated, as in KPO
+    assert base["resources"]["requests"]["cpu"] == "1" and base["imagePullPolicy"] == "IfNotPresent"
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}] and spec["affinity"]["nodeAffinity"]
+    assert {"name": "shm", "emptyDir": {"medium": "Memory"}} in spec["volumes"], json.dumps(spec)
+    assert {"name": "shm", "mountPath": "/dev/shm"} in base["volumeMounts"]
+
+
+@pytest.mark.slow
+def test_skip_on_exit_code(platform, sqlite_airflow_db, kube_cluster, seaweedfs):
+    import sys
+
+    from tests.test_operator_run import run_dag
+
+    cmd = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    result, log = run_dag(sqlite_airflow_db, kube_cluster, seaweedfs, "kpo_skip", (
+        f'team="nlp", tier="production-training", gpus_per_worker=1, image="python:3.11", retries=1, '
+        f'cmds={cmd!r}, skip_on_exit_code=[3, 4]'), timeout=300)
+    ti = result["tis"]["train"]
+    assert (ti["state"], ti["try_number"]) == ("skipped", 1), log[-6000:]
+    assert "(skip_on_exit_code): skipped" in log
+
+
+def test_expand_checks_partial_with_each_literal_value_at_parse():
+    from airflow.sdk import DAG
+
+    with DAG("kpo_mapped_bad", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
+        with pytest.raises(GpuTaskArgumentError) as info:
+            GpuTrainingOperator.partial(task_id="m", **BASE, labels={"note": "not a label!"}).expand(cmds=[["a"]])
+        assert info.value.argument == "labels" and "item 0" in str(info.value)
+        with pytest.raises(GpuTaskArgumentError) as info:
+            GpuTrainingOperator.partial(task_id="n", **BASE).expand(env_vars=[{"A": "1"}, {"RANK": "1"}])
+        assert info.value.argument == "env_vars" and "expand(env_vars=[...]) item 1" in str(info.value)
+        mapped = GpuTrainingOperator.partial(task_id="o", **BASE).expand(env_vars=[{"A": "1"}, {"A": "2"}])
+    assert mapped.partial_kwargs["pool"] == "gpu.nlp.guaranteed"
+    # at run time the task is unmapped with partial()'s derived values: accepted (an author's are not)
+    task = mapped.unmap({"env_vars": {"A": "2"}})
+    assert (task.pool, task.env_vars) == ("gpu.nlp.guaranteed", {"A": "2"})
