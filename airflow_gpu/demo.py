@@ -237,6 +237,10 @@ class DemoFailed(RuntimeError):
 
 
 class Demo:
+    DAGS_FOLDER = DAGS  # what the dag-processor parses
+    DAG_IDS: tuple[str, ...] = DEMO_DAGS  # waited for before the story starts
+    WATCH = True  # ClusterWatch: the story's terminal lines and the report's figures
+
     def __init__(self, workdir: Path, console: Console, headless: bool) -> None:
         self.workdir = workdir
         self.console = console
@@ -286,7 +290,8 @@ class Demo:
         self.namespaces = tuple(t.namespace for t in self.config.teams)
         for team in self.config.teams:
             self.s3.add_team(team.name, BUCKET.format(team=team.name))
-        create_team_secrets(core, self.s3, {t.name: t.namespace for t in self.config.teams}, S3_SECRET)
+        create_team_secrets(core, self.s3, {t.name: t.namespace for t in self.config.teams}, S3_SECRET,
+                            endpoint_url=self.s3_endpoint())
         self.say(f"quotas of {SEED_QUOTAS.name} applied: Namespaces, ResourceQuotas, PriorityClasses; per team a "
                  f"bucket {BUCKET!r} and Secret {S3_SECRET!r} with an S3 identity limited to it")
 
@@ -296,8 +301,9 @@ class Demo:
         self.say(f"GPU scheduler pid {self.scheduler.pid}, log {self.workdir / 'scheduler.log'}")
 
         conn = json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(self.cluster.kubeconfig)}})
-        self.airflow = AirflowStack(home=self.workdir / "airflow", dags_folder=DAGS, extra_env={
-            **self.s3.env(),  # the platform's identity: workers read every team's status.json (rank 0's progress)
+        self.airflow = AirflowStack(home=self.workdir / "airflow", dags_folder=self.DAGS_FOLDER, extra_env={
+            # the platform's identity: workers read every team's status.json (rank 0's progress)
+            **self.s3.env(), "AWS_ENDPOINT_URL": self.s3_endpoint(),
             "AIRFLOW_CONN_KUBERNETES_DEFAULT": conn,
             "AIRFLOW__AIRFLOW_GPU__CONFIG_FILE": str(SEED_QUOTAS),  # the operator's quota config
             "AIRFLOW__AIRFLOW_GPU__QUOTA_CONFIG": str(SEED_QUOTAS),  # the UI plugin's
@@ -314,19 +320,24 @@ class Demo:
         self.stack.callback(self.airflow.stop)
         self.airflow.start(migrate=False)
         procs = ", ".join(f"{name} {p.pid}" for name, p in self.airflow.processes.items())
-        self.say(f"Airflow {self.airflow.base_url} ({procs}), DAGs from {DAGS}")
+        self.say(f"Airflow {self.airflow.base_url} ({procs}), DAGs from {self.DAGS_FOLDER}")
         self.rest = self.airflow.api()
         self.stack.callback(self.rest.close)
 
-        self.watch = ClusterWatch(self.api, self.namespaces, self.gpus_total,
-                                  ConversionContext.from_config(self.config)).start()
-        self.stack.callback(self.watch.stop)
+        if self.WATCH:
+            self.watch = ClusterWatch(self.api, self.namespaces, self.gpus_total,
+                                      ConversionContext.from_config(self.config)).start()
+            self.stack.callback(self.watch.stop)
+
+    def s3_endpoint(self) -> str:
+        """The S3 endpoint pods and Airflow workers are given (the soak puts a cuttable proxy there)."""
+        return self.s3.endpoint_url
 
     # Airflow's REST API ------------------------------------------------------------------------
 
     def wait_for_dags(self, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
-        missing = set(DEMO_DAGS)
+        missing = set(self.DAG_IDS)
         while missing:
             errors = self.rest.request("GET", "/api/v2/importErrors")["import_errors"]
             if errors:
@@ -337,23 +348,23 @@ class Demo:
             if time.monotonic() > deadline:
                 raise DemoFailed(f"DAGs {sorted(missing)} not parsed after {timeout:.0f}s:\n{self.airflow._tails()}")
             time.sleep(1)
-        self.say(f"DAGs parsed by the dag-processor: {', '.join(DEMO_DAGS)}")
+        self.say(f"DAGs parsed by the dag-processor: {', '.join(self.DAG_IDS)}")
 
     def trigger(self, dag_id: str, note: str) -> None:
         run = self.rest.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": {}})
         self.runs[dag_id] = run["dag_run_id"]
         self.say(f"[bold]POST /api/v2/dags/{dag_id}/dagRuns[/bold] -> {run['dag_run_id']}: {note}")
 
-    def run_state(self, dag_id: str) -> str:
-        run_id = AirflowApi.quote(self.runs[dag_id])
+    def run_state(self, dag_id: str, run_id: str | None = None) -> str:
+        run_id = AirflowApi.quote(run_id or self.runs[dag_id])
         return self.rest.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")["state"]
 
-    def task_instances(self, dag_id: str) -> list[dict]:
-        run_id = AirflowApi.quote(self.runs[dag_id])
+    def task_instances(self, dag_id: str, run_id: str | None = None) -> list[dict]:
+        run_id = AirflowApi.quote(run_id or self.runs[dag_id])
         return self.rest.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
 
-    def xcom(self, dag_id: str, task_id: str, map_index: int = -1):
-        run_id = AirflowApi.quote(self.runs[dag_id])
+    def xcom(self, dag_id: str, task_id: str, map_index: int = -1, run_id: str | None = None):
+        run_id = AirflowApi.quote(run_id or self.runs[dag_id])
         entry = self.rest.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/"
                                   "return_value", params={"map_index": map_index, "deserialize": True,
                                                           "stringify": False}, ok=(200, 404))

@@ -16,6 +16,7 @@ COMMAND_MODULES = {
     "queue": "queue",
     "report": "queue",
     "demo": "demo",
+    "soak": "soak",
 }
 
 
