@@ -608,17 +608,35 @@ def _stop_on_signal(signum, frame) -> None:
     raise KeyboardInterrupt  # handled like Ctrl-C: the ExitStack stops every process by PID
 
 
+def run_by_pid(console: Console, workdir: Path, keep_workdir: bool, what: str, body) -> int:
+    """Run `body()` (which starts and stops the platform in an ExitStack) and return its exit code:
+    SIGTERM and SIGHUP end it like Ctrl-C (130); DemoFailed is printed (1); the work dir is removed
+    after a success unless `keep_workdir`."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # kill, or the terminal closed
+        signal.signal(sig, _stop_on_signal)
+    code = 0
+    try:
+        code = body()
+    except KeyboardInterrupt:
+        console.print("interrupted: everything was stopped by PID")
+        code = 130
+    except DemoFailed as exc:
+        console.print(f"[red]{what} failed:[/red] {escape(str(exc))}", highlight=False)
+        code = 1
+    finally:
+        if not keep_workdir and code == 0:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return code
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console(force_terminal=None if not args.headless else False, width=160 if args.headless else None)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="airflow-gpu-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     console.print(f"work dir {workdir} (logs of every process are there)")
-    # SIGTERM ends the demo like Ctrl-C: the ExitStack stops every process by PID
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # kill, or the terminal closed
-        signal.signal(sig, _stop_on_signal)
     demo = Demo(workdir, console, args.headless)
-    code = 0
-    try:
+
+    def body() -> int:
         with demo.stack:
             demo.start_platform()
             demo.wait_for_dags()
@@ -645,14 +663,6 @@ def run(args: argparse.Namespace) -> int:
                 except KeyboardInterrupt:
                     pass  # the asked-for stop: the exit code stays the demo's
             demo.step("Stopping everything by PID")
-    except KeyboardInterrupt:
-        console.print("interrupted: everything was stopped by PID")
-        code = 130
-    except DemoFailed as exc:
-        console.print(f"[red]demo failed:[/red] {escape(str(exc))}", highlight=False)
-        code = 1
-    finally:
-        if not args.workdir and code == 0:
-            shutil.rmtree(workdir, ignore_errors=True)
-    return code
+        return code
 
+    return run_by_pid(console, workdir, bool(args.workdir), "demo", body)
