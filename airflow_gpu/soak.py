@@ -46,7 +46,7 @@ from airflow_gpu.demo import REPO_ROOT, SEED_QUOTAS, TERMINAL_RUN_STATES, Demo, 
 
 SOAK_DAGS = REPO_ROOT / "examples" / "soak_dags"
 BEST_EFFORT, PRODUCTION, SWEEP = "soak_best_effort", "soak_production", "soak_sweep"
-LANES = {BEST_EFFORT: 1, SWEEP: 2}  # DAG runs kept active all along; production arrives with the preemption fault
+LANES = {BEST_EFFORT: 1, SWEEP: 3}  # DAG runs kept active all along (research: 12 GPUs on a quota of 8, borrowing); production arrives with the preemption fault
 FAULT_KINDS = ("spot_interruption", "apiserver_restart", "s3_outage", "triggerer_kill", "airflow_scheduler_kill",
                "gpu_scheduler_kill", "preemption")
 WARMUP_SECONDS = 25.0  # the first gangs bind before the first fault

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 from pathlib import Path
+
+BUILD = Path(__file__).resolve().parents[1] / "build" / "bench"  # the whole report: build/bench/soak.json
 
 
 def main() -> None:
@@ -19,12 +20,14 @@ def main() -> None:
 
     minutes = float(os.environ.get("BENCH_SOAK_MINUTES", "15"))
     seed = int(os.environ.get("BENCH_SOAK_SEED", "32"))
-    with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
-        report_path = Path(tmp) / "soak.json"
-        code = run(argparse.Namespace(minutes=minutes, seed=seed, json=report_path, workdir=None))
-        report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    report_path = BUILD / "soak.json"
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.unlink(missing_ok=True)
+    code = run(argparse.Namespace(minutes=minutes, seed=seed, json=report_path, workdir=None))
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
     print(json.dumps({k: report.get(k) for k in ("minutes", "seed", "faults", "dag_runs", "dag_runs_by_state",
                                                   "attempts", "interruptions", "preemptions", "retries_spent",
+                                                  "resumed_from_checkpoint", "peak_team_gpus",
                                                   "violations_by_kind", "soak_seconds", "load_average")}, indent=2))
     if code:
         raise SystemExit(code)

@@ -4,7 +4,7 @@ soak's faults spent (the trainer itself never fails).
 
 - soak_best_effort: team nlp, best-effort-training, 2 x 4 GPUs (the team's whole quota), spot allowed
 - soak_production:  team nlp, production-training, 2 x 4 GPUs: preempts soak_best_effort
-- soak_sweep:       team research, best-effort-training, 2 x 2 GPUs on spot, borrowing idle quota
+- soak_sweep:       team research, best-effort-training, 2 x 2 GPUs on spot (three at once borrow idle quota)
 
 Settings as in dags/finetune_pipeline.py (AIRFLOW_GPU_EXAMPLE_CHECKPOINTS, AIRFLOW_GPU_EXAMPLE_S3_SECRET).
 """
