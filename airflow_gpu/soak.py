@@ -178,11 +178,17 @@ class Monitor:
             allocatable = int(nodes[node]["status"].get("allocatable", {}).get(C.RESOURCE_GPU, "0"))
             if used > allocatable:
                 self._violate("node over-committed", f"{node}: {used:g} GPUs bound on {allocatable}", now)
+        totals: dict[str, float] = defaultdict(float)
         for (ns, product), used in per_team.items():
-            self.peak_team_gpus[ns] = max(self.peak_team_gpus[ns], used)
+            totals[ns] += used
             limit = self.limits.get((ns, product), 0)
-            if used > limit:
+            if product != "?" and used > limit:  # "?": on a node that is gone, counted in the total below
                 self._violate("team above quota + borrowing", f"{ns} {product}: {used:g} GPUs bound, limit {limit:g}", now)
+        for ns, used in totals.items():
+            self.peak_team_gpus[ns] = max(self.peak_team_gpus[ns], used)
+            limit = sum(v for (n, _), v in self.limits.items() if n == ns)
+            if used > limit:
+                self._violate("team above quota + borrowing", f"{ns}: {used:g} GPUs bound, limit {limit:g}", now)
         for task, seen in attempts.items():
             if len(seen) > 1:
                 self._violate("gang bound twice", f"{'/'.join(task)}: attempts {sorted(seen)} bound at once", now)
