@@ -257,6 +257,7 @@ class Soak(Demo):
         self.expected: dict[tuple, dict[str, set[str]]] = defaultdict(lambda: {"interruptions": set(),
                                                                                 "preemptions": set()})
         self._rest_lock = threading.Lock()
+        self.rest_retries: list[str] = []
 
     # platform ------------------------------------------------------------------------------------
 
@@ -274,12 +275,29 @@ class Soak(Demo):
         self.stack.callback(lambda: self.scheduler.stop())  # the one running at the end (restarts replace it)
 
     def rest_call(self, method: str, path: str, **kw):
-        with self._rest_lock:
-            return self.rest.request(method, path, **kw)
+        """Airflow's REST API, retried on no answer and 5xx for up to a minute: on SQLite, the
+        api-server answers 500 "database is locked" now and then while a killed scheduler's
+        successor starts (counted in the report; the soak's own calls, not the product's)."""
+        from airflow_gpu.airflow_api import AirflowApiError
+
+        deadline, delay = _now() + 60, 0.5
+        while True:
+            try:
+                with self._rest_lock:
+                    return self.rest.request(method, path, **kw)
+            except AirflowApiError as exc:
+                if (exc.status is not None and exc.status < 500) or _now() > deadline:
+                    raise
+                self.rest_retries.append(str(exc)[:200])
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     def trigger_soak(self, dag_id: str) -> SoakRun:
-        run = self.rest_call("POST", f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": {}})
-        rec = SoakRun(dag_id, run["dag_run_id"], round(_now() - self.t0, 1))
+        # a run id of our own: a POST retried after a 500 that did commit answers 409, never a second run
+        run_id = f"soak__{self.seed}_{len(self.soak_runs):04d}_{dag_id}"
+        self.rest_call("POST", f"/api/v2/dags/{dag_id}/dagRuns", ok=(200, 409),
+                       json={"dag_run_id": run_id, "logical_date": None, "conf": {}})
+        rec = SoakRun(dag_id, run_id, round(_now() - self.t0, 1))
         self.soak_runs.append(rec)
         self.say(f"triggered {dag_id} {rec.run_id}")
         return rec
@@ -535,6 +553,7 @@ class Soak(Demo):
             "violations": violations,
             "violations_by_kind": dict(Counter(v["kind"] for v in violations)),
             "samples": self.monitor.samples, "samples_failed": self.monitor.failed_samples,
+            "airflow_api_retries": self.rest_retries,
             "peak_team_gpus": dict(self.monitor.peak_team_gpus),
             "orphaned": orphaned,
             "runs": runs,
