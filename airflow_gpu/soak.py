@@ -267,7 +267,6 @@ class Soak(Demo):
         if not hasattr(self, "proxy"):
             self.proxy = Proxy(self.s3.ports["s3.port"]).start()
             self.stack.callback(self.proxy.cut)
-            self.s3_down = threading.Lock()
         return f"http://127.0.0.1:{self.proxy.port}"
 
     def start_platform(self) -> None:
@@ -276,8 +275,8 @@ class Soak(Demo):
 
     def rest_call(self, method: str, path: str, **kw):
         """Airflow's REST API, retried on no answer and 5xx for up to a minute: on SQLite, the
-        api-server answers 500 "database is locked" now and then while a killed scheduler's
-        successor starts (counted in the report; the soak's own calls, not the product's)."""
+        api-server answered 500 "Database error" once while a killed scheduler's successor
+        started (counted in the report; the soak's own calls, not the product's)."""
         from airflow_gpu.airflow_api import AirflowApiError
 
         deadline, delay = _now() + 60, 0.5
