@@ -47,7 +47,9 @@ from airflow_gpu.demo import REPO_ROOT, SEED_QUOTAS, TERMINAL_RUN_STATES, Demo, 
 SOAK_DAGS = REPO_ROOT / "examples" / "soak_dags"
 BEST_EFFORT, PRODUCTION, SWEEP = "soak_best_effort", "soak_production", "soak_sweep"
 TEAM_OF = {BEST_EFFORT: "nlp", PRODUCTION: "nlp", SWEEP: "research"}  # as examples/soak_dags/ sets team=
-LANES = {BEST_EFFORT: 1, SWEEP: 3}  # DAG runs kept active all along (research: 12 GPUs on a quota of 8, borrowing); production arrives with the preemption fault
+# DAG runs kept active all along (research: 12 GPUs on a quota of 8, borrowing); production arrives
+# with the preemption fault
+LANES = {BEST_EFFORT: 1, SWEEP: 3}
 FAULT_KINDS = ("spot_interruption", "apiserver_restart", "s3_outage", "triggerer_kill", "airflow_scheduler_kill",
                "gpu_scheduler_kill", "preemption")
 WARMUP_SECONDS = 25.0  # the first gangs bind before the first fault
@@ -328,7 +330,8 @@ class Soak(Demo):
             self.injected.append(rec)
             self.say(f"[bold magenta]fault {i + 1}/{len(self.schedule)}[/bold magenta] {rec.kind} "
                      f"{rec.target or ''} {f'{rec.seconds:g}s ' if rec.seconds else ''}(took {rec.took:g}s)"
-                     f"{' hit ' + ', '.join(rec.hit) if rec.hit else ''}{' [red]' + escape(rec.error) + '[/red]' if rec.error else ''}")
+                     + (f" hit {', '.join(rec.hit)}" if rec.hit else "")
+                     + (f" [red]{escape(rec.error)}[/red]" if rec.error else ""))
 
     def _wait_for(self, find, what: str):
         deadline = _now() + TARGET_WAIT_SECONDS
@@ -420,6 +423,17 @@ class Soak(Demo):
         self._done = threading.Event()
         injector = threading.Thread(target=self.inject_all, name="soak-faults", daemon=True)
         injector.start()
+        try:
+            self._drive(injector)
+        finally:  # no fault may start a process after the stack has stopped everything
+            self._done.set()
+            injector.join(120)
+        self.runs_done = _now()
+        self.monitor.stop()
+
+    def _drive(self, injector: threading.Thread) -> None:
+        """Keep the lanes full until the soak time is over and the faults are done, then wait for
+        every DAG run to end."""
         end = self.t0 + self.minutes * 60.0
         while _now() < end or injector.is_alive():
             self.refresh_runs()
@@ -430,19 +444,17 @@ class Soak(Demo):
             time.sleep(2)
             if injector.is_alive() and _now() > end + 300:
                 self._done.set()  # a fault waiting for a target gives up
-        self.say(f"soak time over ({self.minutes:g} min); no new runs; waiting for {sum(r.state not in TERMINAL_RUN_STATES for r in self.soak_runs)} "
-                 "DAG run(s) to finish")
+        left = sum(r.state not in TERMINAL_RUN_STATES for r in self.soak_runs)
+        self.say(f"soak time over ({self.minutes:g} min); no new runs; waiting for {left} DAG run(s) to finish")
         deadline = _now() + 900
         while True:
             self.refresh_runs()
             if all(r.state in TERMINAL_RUN_STATES for r in self.soak_runs):
                 break
             if _now() > deadline:
-                raise DemoFailed(f"DAG runs not finished 15 min after the soak: "
-                                 f"{[(r.dag_id, r.run_id, r.state) for r in self.soak_runs if r.state not in TERMINAL_RUN_STATES]}")
+                raise DemoFailed("DAG runs not finished 15 min after the soak: " + ", ".join(
+                    f"{r.dag_id} {r.run_id} {r.state}" for r in self.soak_runs if r.state not in TERMINAL_RUN_STATES))
             time.sleep(3)
-        self.runs_done = _now()
-        self.monitor.stop()
 
     # checks at the end ----------------------------------------------------------------------------
 
@@ -502,7 +514,8 @@ class Soak(Demo):
                 violate("DAG run failed", f"{r.dag_id} {r.run_id}: {r.state}")
             for ti in tis:
                 key = ti["task_id"]
-                result = self.xcom(r.dag_id, ti["task_id"], ti["map_index"], run_id=r.run_id) if ti["state"] == "success" else None
+                result = (self.xcom(r.dag_id, ti["task_id"], ti["map_index"], run_id=r.run_id)
+                          if ti["state"] == "success" else None)
                 row["tasks"][key] = {"state": ti["state"], "try_number": ti["try_number"], "result": result}
                 if ti["try_number"] > 1:
                     retries_spent += ti["try_number"] - 1
