@@ -237,6 +237,10 @@ class DemoFailed(RuntimeError):
 
 
 class Demo:
+    DAGS_FOLDER = DAGS  # what the dag-processor parses
+    DAG_IDS: tuple[str, ...] = DEMO_DAGS  # waited for before the story starts
+    WATCH = True  # ClusterWatch: the story's terminal lines and the report's figures
+
     def __init__(self, workdir: Path, console: Console, headless: bool) -> None:
         self.workdir = workdir
         self.console = console
@@ -263,8 +267,13 @@ class Demo:
 
         self.step("Starting the platform (everything on 127.0.0.1, stopped by PID at the end)")
         # `airflow-gpu dev up`'s platform, with the example DAGs and the demo's own settings
-        platform = start_platform(self.stack, self.workdir, DAGS, SEED_QUOTAS, SEED_CLUSTER, say=self.say,
-                                  bucket=BUCKET, keep_airflow_env=False, log_level="WARNING", extra_env={
+        def s3_endpoint(s3) -> str:  # the soak puts a cuttable proxy in front of S3 (s3_endpoint())
+            self.s3 = s3
+            return self.s3_endpoint()
+
+        platform = start_platform(self.stack, self.workdir, self.DAGS_FOLDER, SEED_QUOTAS, SEED_CLUSTER,
+                                  say=self.say, bucket=BUCKET, keep_airflow_env=False, log_level="WARNING",
+                                  s3_endpoint=s3_endpoint, extra_env={
                                       C.ENV_EXAMPLE_CHECKPOINTS: f"s3://{BUCKET}/checkpoints",  # the DAGs fill in {team}
                                       C.ENV_EXAMPLE_S3_SECRET: S3_SECRET,
                                       # only the runs the demo triggers: finetune_pipeline's @daily schedule stays quiet
@@ -283,15 +292,20 @@ class Demo:
         self.rest = self.airflow.api()
         self.stack.callback(self.rest.close)
 
-        self.watch = ClusterWatch(self.api, self.namespaces, self.gpus_total,
-                                  ConversionContext.from_config(self.config)).start()
-        self.stack.callback(self.watch.stop)
+        if self.WATCH:
+            self.watch = ClusterWatch(self.api, self.namespaces, self.gpus_total,
+                                      ConversionContext.from_config(self.config)).start()
+            self.stack.callback(self.watch.stop)
+
+    def s3_endpoint(self) -> str:
+        """The S3 endpoint pods and Airflow workers are given (the soak puts a cuttable proxy there)."""
+        return self.s3.endpoint_url
 
     # Airflow's REST API ------------------------------------------------------------------------
 
     def wait_for_dags(self, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
-        missing = set(DEMO_DAGS)
+        missing = set(self.DAG_IDS)
         while missing:
             errors = self.rest.request("GET", "/api/v2/importErrors")["import_errors"]
             if errors:
@@ -302,23 +316,23 @@ class Demo:
             if time.monotonic() > deadline:
                 raise DemoFailed(f"DAGs {sorted(missing)} not parsed after {timeout:.0f}s:\n{self.airflow._tails()}")
             time.sleep(1)
-        self.say(f"DAGs parsed by the dag-processor: {', '.join(DEMO_DAGS)}")
+        self.say(f"DAGs parsed by the dag-processor: {', '.join(self.DAG_IDS)}")
 
     def trigger(self, dag_id: str, note: str) -> None:
         run = self.rest.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": {}})
         self.runs[dag_id] = run["dag_run_id"]
         self.say(f"[bold]POST /api/v2/dags/{dag_id}/dagRuns[/bold] -> {run['dag_run_id']}: {note}")
 
-    def run_state(self, dag_id: str) -> str:
-        run_id = AirflowApi.quote(self.runs[dag_id])
+    def run_state(self, dag_id: str, run_id: str | None = None) -> str:
+        run_id = AirflowApi.quote(run_id or self.runs[dag_id])
         return self.rest.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")["state"]
 
-    def task_instances(self, dag_id: str) -> list[dict]:
-        run_id = AirflowApi.quote(self.runs[dag_id])
+    def task_instances(self, dag_id: str, run_id: str | None = None) -> list[dict]:
+        run_id = AirflowApi.quote(run_id or self.runs[dag_id])
         return self.rest.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
 
-    def xcom(self, dag_id: str, task_id: str, map_index: int = -1):
-        run_id = AirflowApi.quote(self.runs[dag_id])
+    def xcom(self, dag_id: str, task_id: str, map_index: int = -1, run_id: str | None = None):
+        run_id = AirflowApi.quote(run_id or self.runs[dag_id])
         entry = self.rest.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/"
                                   "return_value", params={"map_index": map_index, "deserialize": True,
                                                           "stringify": False}, ok=(200, 404))
@@ -552,17 +566,35 @@ def _stop_on_signal(signum, frame) -> None:
     raise KeyboardInterrupt  # handled like Ctrl-C: the ExitStack stops every process by PID
 
 
+def run_by_pid(console: Console, workdir: Path, keep_workdir: bool, what: str, body) -> int:
+    """Run `body()` (which starts and stops the platform in an ExitStack) and return its exit code:
+    SIGTERM and SIGHUP end it like Ctrl-C (130); DemoFailed is printed (1); the work dir is removed
+    after a success unless `keep_workdir`."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # kill, or the terminal closed
+        signal.signal(sig, _stop_on_signal)
+    code = 0
+    try:
+        code = body()
+    except KeyboardInterrupt:
+        console.print("interrupted: everything was stopped by PID")
+        code = 130
+    except DemoFailed as exc:
+        console.print(f"[red]{what} failed:[/red] {escape(str(exc))}", highlight=False)
+        code = 1
+    finally:
+        if not keep_workdir and code == 0:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return code
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console(force_terminal=None if not args.headless else False, width=160 if args.headless else None)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="airflow-gpu-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     console.print(f"work dir {workdir} (logs of every process are there)")
-    # SIGTERM ends the demo like Ctrl-C: the ExitStack stops every process by PID
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # kill, or the terminal closed
-        signal.signal(sig, _stop_on_signal)
     demo = Demo(workdir, console, args.headless)
-    code = 0
-    try:
+
+    def body() -> int:
         with demo.stack:
             demo.start_platform()
             demo.wait_for_dags()
@@ -589,14 +621,6 @@ def run(args: argparse.Namespace) -> int:
                 except KeyboardInterrupt:
                     pass  # the asked-for stop: the exit code stays the demo's
             demo.step("Stopping everything by PID")
-    except KeyboardInterrupt:
-        console.print("interrupted: everything was stopped by PID")
-        code = 130
-    except DemoFailed as exc:
-        console.print(f"[red]demo failed:[/red] {escape(str(exc))}", highlight=False)
-        code = 1
-    finally:
-        if not args.workdir and code == 0:
-            shutil.rmtree(workdir, ignore_errors=True)
-    return code
+        return code
 
+    return run_by_pid(console, workdir, bool(args.workdir), "demo", body)

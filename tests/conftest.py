@@ -37,6 +37,7 @@ pytest_plugins = [
 # start once, on one worker), handed out in collection order. The longest files go first so that
 # no worker is left running one of them alone at the end; measured with `pytest --durations=0`.
 LONGEST_FILES_FIRST = (
+    "test_soak.py",  # about 7 minutes: 3 of soak plus the platform
     "test_operator_airflow.py",
     "test_demo.py",
     "test_localcluster_kpo.py",

@@ -17,6 +17,7 @@ COMMAND_MODULES = {
     "report": "queue",
     "demo": "demo",
     "dev": "dev",
+    "soak": "soak",
 }
 
 

@@ -59,6 +59,7 @@ class AirflowStack:
     keep_airflow_env: bool = False
     log_level: str = "WARNING"
     processes: dict[str, ManagedProcess] = field(default_factory=dict, init=False)
+    crashed: list[ManagedProcess] = field(default_factory=list, init=False)  # leaders killed, children alive
 
     def __post_init__(self) -> None:
         self.home = Path(self.home)
@@ -151,12 +152,17 @@ class AirflowStack:
         self.processes[component] = ManagedProcess(
             component, argv, self.home / "logs" / f"{component}.log", env=env, cwd=str(self.home)).start()
 
-    def crash_and_restart(self, component: str, timeout: float = 120.0) -> None:
+    def crash_and_restart(self, component: str, timeout: float = 120.0, keep_children: bool = False) -> None:
         """kill -9 one component's leader (a crash: its children are reaped by the group kill), then start
-        a fresh one and wait until the stack is healthy again (fault-injection tests)."""
+        a fresh one and wait until the stack is healthy again (fault-injection tests). keep_children: the
+        children live on (the scheduler's LocalExecutor workers finish their task, as workers of an
+        executor that runs them apart from the scheduler would) and are stopped with the stack."""
         process = self.processes.pop(component)
         process.kill9()
-        process.stop(timeout=5)
+        if keep_children:
+            self.crashed.append(process)
+        else:
+            process.stop(timeout=5)
         self._start_component(component, self.env())
         self.wait_healthy(timeout)
 
@@ -187,6 +193,9 @@ class AirflowStack:
         if "api-server" in self.processes:
             codes["api-server"] = self.processes["api-server"].stop(timeout=15)
         self.processes.clear()
+        for process in self.crashed:  # their process groups
+            process.stop(timeout=5)
+        self.crashed.clear()
         return codes
 
     def token(self, username: str | None = None) -> str:

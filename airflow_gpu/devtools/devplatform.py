@@ -20,7 +20,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from airflow_gpu.devtools.processes import wait_until
 
@@ -50,8 +50,11 @@ class Platform:
 def start_platform(stack: ExitStack, workdir: Path, dags: Path, quotas: Path = SEED_QUOTAS,
                    cluster_spec: Path = SEED_CLUSTER, say: Callable[[str], None] = print,
                    extra_env: dict[str, str] | None = None, keep_airflow_env: bool = True,
-                   log_level: str = "INFO", bucket: str = BUCKET) -> Platform:
-    """Start everything; each stop is registered on `stack` (closing it stops all by PID)."""
+                   log_level: str = "INFO", bucket: str = BUCKET,
+                   s3_endpoint: Callable[[Any], str] | None = None) -> Platform:
+    """Start everything; each stop is registered on `stack` (closing it stops all by PID).
+    `s3_endpoint(s3)`: the S3 endpoint the pods and the Airflow workers are given (default S3's own;
+    the soak puts a proxy it can cut in front of it)."""
     import subprocess
     import sys
 
@@ -76,8 +79,9 @@ def start_platform(stack: ExitStack, workdir: Path, dags: Path, quotas: Path = S
     cluster.kubectl("apply", "-f", "-", input=cli("pools", "render-k8s", "--config", str(quotas)))
     for team in config.teams:
         s3.add_team(team.name, bucket.format(team=team.name))
+    endpoint = s3_endpoint(s3) if s3_endpoint is not None else s3.endpoint_url
     create_team_secrets(client.CoreV1Api(cluster.api_client()), s3,
-                        {t.name: t.namespace for t in config.teams}, S3_SECRET)
+                        {t.name: t.namespace for t in config.teams}, S3_SECRET, endpoint_url=endpoint)
     say(f"quotas of {quotas.name} applied; per team a bucket {bucket!r} and Secret {S3_SECRET!r} in its namespace")
     scheduler = scheduler_process(cluster.kubeconfig, workdir / "scheduler.log", config_path=quotas,
                                   identity="dev-scheduler").start()
@@ -87,6 +91,7 @@ def start_platform(stack: ExitStack, workdir: Path, dags: Path, quotas: Path = S
     airflow = AirflowStack(home=workdir / "airflow", dags_folder=dags, keep_airflow_env=keep_airflow_env,
                            log_level=log_level, extra_env={
                                **s3.env(),  # the platform's identity: workers read every team's status.json
+                               "AWS_ENDPOINT_URL": endpoint,
                                "AIRFLOW_CONN_KUBERNETES_DEFAULT": conn,
                                "AIRFLOW__AIRFLOW_GPU__CONFIG_FILE": str(quotas),
                                "AIRFLOW__AIRFLOW_GPU__QUOTA_CONFIG": str(quotas),

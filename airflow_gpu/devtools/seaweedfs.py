@@ -311,11 +311,14 @@ class SeaweedFS:
         self.stop()
 
 
-def create_team_secrets(core: Any, server: SeaweedFS, namespaces: dict[str, str], name: str) -> None:
+def create_team_secrets(core: Any, server: SeaweedFS, namespaces: dict[str, str], name: str,
+                        endpoint_url: str | None = None) -> None:
     """Secret `name` in each team's namespace ({team: namespace}) holding that team's AWS_* variables
-    only: a gang's pods (secrets=[{"secret": name}]) can reach their team's bucket and no other."""
+    only: a gang's pods (secrets=[{"secret": name}]) can reach their team's bucket and no other.
+    endpoint_url: where the pods reach S3 instead of the server itself (e.g. a proxy in front of it)."""
     for team, namespace in namespaces.items():
-        core.create_namespaced_secret(namespace, {"metadata": {"name": name}, "stringData": server.env(team)})
+        env = server.env(team) | ({"AWS_ENDPOINT_URL": endpoint_url} if endpoint_url else {})
+        core.create_namespaced_secret(namespace, {"metadata": {"name": name}, "stringData": env})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,6 +12,7 @@ configuration comes from the environment (ENV.md):
     AIRFLOW_GPU_EXAMPLE_STEP_SECONDS sleep per step, to stand in for a real model's step time (default 0)
     AIRFLOW_GPU_EXAMPLE_SEED         data and initialisation seed (default 0)
     AIRFLOW_GPU_EXAMPLE_LEARNING_RATE  SGD learning rate (default LEARNING_RATE)
+    AIRFLOW_GPU_EXAMPLE_KEEP_LAST    checkpoints kept (default: the Checkpointer's, 3)
     AWS_*                            S3 endpoint and credentials, as boto3 reads them
 
 Prints one JSON object per line (events: start, resume, epoch, stopped, done, stale). Exit codes:
@@ -93,7 +94,8 @@ def main() -> int:
     step_seconds = float(env_number(env, C.ENV_EXAMPLE_STEP_SECONDS, 0.0, float))
     seed = int(env_number(env, C.ENV_EXAMPLE_SEED, 0))
     learning_rate = float(env_number(env, C.ENV_EXAMPLE_LEARNING_RATE, LEARNING_RATE, float))
-    ckpt = Checkpointer.from_env()
+    keep_last = env_number(env, C.ENV_EXAMPLE_KEEP_LAST, None, minimum=1)
+    ckpt = Checkpointer.from_env(**({"keep_last": int(keep_last)} if keep_last else {}))
     x, y = make_data(seed)
     try:
         restored = ckpt.resume()
