@@ -120,7 +120,7 @@ def test_two_interruptions_in_one_try_leave_each_attempt_s_last_lines(platform, 
 
     from tests.test_operator_run import S3_SECRET, TRAINER
 
-    bucket, core = platform["bucket"], platform["core"]
+    bucket, core = platform["buckets"]["research"], platform["core"]  # the team's own bucket
 
     def interrupt_twice():
         for attempt in ("1000", "1001"):

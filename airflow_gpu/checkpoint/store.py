@@ -196,6 +196,18 @@ class CheckpointStore:
             return None
 
 
+STATUS_READ_OUTAGE_SECONDS = 15.0
+
+
+def read_status_of(uri: str, outage_seconds: float = STATUS_READ_OUTAGE_SECONDS) -> dict[str, Any] | None:
+    """The status record under `uri`, for a reader outside the training (the operator, its trigger):
+    its reads are best effort with a fallback, so an S3 outage is waited out briefly, not for the
+    training's AIRFLOW_GPU_S3_OUTAGE_SECONDS."""
+    options = {"outage_seconds": outage_seconds} if uri.lower().startswith("s3://") else {}
+    with CheckpointStore(uri, **options) as store:
+        return store.read_status()
+
+
 def _move_into(stage: Path, root: Path) -> None:
     """Move the staged files into root: root itself if it does not exist (one rename), else each
     top-level entry, replacing what is there (a symlink is replaced, never followed)."""

@@ -733,10 +733,9 @@ class GpuTrainingOperator(BaseOperator):
         if not uri:
             return None
         try:
-            from airflow_gpu.checkpoint import CheckpointStore
+            from airflow_gpu.checkpoint.store import read_status_of
 
-            with CheckpointStore(uri) as store:
-                status = store.read_status() or {}
+            status = read_status_of(uri) or {}
         except Exception as exc:  # noqa: BLE001 - the trigger's mirrored step is the fallback
             self.log.info("could not read %s/status.json: %s", uri, exc)
             return None
@@ -797,10 +796,9 @@ class GpuTrainingOperator(BaseOperator):
         newest = run.get("checkpoint_uri")
         if newest:
             try:
-                from airflow_gpu.checkpoint import CheckpointStore
+                from airflow_gpu.checkpoint.store import read_status_of
 
-                with CheckpointStore(newest) as store:
-                    status = store.read_status() or {}
+                status = read_status_of(newest) or {}
                 newest = status.get("checkpoint_uri") or newest
             except Exception as exc:  # noqa: BLE001 - the result still names the store
                 self.log.info("could not read %s/status.json (%s); reporting the store", newest, exc)

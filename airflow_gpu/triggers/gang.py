@@ -531,10 +531,9 @@ class GangTrigger(BaseTrigger):
             await asyncio.sleep(self.checkpoint_mirror_interval)
 
     def _read_status(self) -> dict | None:
-        from airflow_gpu.checkpoint import CheckpointStore
+        from airflow_gpu.checkpoint.store import read_status_of
 
-        with CheckpointStore(self.checkpoint_status_uri) as store:
-            return store.read_status()
+        return read_status_of(self.checkpoint_status_uri)
 
     async def _annotate(self, core, annotations: dict[str, str]) -> None:
         from kubernetes_asyncio import client
