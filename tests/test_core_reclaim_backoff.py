@@ -1,5 +1,5 @@
 """Reclaim of borrowed quota within a cohort (core.preemption, Kueue reclaimWithinCohort) and the
-per-gang back-off of the queue (core.queue.Backoff)."""
+per-gang back-off of the queue (core.backoff.Backoff)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from airflow_gpu.constants import TIER_BEST_EFFORT_TRAINING, TIER_INTERACTIVE, T
 from airflow_gpu.core.gang import admit
 from airflow_gpu.core.preemption import PreemptionPolicy, team_borrows, within_guarantee
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements
-from airflow_gpu.core.queue import Backoff
+from airflow_gpu.core.backoff import Backoff
 from airflow_gpu.core.snapshot import Snapshot
 
 PROD, BE = TIER_PRODUCTION_TRAINING, TIER_BEST_EFFORT_TRAINING
