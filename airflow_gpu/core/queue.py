@@ -127,145 +127,194 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
                    starts: StartMemo | None = None) -> CycleResult:
     """Admit what can start now, plan at most one preemption, hold one reservation. Changes nothing
     passed in (`backoff` is read, its refusals brought up to date by Backoff.ready; Backoff.record
-    books the result; `no_plan` is added to, see NoPlanMemo; `hold` bounds reservations of unknown start and is only read: ReservationHold.record
-    books the result). `state` (core.cycle) holds every gang that takes capacity or quota: running,
-    terminating and held plans. explain=False: a gang kept off the reservation is not placed a
-    second time only to say that it "would delay" the head, and capacity reasons name the member
-    that does not fit without counting nodes per filter (a caller that shows no wait reasons, the
-    replay; the decisions are the same). `starts`: a StartMemo kept across cycles (same
-    estimates, fewer placements)."""
-    work = state.copy()
-    running = list(state.running)
-    result = CycleResult()
-    started: list[RunningGang] = []  # admitted this cycle: they hold capacity until their own end
-    reserved: np.ndarray | None = None
-    refused = RefusedAsks(by_team=state.book is not None)
-    no_plan = no_plan if no_plan is not None else NoPlanMemo()
-    fits = FitMasks()  # of work.snap as it is: cleared whenever the cycle changes it
-    quota_answers = QuotaAnswers()  # quota checks of work.usage as it is (it knows when that changes)
+    books the result; `no_plan` is added to, see NoPlanMemo; `hold` bounds reservations of unknown
+    start and is only read: ReservationHold.record books the result; Queue.cycle does both).
+    `state` (core.cycle) holds every gang that takes capacity or quota: running, terminating and held
+    plans. explain=False: a gang kept off the reservation is not placed a second time only to say
+    that it "would delay" the head, and capacity reasons name the member that does not fit without
+    counting nodes per filter (a caller that shows no wait reasons, the replay; the decisions are the
+    same). `starts`: a StartMemo kept across cycles (same estimates, fewer placements).
 
-    nominated: np.ndarray | None = None  # nodes of a plan made behind the head: closed to later gangs
-    nominated_nodes: frozenset[str] = frozenset()
-    searched_teams: set[str] = set()  # teams that searched a plan behind the head in this cycle
-
-    def may_plan_behind(gang: Gang, res: Reservation) -> bool:
-        """Refused behind a capacity reservation, it would search a plan: the first of its team in
-        this cycle whose ask is not known to have no plan (see the module docstring)."""
-        return (gang.tier in policy.preempt_behind_head_tiers and not res.by_preemption and not result.preemptions
-                and gang.team not in searched_teams and not no_plan.failed(gang, ("behind", res.nodes)))
-
-    def plan_behind(gang: Gang, res: Reservation, reason: str, refused: GangDecision | None = None) -> str:
-        """`refused`: its admission off the reserved nodes, when that is what it was."""
-        nonlocal nominated, nominated_nodes
-        if not may_plan_behind(gang, res):
-            return reason
-        where = ("behind", res.nodes)
-        searched_teams.add(gang.team)
-        plan, _ = plan_preemption(work, gang, profile, now, policy, exclude=reserved, refused=refused)
-        if plan is None:
-            no_plan.add(gang, where)
-            return reason
-        result.preemptions.append(plan)
-        work.nominate(gang.team, plan.placements, plan.victims)
-        fits.clear()
-        nominated_nodes = frozenset(p.node for p in plan.placements)
-        nominated = node_mask(work.snap, nominated_nodes)
-        return f"{reason}; {_preempting(plan)}"
-
+    The steps, like Kueue's schedule(): order the queue; until a head of line holds a reservation,
+    admit each gang or make it the head (reserve: a preemption plan, or its estimated start); behind
+    it, backfill each gang off the reserved nodes (or plan a preemption behind the head)."""
+    cycle = _Cycle(state, profile, now, policy, no_plan, explain)
     for gang in queue_order(pending):
-        res = result.reservation
-        exclude = reserved if res is not None and not res.lets_through(gang, now) else None
-        lent = exclude is not None and not res.by_preemption and may_backfill_reserved(res.gang, gang, policy)
-        if lent:
-            exclude = None  # tried on every node; kept off the reserved ones unless the head can take it back
-        kept_off = res.nodes if exclude is not None else frozenset()  # as a Refusal records it
-        if nominated is not None:
-            exclude = nominated if exclude is None else exclude | nominated
-            kept_off = kept_off | nominated_nodes
-        if res is not None and backoff is not None and not may_plan_behind(gang, res) \
-                and not backoff.ready(gang.name, now, kept_off, work.snap, fits):
-            result.deferred.append(gang.name)  # (a gang that would search a plan is always tried)
-            continue
+        if cycle.result.reservation is None:
+            cycle.admit_or_reserve(gang, hold, starts)
+        else:
+            cycle.backfill(gang, backoff)
+    return cycle.result
 
-        def wait(reason: str, quota_products: frozenset[str]) -> None:
-            result.waiting[gang.name] = reason
-            result.refusals[gang.name] = Refusal(tuple(ps.request for ps in gang.pod_sets), kept_off,
-                                                 quota_products, profile.filters)
 
-        if res is None and no_plan.failed(gang):
-            covered = refused.covering(gang, False)
+class _Cycle:
+    """One cycle's working state: a copy of the cycle state that each admission and nomination
+    changes, the result so far, and what the cycle learnt on the way (asks refused, fit masks and
+    quota answers of the working state as it is, asks without a preemption plan)."""
+
+    def __init__(self, state: CycleState, profile: Profile, now: float, policy: PreemptionPolicy,
+                 no_plan: NoPlanMemo | None, explain: bool):
+        self.work = state.copy()
+        self.running = list(state.running)
+        self.profile, self.now, self.policy, self.explain = profile, now, policy, explain
+        self.result = CycleResult()
+        self.started: list[RunningGang] = []  # admitted this cycle: they hold capacity until their own end
+        self.reserved: np.ndarray | None = None  # the reservation's nodes
+        self.refused = RefusedAsks(by_team=state.book is not None)
+        self.no_plan = no_plan if no_plan is not None else NoPlanMemo()
+        self.fits = FitMasks()  # of work.snap as it is: cleared whenever the cycle changes it
+        self.quota_answers = QuotaAnswers()  # quota checks of work.usage as it is (it knows when that changes)
+        self.nominated: np.ndarray | None = None  # nodes of a plan made behind the head: closed to later gangs
+        self.nominated_nodes: frozenset[str] = frozenset()
+        self.searched_teams: set[str] = set()  # teams that searched a plan behind the head in this cycle
+
+    # --- admit ------------------------------------------------------------------------------
+    def admit(self, gang: Gang, exclude: np.ndarray | None) -> GangDecision:
+        work = self.work
+        return admit(work.snap, gang, self.profile, work.book, work.usage, exclude, self.quota_answers, self.explain)
+
+    def take(self, decision: GangDecision) -> None:
+        """An admission holds its placement: held, not running, so it is no preemption candidate in
+        this cycle."""
+        gang, work = decision.gang, self.work
+        work.hold(gang.team, decision.placements)
+        self.fits.clear()
+        self.started.append(RunningGang(gang, decision.placements, self.now, borrowed=decision.borrowed,
+                                        speed=work.speed(decision.placements)))
+        self.result.admitted.append(decision)
+
+    def wait(self, gang: Gang, reason: str, quota_products: frozenset[str],
+             kept_off: frozenset[str] = frozenset()) -> None:
+        self.result.waiting[gang.name] = reason
+        self.result.refusals[gang.name] = Refusal(tuple(ps.request for ps in gang.pod_sets), kept_off,
+                                                  quota_products, self.profile.filters)
+
+    def admit_or_reserve(self, gang: Gang, hold: ReservationHold | None, starts: StartMemo | None) -> None:
+        """Before any reservation: admit the gang, else it may become the head of line (reserve)."""
+        if self.no_plan.failed(gang):
+            covered = self.refused.covering(gang, False)
             if covered is not None:  # no room, no plan and no reservation for this ask in this cycle
-                wait(*covered)
-                continue
-        if res is not None:
-            covered = refused.covering(gang, exclude is not None)
-            if covered is not None:
-                wait(*covered)
-                continue
-            short = _set_fitting_nowhere(work.snap, gang)
-            if short is not None:  # no placement to try: a member fits on no node, reserved or not
-                reason = f"member {short.name} does not fit: no node has the free CPU, memory and GPU it asks for"
-                refused.add(gang, exclude is not None, reason)
-                wait(plan_behind(gang, res, reason), frozenset())
-                continue
-        decision = admit(work.snap, gang, profile, work.book, work.usage, exclude, quota_answers, explain)
-        if lent and decision.admitted and not _reclaimable_backfill(work, res, decision):
-            exclude = reserved if nominated is None else reserved | nominated
-            kept_off = res.nodes | nominated_nodes
-            decision = admit(work.snap, gang, profile, work.book, work.usage, exclude, quota_answers, explain)
+                self.wait(gang, *covered)
+                return
+        decision = self.admit(gang, None)
         if decision.admitted:
-            # held, not running: a gang admitted this cycle is no preemption candidate in it
-            work.hold(gang.team, decision.placements)
-            fits.clear()
-            started.append(RunningGang(gang, decision.placements, now, borrowed=decision.borrowed,
-                                       speed=work.speed(decision.placements)))
-            result.admitted.append(decision)
-            continue
-
-        reason = decision.reason
-        if res is not None:
-            delays = ""
-            if explain and exclude is not None and _fits_somewhere(work.snap, gang, exclude) \
-                    and admit(work.snap, gang, profile, work.book, work.usage, answers=quota_answers).admitted:
-                reason = delays = f"would delay {res.gang.name}, which holds {len(res.nodes)} node(s) " \
-                                  f"and starts {_when(res.start, now)}"
-            if decision.blocked_by == BLOCKED_CAPACITY:
-                refused.add(gang, exclude is not None, decision.reason, delays, decision.quota_products)
-            wait(plan_behind(gang, res, reason, decision if exclude is reserved else None), decision.quota_products)
-            continue
+            self.take(decision)
+            return
         if decision.blocked_by == BLOCKED_CAPACITY:
-            refused.add(gang, False, reason, quota_products=decision.quota_products)
+            self.refused.add(gang, False, decision.reason, quota_products=decision.quota_products)
+        self.wait(gang, self.reserve(gang, decision, hold, starts), decision.quota_products)
 
-        # Kueue: a quota refusal may be solved by preemption too (the team's own lower-priority
-        # gangs, or reclaim from borrowers), so every refused gang asks for a plan.
+    # --- reserve ----------------------------------------------------------------------------
+    def reserve(self, gang: Gang, decision: GangDecision, hold: ReservationHold | None,
+                starts: StartMemo | None) -> str:
+        """The first refused gang that preemption can serve, or that lacks capacity, is the head of
+        line: a preemption plan (Kueue: a quota refusal may be solved by preemption too, the team's
+        own lower-priority gangs or reclaim from borrowers, so every refused gang asks for one) or,
+        when capacity blocks it, the nodes of its estimated start. Returns its wait reason."""
+        reason, work, now = decision.reason, self.work, self.now
         plan = None
-        if not no_plan.failed(gang):
-            plan, _ = plan_preemption(work, gang, profile, now, policy, refused=decision)
+        if not self.no_plan.failed(gang):
+            plan, _ = plan_preemption(work, gang, self.profile, now, self.policy, refused=decision)
             if plan is None:
-                no_plan.add(gang)
+                self.no_plan.add(gang)
         if plan is not None:
-            result.preemptions.append(plan)
-            result.reservation = Reservation(gang, frozenset(p.node for p in plan.placements), now,
-                                             plan.placements, by_preemption=True)
-            reserved = result.reservation.mask(work.snap)
+            self.result.preemptions.append(plan)
+            self.result.reservation = Reservation(gang, frozenset(p.node for p in plan.placements), now,
+                                                  plan.placements, by_preemption=True)
+            self.reserved = self.result.reservation.mask(work.snap)
             # the nomination's quota counts at once (the victims' too, until they are gone); its
             # nodes are reserved
             work.nominate(gang.team, plan.placements, plan.victims)
-            fits.clear()
-            reason = f"{reason}; {_preempting(plan)}"
-        elif decision.blocked_by == BLOCKED_CAPACITY and hold is not None and not hold.may_reserve(gang.name, now):
-            reason = f"{reason}; {hold.why(gang.name, now)}"
-        elif decision.blocked_by == BLOCKED_CAPACITY:
-            if starts is not None:
-                est = starts.estimate(work.snap, gang, running + started, profile, now)
-            else:
-                est = estimate_start(work.snap, gang, running + started, profile, now)
-            if est is not None:
-                result.reservation = est
-                reserved = est.mask(work.snap)
-                reason = f"{reason}; {len(est.nodes)} node(s) reserved, earliest start {_when(est.start, now)}"
-        wait(reason, decision.quota_products)
-    return result
+            self.fits.clear()
+            return f"{reason}; {_preempting(plan)}"
+        if decision.blocked_by != BLOCKED_CAPACITY:
+            return reason
+        if hold is not None and not hold.may_reserve(gang.name, now):
+            return f"{reason}; {hold.why(gang.name, now)}"
+        if starts is not None:
+            est = starts.estimate(work.snap, gang, self.running + self.started, self.profile, now)
+        else:
+            est = estimate_start(work.snap, gang, self.running + self.started, self.profile, now)
+        if est is None:
+            return reason
+        self.result.reservation = est
+        self.reserved = est.mask(work.snap)
+        return f"{reason}; {len(est.nodes)} node(s) reserved, earliest start {_when(est.start, now)}"
+
+    # --- backfill ---------------------------------------------------------------------------
+    def backfill(self, gang: Gang, backoff: Backoff | None) -> None:
+        """Behind the reservation: admit the gang off the reserved nodes (on them when it ends
+        before the head starts, or when the head can take them back), else leave it waiting and let
+        it plan a preemption behind the head."""
+        res, now, work = self.result.reservation, self.now, self.work
+        exclude = self.reserved if not res.lets_through(gang, now) else None
+        lent = exclude is not None and not res.by_preemption and may_backfill_reserved(res.gang, gang, self.policy)
+        if lent:
+            exclude = None  # tried on every node; kept off the reserved ones unless the head can take it back
+        kept_off = res.nodes if exclude is not None else frozenset()  # as a Refusal records it
+        if self.nominated is not None:
+            exclude = self.nominated if exclude is None else exclude | self.nominated
+            kept_off = kept_off | self.nominated_nodes
+        if backoff is not None and not self.may_plan_behind(gang, res) \
+                and not backoff.ready(gang.name, now, kept_off, work.snap, self.fits):
+            self.result.deferred.append(gang.name)  # (a gang that would search a plan is always tried)
+            return
+        covered = self.refused.covering(gang, exclude is not None)
+        if covered is not None:
+            self.wait(gang, *covered, kept_off)
+            return
+        short = _set_fitting_nowhere(work.snap, gang)
+        if short is not None:  # no placement to try: a member fits on no node, reserved or not
+            reason = f"member {short.name} does not fit: no node has the free CPU, memory and GPU it asks for"
+            self.refused.add(gang, exclude is not None, reason)
+            self.wait(gang, self.plan_behind(gang, res, reason), frozenset(), kept_off)
+            return
+        decision = self.admit(gang, exclude)
+        if lent and decision.admitted and not _reclaimable_backfill(work, res, decision):
+            exclude = self.reserved if self.nominated is None else self.reserved | self.nominated
+            kept_off = res.nodes | self.nominated_nodes
+            decision = self.admit(gang, exclude)
+        if decision.admitted:
+            self.take(decision)
+            return
+        reason = decision.reason
+        delays = ""
+        if self.explain and exclude is not None and _fits_somewhere(work.snap, gang, exclude) \
+                and admit(work.snap, gang, self.profile, work.book, work.usage, answers=self.quota_answers).admitted:
+            reason = delays = f"would delay {res.gang.name}, which holds {len(res.nodes)} node(s) " \
+                              f"and starts {_when(res.start, now)}"
+        if decision.blocked_by == BLOCKED_CAPACITY:
+            self.refused.add(gang, exclude is not None, decision.reason, delays, decision.quota_products)
+        behind = self.plan_behind(gang, res, reason, decision if exclude is self.reserved else None)
+        self.wait(gang, behind, decision.quota_products, kept_off)
+
+    # --- plan behind the head ---------------------------------------------------------------
+    def may_plan_behind(self, gang: Gang, res: Reservation) -> bool:
+        """Refused behind a capacity reservation, it would search a plan: the first of its team in
+        this cycle whose ask is not known to have no plan (see the module docstring)."""
+        return (gang.tier in self.policy.preempt_behind_head_tiers and not res.by_preemption
+                and not self.result.preemptions and gang.team not in self.searched_teams
+                and not self.no_plan.failed(gang, ("behind", res.nodes)))
+
+    def plan_behind(self, gang: Gang, res: Reservation, reason: str, refused: GangDecision | None = None) -> str:
+        """A preemption plan off the reserved nodes (the head keeps its reservation); its nodes are
+        closed to the rest of the cycle. `refused`: its admission off the reserved nodes, when that
+        is what it was. Returns its wait reason."""
+        if not self.may_plan_behind(gang, res):
+            return reason
+        where = ("behind", res.nodes)
+        self.searched_teams.add(gang.team)
+        plan, _ = plan_preemption(self.work, gang, self.profile, self.now, self.policy, exclude=self.reserved,
+                                  refused=refused)
+        if plan is None:
+            self.no_plan.add(gang, where)
+            return reason
+        self.result.preemptions.append(plan)
+        self.work.nominate(gang.team, plan.placements, plan.victims)
+        self.fits.clear()
+        self.nominated_nodes = frozenset(p.node for p in plan.placements)
+        self.nominated = node_mask(self.work.snap, self.nominated_nodes)
+        return f"{reason}; {_preempting(plan)}"
 
 
 class Queue:
