@@ -1,9 +1,12 @@
 """The queue of pending gangs and one scheduling cycle over it (Kueue's queue / scheduler split).
 
-API: `schedule_cycle(state, pending, profile, now, policy=PreemptionPolicy(), backoff=None)` where
+API: `Queue(profile, policy, backoff, hold, no_plan, starts).cycle(state, pending, now)` where
 `state` is a core.cycle.CycleState (capacity and quota usage of every running, terminating and held
-gang; build it with `CycleState.build(snap, running, book, held=..., terminating=...)`). It returns a
-CycleResult and changes nothing passed in.
+gang; build it with `CycleState.build(snap, running, book, held=..., terminating=...)`): one cycle,
+booked in the queue's back-off, memos and reservation hold (the scheduler and the replay call it).
+`schedule_cycle(state, pending, profile, now, policy, backoff, ...)` is the cycle alone: it returns a
+CycleResult and changes nothing passed in. Its steps, as Kueue's schedule(): order, admit (or
+reserve: the head of line), backfill behind the reservation, plan a preemption behind the head.
 
 Order: priority (high first), then creation time, then name. A cycle admits gangs in that order on a
 working copy of the cycle state: each admission and each planned nomination counts against its
