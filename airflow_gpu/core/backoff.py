@@ -36,8 +36,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
-
 from airflow_gpu.core.framework import static_mask
 from airflow_gpu.core.model import Gang, HashedTuple, PodRequest
 from airflow_gpu.core.snapshot import Snapshot
@@ -59,7 +57,6 @@ class Refusal:
     quota_products: frozenset[str] = frozenset()  # GangDecision.quota_products
     filters: tuple = ()  # the profile's filters (the static ones say where an ask may ever go)
     epoch: int = 0  # Backoff wakes heard before it (set by Backoff.record)
-    _where: list[np.ndarray] | None = field(default=None, repr=False)
     _shape: HashedTuple | None = field(default=None, repr=False)
 
     @property
@@ -70,21 +67,22 @@ class Refusal:
             self._shape = HashedTuple((tuple(a.shape for a in self.asks), self.filters))
         return self._shape
 
-    def keep_lookups(self, old: Refusal) -> None:
-        """Take over what the gang's previous refusal `old` worked out (where its asks may go, its
-        shape) when the asks and filters are the same: that does not change."""
+    def keep_shape(self, old: Refusal) -> None:
+        """Take over the shape of the gang's previous refusal `old` (hashed already) when its asks
+        and filters are the same: that does not change."""
         if old.asks == self.asks and old.filters is self.filters:
-            self._where, self._shape = old._where, old._shape
+            self._shape = old._shape
 
     def may_fit(self, snap: Snapshot, nodes: Sequence[int], fits: FitMasks | None = None) -> bool:
         """A member may go to one of `nodes` (static filters) and fits there by resources. `fits`:
         fit masks of this state of `snap` (many refusals checked between two changes)."""
         if not nodes:
             return False
-        if self._where is None:
-            self._where = [static_mask(snap, a, self.filters).tolist() for a in self.asks]
+        # where its asks may ever go: a fact of the node list, kept beside it (one per shape)
+        wheres = snap.shape.derived(("refusal-where", self.shape),
+                                    lambda: [static_mask(snap, a, self.filters).tolist() for a in self.asks])
         fits = fits if fits is not None else FitMasks()
-        for ask, where in zip(self.asks, self._where):
+        for ask, where in zip(self.asks, wheres):
             fit = fits.of(snap, ask)
             if any(where[i] and fit[i] for i in nodes):
                 return True
@@ -263,7 +261,7 @@ class Backoff:
                 old = self.refusals.pop(name, None)
                 if refusal is not None:
                     if old is not None:
-                        refusal.keep_lookups(old)
+                        refusal.keep_shape(old)
                     refusal.epoch = len(self._wakes)
                     self.refusals[name] = refusal
         for d in result.admitted:
