@@ -10,8 +10,7 @@ and the free ones: on a node that is down (spot replacement); on the head's rese
 stranded (the node's free CPU or memory is below every waiting production pod's ask; of which by
 CPU alone); partial GPUs elsewhere (a whole-GPU pod cannot use them); whole free GPUs elsewhere.
 Also the share of that time a reservation of unknown start exists, and its nodes. The cycle's
-reservation is read by wrapping core.queue.schedule_cycle where sim.replay imported it (the replay
-itself is unchanged).
+reservation is read by wrapping core.queue.Queue.cycle (the replay itself is unchanged).
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
 
 
 def main(argv: list[str] | None = None) -> None:
+    import airflow_gpu.core.queue as queue_mod
     import airflow_gpu.sim.replay as replay_mod
     from airflow_gpu.constants import TIER_BEST_EFFORT_TRAINING as BE
     from airflow_gpu.constants import TIER_PRODUCTION_TRAINING as PROD
@@ -44,14 +44,14 @@ def main(argv: list[str] | None = None) -> None:
     setting = openb_setting(args.traces / "openb_node_list_gpu_node.csv",
                             args.traces / "openb_pod_list_default.csv", args.capacity, args.seed)
     last = {"res": None}
-    real = replay_mod.schedule_cycle
+    real = queue_mod.Queue.cycle
 
     def spy(*a, **k):
         result = real(*a, **k)
         last["res"] = result.reservation
         return result
 
-    replay_mod.schedule_cycle = spy
+    queue_mod.Queue.cycle = spy
     acc: dict[str, float] = defaultdict(float)
 
     class Breakdown(replay_mod.Replay):
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         result = Breakdown(setting, replay_mod.PLATFORMS[args.platform]).run()
     finally:
-        replay_mod.schedule_cycle = real
+        queue_mod.Queue.cycle = real
     seconds = acc.pop("seconds", 0.0)
     out = {k: round(v / seconds, 3) for k, v in sorted(acc.items())} if seconds else {}
     out["days_production_waits"] = round(seconds / 86400, 1)

@@ -14,7 +14,8 @@ from airflow_gpu.core.gang import admit, place_gang
 from airflow_gpu.core.model import Placement, RunningGang, TopologyLevel
 from airflow_gpu.core.preemption import team_borrows
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements, within_limits
-from airflow_gpu.core.queue import estimate_start, queue_order
+from airflow_gpu.core.estimate import estimate_start
+from airflow_gpu.core.queue import queue_order
 from airflow_gpu.core.snapshot import Snapshot
 
 
@@ -347,7 +348,8 @@ def test_a_gang_behind_a_reservation_preempts_off_the_reserved_nodes_with_the_ti
     its reservation. One plan per cycle: a second team's gang waits for the next cycle."""
     from airflow_gpu.constants import TIER_PRODUCTION_TRAINING as PROD
     from airflow_gpu.core.preemption import PreemptionPolicy
-    from airflow_gpu.core.queue import NoPlanMemo, schedule_cycle
+    from airflow_gpu.core.backoff import NoPlanMemo
+    from airflow_gpu.core.queue import schedule_cycle
 
     snap = Snapshot.from_nodes(cluster(3))
     running = [start(snap, gang("prod-a", 1, 8, team="a", priority=100, tier=PROD, preemptible=False), profile(), at=0.0),
@@ -377,6 +379,7 @@ def test_a_gang_behind_a_reservation_preempts_off_the_reserved_nodes_with_the_ti
 
 
 def test_a_failed_preemption_plan_is_not_searched_again_for_the_same_ask(monkeypatch):
+    from airflow_gpu.core.backoff import NoPlanMemo
     import airflow_gpu.core.queue as queue
 
     calls = []
@@ -388,7 +391,7 @@ def test_a_failed_preemption_plan_is_not_searched_again_for_the_same_ask(monkeyp
     big = dict(level=TopologyLevel.NODE, hard=True)
     same = [gang(f"p{i}", 2, 8, priority=5, created_at=float(i), **big) for i in range(5)]
     other = gang("q", 2, 8, priority=6, created_at=9.0, **big)  # another priority: its own search
-    memo = queue.NoPlanMemo()
+    memo = NoPlanMemo()
     res = queue.schedule_cycle(state_of(snap, running), same + [other], profile(), 0.0, no_plan=memo)
     assert calls == ["q", "p0"] and res.preemptions == []
     assert set(res.waiting) == {g.name for g in same} | {"q"}
@@ -430,7 +433,7 @@ def test_work_on_reserved_nodes_ends_before_the_head_starts_or_is_the_heads_to_p
 
 
 def test_a_reservation_of_unknown_start_holds_its_nodes_for_a_bounded_time_then_pauses():
-    from airflow_gpu.core.queue import ReservationHold
+    from airflow_gpu.core.estimate import ReservationHold
 
     snap, running = two_busy_nodes()
     running = [RunningGang(replace_duration(r.gang), r.placements, r.started_at) for r in running]  # unknown ends

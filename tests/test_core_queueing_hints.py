@@ -1,4 +1,4 @@
-"""Queueing hints of the back-off (core.queue.Backoff.wake / ready, kube-scheduler's QueueingHint): a
+"""Queueing hints of the back-off (core.backoff.Backoff.wake / ready, kube-scheduler's QueueingHint): a
 gang refused for room is tried again only once a node it may use gained room where it fits, a
 reserved node it was kept off is open to it again, or usage fell on a GPU product quota limited it
 on. The rest of the queue keeps waiting without a placement each."""
@@ -10,7 +10,9 @@ from pathlib import Path
 
 from fixtures.core_gang import cluster, gang, profile, run_cycle, start
 
-from airflow_gpu.core.queue import Backoff, CycleResult, Refusal, StartMemo, estimate_start
+from airflow_gpu.core.backoff import Backoff, Refusal
+from airflow_gpu.core.estimate import StartMemo, estimate_start
+from airflow_gpu.core.queue import CycleResult
 from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.sim.replay import PLATFORMS, replay
 from airflow_gpu.sim.replay_report import write_events

@@ -1,20 +1,23 @@
 """Reclaim of borrowed quota within a cohort (core.preemption, Kueue reclaimWithinCohort) and the
-per-gang back-off of the queue (core.queue.Backoff)."""
+per-gang back-off of the queue (core.backoff.Backoff)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
-from fixtures.core_gang import cluster, gang, plan_for, profile, run_cycle, start
+from fixtures.core_gang import cluster, gang, plan_for, profile, run_cycle, start, state_of
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from airflow_gpu.constants import TIER_BEST_EFFORT_TRAINING, TIER_INTERACTIVE, TIER_PRODUCTION_TRAINING
+from airflow_gpu.core.backoff import Backoff, NoPlanMemo
+from airflow_gpu.core.estimate import ReservationHold
 from airflow_gpu.core.gang import admit
 from airflow_gpu.core.preemption import PreemptionPolicy, team_borrows, within_guarantee
+from airflow_gpu.core.queue import Queue
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements
-from airflow_gpu.core.queue import Backoff
 from airflow_gpu.core.snapshot import Snapshot
 
 PROD, BE = TIER_PRODUCTION_TRAINING, TIER_BEST_EFFORT_TRAINING
@@ -185,6 +188,29 @@ def test_gangs_in_backoff_are_skipped_but_the_head_keeps_its_reservation():
     assert [d.gang.name for d in res.admitted] == ["head"]
     b.record(res, [head], 2.0)
     assert b.failures == {}
+
+
+def test_the_queue_books_its_own_cycles_as_the_callers_did():
+    # Queue.cycle = schedule_cycle + Backoff.record + ReservationHold.record + the no-plan memo's reset
+    snap = Snapshot.from_nodes(cluster(2))
+    running = [start(snap, gang("r", 1, 8, priority=9), profile(), at=0.0),
+               start(snap, gang("r2", 1, 6, priority=9), profile(), at=0.0)]  # unknown ends
+    head = gang("head", 1, 8, priority=5, created_at=0.0)
+    small = gang("small", 1, 2, priority=1, created_at=1.0)  # fits on n0001's 2 free GPUs
+    memo = NoPlanMemo()
+    q = Queue(profile(), backoff=Backoff(base=1.0, cap=30.0), hold=ReservationHold(60.0, 30.0), no_plan=memo)
+    res = q.cycle(state_of(snap, running), [head, small], 0.0)
+    assert [d.gang.name for d in res.admitted] == ["small"] and math.isinf(res.reservation.start)
+    assert q.backoff.failures == {"head": 1}  # admitted: forgotten; left waiting: backs off
+    assert q.hold.since == {"head": 0.0}  # a reservation of unknown start counts towards its bound
+    assert not memo.failed(head)  # an admission changed the running set: the memo was reset
+    res = q.cycle(state_of(snap, running), [head], 60.0)
+    assert q.hold.paused_until == {"head": 90.0} and q.backoff.failures == {"head": 2}
+    assert memo.failed(head)  # nothing admitted: the failed search is remembered
+    q.room_appeared(snap, [0])
+    assert not memo.failed(head)
+    res = q.cycle(state_of(snap, running), [head], 61.0)
+    assert res.reservation is None and "no reservation" in res.waiting["head"]
 
 
 def test_backoff_never_changes_what_is_admitted_when_everything_is_ready():

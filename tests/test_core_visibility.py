@@ -1,4 +1,4 @@
-"""core.visibility / core.queue.estimate_starts: the queue as the scheduler publishes it, computed
+"""core.visibility / core.estimate.estimate_starts: the queue as the scheduler publishes it, computed
 from its own cycle (profile, quota book, reservation): positions, reasons and estimated starts."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from dataclasses import replace
 from fixtures.core_gang import cluster, gang, profile, start, state_of
 
 from airflow_gpu.core.preemption import PreemptionPolicy
-from airflow_gpu.core.queue import (NOTE_NEVER, NOTE_NO_END, NOTE_NOT_ESTIMATED, NOTE_PREEMPTING,
-                                    estimate_start, estimate_starts, schedule_cycle)
+from airflow_gpu.core.estimate import NOTE_NEVER, NOTE_NO_END, NOTE_NOT_ESTIMATED, NOTE_PREEMPTING, estimate_start, estimate_starts
+from airflow_gpu.core.queue import schedule_cycle
 from airflow_gpu.core.quota import QuotaBook, TeamQuota
 from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.core.visibility import cluster_picture, waiting_entries

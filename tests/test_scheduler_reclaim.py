@@ -210,7 +210,7 @@ def test_podgroup_past_its_schedule_timeout_is_reported_and_left_pending(kube_cl
         assert len(pods) == 2 and all(not p["spec"].get("nodeName") for p in pods)  # still there, pending
         assert (pg.get("status") or {}).get("phase") == C.PODGROUP_PHASE_TIMED_OUT
         # the gang backs off instead of being retried every cycle
-        assert scheduler.backoff.failures.get(f"{ns}/huge", 0) >= 1
+        assert scheduler.queue.backoff.failures.get(f"{ns}/huge", 0) >= 1
     finally:
         scheduler.stop()
         runner.join(10)

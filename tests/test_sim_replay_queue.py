@@ -6,7 +6,8 @@ from __future__ import annotations
 import pickle
 
 from airflow_gpu.core.model import Gang, HashedTuple, PodRequest
-from airflow_gpu.core.queue import NoPlanMemo, queue_order
+from airflow_gpu.core.backoff import NoPlanMemo
+from airflow_gpu.core.queue import queue_order
 from airflow_gpu.sim.replay import PLATFORMS, Replay
 from airflow_gpu.sim.settings import seed_setting
 from airflow_gpu.sim.workload import SeedParams

@@ -17,7 +17,7 @@ from kubernetes import client
 
 from airflow_gpu import constants as C
 from airflow_gpu.config import load_config
-from airflow_gpu.core.queue import NOTE_PREEMPTING
+from airflow_gpu.core.estimate import NOTE_PREEMPTING
 from airflow_gpu.devtools import gangs as G
 from airflow_gpu.devtools.airflow_rows import insert_task_instances
 from airflow_gpu.devtools.airflow_stack import AirflowStack

@@ -71,7 +71,7 @@ def _register_replay(modes) -> None:
                          "1 is an oracle")
     rp.add_argument("--reservation-hold", type=float, default=None, metavar="S",
                     help="a reservation of unknown start holds its nodes at most S s in a row, then pauses S s "
-                         "(core.queue.ReservationHold); 0: unbounded (default: the config's "
+                         "(core.estimate.ReservationHold); 0: unbounded (default: the config's "
                          "scheduling.reservation_hold_seconds, as the scheduler runs it)")
     rp.add_argument("--jobs", type=int, default=None, metavar="N",
                     help="replay the platforms in N processes (default: one per CPU; 1: one after another)")

@@ -339,15 +339,17 @@ def only_products(gang: Gang, products: list[str]) -> Gang:
 
 def quota_capacity(snap: Snapshot, quota: QuotaBook, product: str) -> int:
     """The cluster's GPUs of quota `product` in quota units (milli-GPU, weighted)."""
-    cache = snap.shape._mask_cache
-    per_label = cache.get("gpus-per-product")
-    if per_label is None:
-        per_label = cache["gpus-per-product"] = {}
-        for n, count in zip(snap.shape.nodes, snap.shape.gpu_counts):
-            if n.gpu_product:
-                per_label[n.gpu_product] = per_label.get(n.gpu_product, 0) + count
+    per_label = snap.shape.derived("gpus-per-product", lambda: _gpus_per_product(snap))
     return sum(round(count * GPU_MILLI * quota.weight(label)) for label, count in per_label.items()
                if quota.product(label) == product)
+
+
+def _gpus_per_product(snap: Snapshot) -> dict[str, int]:
+    per_label: dict[str, int] = {}
+    for n, count in zip(snap.shape.nodes, snap.shape.gpu_counts):
+        if n.gpu_product:
+            per_label[n.gpu_product] = per_label.get(n.gpu_product, 0) + count
+    return per_label
 
 
 def pool_is_capacity(snap: Snapshot, quota: QuotaBook, verdict: QuotaVerdict) -> bool:

@@ -218,7 +218,7 @@ class Gang:
 
     @cached_property
     def plan_ask(self) -> HashedTuple:
-        """What a preemption plan search reads of it (core.queue.NoPlanMemo): gangs of one plan ask
+        """What a preemption plan search reads of it (core.backoff.NoPlanMemo): gangs of one plan ask
         get one answer. Hashed once: a cycle over a long backlog looks it up for every gang."""
         return HashedTuple((self.team, self.tier, self.priority, self.topology, self.min_member, self.pinned,
                             self.pod_set_shapes, self.products_mixed))

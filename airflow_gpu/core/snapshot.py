@@ -164,6 +164,14 @@ class ClusterShape:
             mig_cap=mig_cap,
         )
 
+    def derived(self, key, build):
+        """A fact of the node list (labels, taints, products, capacity; never free capacity) that
+        callers outside the shape compute once per distinct key: the cache lives beside the shape."""
+        got = self._mask_cache.get(key)
+        if got is None:
+            got = self._mask_cache[key] = build()
+        return got
+
     def cached_mask(self, key, build) -> np.ndarray:
         """A static per-node mask (labels, taints, products) computed once per distinct key."""
         mask = self._mask_cache.get(key)

@@ -1,7 +1,7 @@
 """What the scheduler shows of its queue (Kueue's visibility API: the queue manager serves what it
 knows): for every waiting gang, its position in the cluster's queue and in its team's, the wait
 reason of the cycle, and the estimated start and nodes computed with the cycle's own profile, quota
-book and reservation (core.queue.estimate_starts). And the cluster picture: GPUs free per node,
+book and reservation (core.estimate.estimate_starts). And the cluster picture: GPUs free per node,
 held by a plan, MIG slices, allocation and FGD fragmentation. Pure: the scheduler publishes it
 (scheduler/publish.py), the UI and `airflow-gpu queue` only read it.
 """
@@ -17,7 +17,8 @@ from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.model import GPU_MILLI, Gang, PodRequest
 from airflow_gpu.core.plugins.fgd import FGDScore, TypicalPods
-from airflow_gpu.core.queue import ESTIMATE_LIMIT, CycleResult, estimate_starts, queue_order
+from airflow_gpu.core.estimate import ESTIMATE_LIMIT, estimate_starts
+from airflow_gpu.core.queue import CycleResult, queue_order
 from airflow_gpu.core.snapshot import Snapshot
 
 MIG_COMPUTE_SLICES = 7  # a MIG profile "<k>g.<mem>" takes k of a GPU's 7 compute slices (A100/H100)

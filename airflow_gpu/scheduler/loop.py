@@ -22,7 +22,7 @@ DisruptionTarget condition (PreemptionByScheduler) and an Eviction with their ow
 the kubelet sends SIGTERM and the training loop checkpoints.
 
 Back-off and timeout: a gang that did not fit is retried with exponential back-off
-(core.queue.Backoff), reset whenever room may have appeared (a pod stopped holding resources, a
+(core.queue.Queue: core.backoff.Backoff), reset whenever room may have appeared (a pod stopped holding resources, a
 held plan was dropped, a node joined or changed, the reservation moved to another gang or ended).
 With spec.scheduleTimeoutSeconds a PodGroup still waiting that long after scheduleStartTime (else
 its creation) gets phase TimedOut and one ScheduleTimeout Event with its last wait reason; its pods
@@ -53,7 +53,9 @@ from airflow_gpu.core.model import Placement, RunningGang
 from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy
-from airflow_gpu.core.queue import Backoff, ReservationHold, schedule_cycle
+from airflow_gpu.core.backoff import Backoff
+from airflow_gpu.core.estimate import ReservationHold
+from airflow_gpu.core.queue import Queue
 from airflow_gpu.kube import preemptions, queue_status
 from airflow_gpu.kube.convert import (
     ConversionContext,
@@ -128,7 +130,7 @@ class Scheduler:
         self.ctx = ConversionContext.from_config(quota_config)
         self.book = quota_book_from_config(quota_config)
         self.policy = preemption_policy_from_config(quota_config)
-        self.profile: Profile = make_profile(self.settings.policy) if self.settings.policy not in LEARNING \
+        profile: Profile = make_profile(self.settings.policy) if self.settings.policy not in LEARNING \
             else make_profile("bestfit")  # until there are pods to learn the workload's typical shapes from
         self._pool = ThreadPoolExecutor(max_workers=self.settings.bind_workers, thread_name_prefix="bind")
         self._gang_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gang")
@@ -138,14 +140,23 @@ class Scheduler:
         self._memo = Memo()
         self._quota: QuotaLedger | None = None  # quota usage of the running gangs, kept by deltas
         self._was_leader = False
-        self.backoff = Backoff(self.settings.backoff_base, self.settings.backoff_cap)
         # the same bound on a reservation of unknown start as the replay measures (config `scheduling`)
         hold = (quota_config.scheduling.reservation_hold_seconds if quota_config is not None
                 else C.DEFAULT_RESERVATION_HOLD_SECONDS)
-        self.hold = ReservationHold(hold, hold) if hold > 0 else None
+        self.queue = Queue(profile, self.policy, Backoff(self.settings.backoff_base, self.settings.backoff_cap),
+                           ReservationHold(hold, hold) if hold > 0 else None)
         self._room = RoomWatch()
         self._preempted: dict[str, preemptions.Preempted] | None = None  # the record, as last written
         self.publisher = Publisher(self.settings.publish_interval)
+
+    @property
+    def profile(self) -> Profile:
+        """The placement profile the queue runs (learnt from the pods for FGD-based policies)."""
+        return self.queue.profile
+
+    @profile.setter
+    def profile(self, profile: Profile) -> None:
+        self.queue.profile = profile
 
     # --- lifecycle ------------------------------------------------------------------------
     def is_leader(self) -> bool:
@@ -208,14 +219,11 @@ class Scheduler:
         pending = [g for _, g in world.pending]
         units = {g.name: u for u, g in world.pending}
         if self._room.changed(world):
-            self.backoff.reset()
+            self.queue.reset()
         state = self._cycle_state(world, view)
-        result = schedule_cycle(state, pending, self.profile, now, policy, self.backoff, hold=self.hold)
-        self.backoff.record(result, pending, now)
-        if self.hold is not None:
-            self.hold.record(result, now)
+        result = self.queue.cycle(state, pending, now, policy)
         if self._room.head_moved(result.reservation):
-            self.backoff.reset()
+            self.queue.reset()
         futures = [self._gang_pool.submit(self._admit, units[d.gang.name], d, now) for d in result.admitted]
         for plan in result.preemptions:
             self._preempt(world, units[plan.gang.name], plan, now)

@@ -1,11 +1,11 @@
 """Waiting gangs as the user and the back-off see them: the PodGroup status to write (with the
 TimedOut phase past spec.scheduleTimeoutSeconds), the timeout reports, and when room may have
-appeared since the last cycle (what resets core.queue.Backoff). Pure functions of the World."""
+appeared since the last cycle (what resets core.backoff.Backoff). Pure functions of the World."""
 
 from __future__ import annotations
 
 from airflow_gpu import constants as C
-from airflow_gpu.core.queue import Reservation
+from airflow_gpu.core.estimate import Reservation
 from airflow_gpu.kube.convert import ConversionError, parse_time, schedule_timeout
 from airflow_gpu.scheduler.state import Unit, World
 

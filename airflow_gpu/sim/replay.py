@@ -33,20 +33,21 @@ from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, SPREAD_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPolicy
 from airflow_gpu.core.cycle import CycleState
-from airflow_gpu.core.queue import (QUEUE_KEY, Backoff, NoPlanMemo, RefusedAsks, ReservationHold, StartMemo,
-                                    schedule_cycle)
+from airflow_gpu.core.backoff import Backoff, NoPlanMemo, RefusedAsks
+from airflow_gpu.core.estimate import ReservationHold, StartMemo
+from airflow_gpu.core.queue import QUEUE_KEY, Queue
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements
 from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.sim.workload import Job, mark_spot, whole_gpus
 
 FINISHED, PREEMPTED, INTERRUPTED, FAILED = "finished", "preempted", "interrupted", "failed"
 UNASSIGNED = "(unassigned)"  # the quota book's lender of the GPUs no team is guaranteed
-NEVER = 1e15  # back-off of a gang that did not fit: until room appears (Backoff.reset)
+NEVER = 1e15  # back-off of a gang that did not fit: until room appears (Queue.room_appeared)
 
 
 @dataclass(frozen=True)
 class Platform:
-    """One way to run the cluster. `queue`: "cycle" = core.queue.schedule_cycle (the scheduler's),
+    """One way to run the cluster. `queue`: "cycle" = core.queue.Queue (the scheduler's),
     "fifo" = kube-scheduler-like: pods one by one in arrival order, whatever fits binds."""
 
     name: str
@@ -111,7 +112,7 @@ class Setting:
     # Gang.expected_duration given to the queue = this x the job's work (0: none, as a gang without
     # the expected-duration annotation). 1.0 is an oracle; users' estimates are usually longer.
     duration_estimate: float = 0.0
-    # core.queue.ReservationHold: seconds a reservation of unknown start holds its nodes in a row
+    # core.estimate.ReservationHold: seconds a reservation of unknown start holds its nodes in a row
     # (then it pauses as long); 0: unbounded. From the config's scheduling section, as the scheduler.
     reservation_hold: float = DEFAULT_RESERVATION_HOLD_SECONDS
     # gpu product -> relative speed (absent: 1.0): a job's work is in seconds on the reference
@@ -228,33 +229,25 @@ class _Cycle:
     def __init__(self, platform: Platform, profile, quota: QuotaBook | None, policy: PreemptionPolicy,
                  hold: float = 0.0):
         self.platform, self.profile, self.quota = platform, profile, quota
-        self.policy = policy
-        self.backoff = Backoff(base=NEVER, cap=NEVER)
-        # valid until the running set or the capacity changes; without preemption no plan is ever searched
-        self.no_plan = NoPlanMemo() if platform.preemption else _NoPlans()
-        self.hold = ReservationHold(hold, hold) if hold > 0 else None
-        self.starts = StartMemo()
+        # no_plan: valid until the running set or the capacity changes; without preemption no plan is
+        # ever searched. explain=False: the replay reads no wait reasons
+        self.queue = Queue(profile, policy, Backoff(base=NEVER, cap=NEVER),
+                           ReservationHold(hold, hold) if hold > 0 else None,
+                           NoPlanMemo() if platform.preemption else _NoPlans(), StartMemo(), explain=False)
 
     def run(self, snap: Snapshot, pending: list[Gang], running: list[RunningGang], usage: QuotaUsage | None,
             now: float):
         """-> (admitted [(gang, placements, borrowed)], plans [PreemptionPlan]). `usage`: the quota
         usage of `running`, kept up to date by the replay (what CycleState.build would count)."""
         state = CycleState(snap, self.quota, usage, running, snap.shape.node_product)
-        result = schedule_cycle(state, pending, self.profile, now, self.policy, self.backoff, self.no_plan, self.hold,
-                                explain=False, starts=self.starts)  # the replay reads no wait reasons
-        self.backoff.record(result, pending, now)
-        if self.hold is not None:
-            self.hold.record(result, now)
-        if result.admitted or result.preemptions:  # the running set changes: plans may exist now
-            self.no_plan.reset()
+        result = self.queue.cycle(state, pending, now)
         admitted = [(d.gang, d.placements, d.borrowed) for d in result.admitted]
         return admitted, result.preemptions
 
     def room_appeared(self, snap: Snapshot, nodes: list[int], quota_freed: Iterable[str]) -> None:
         """Pods ended on `nodes` (or a node came back), quota usage fell on the GPU products
         `quota_freed`: the gangs this may help try again."""
-        self.backoff.wake(snap, nodes, quota_freed)
-        self.no_plan.reset()
+        self.queue.room_appeared(snap, nodes, quota_freed)
 
 
 class _Fifo:

@@ -76,26 +76,25 @@ class TaintToleration:
     static = True  # reads only the node list (labels, taints, products), never free capacity
 
     def filter(self, snap: Snapshot, pod: PodRequest) -> FilterResult:
-        key = ("taints", pod.tolerations)
-        cached = snap.shape._mask_cache.get(key)
-        if cached is None:
-            reasons = []
-            for node in snap.nodes:
-                bad = next(
-                    (
-                        t
-                        for t in node.taints
-                        if t.effect in HARD_TAINT_EFFECTS and not any(tol.tolerates(t) for tol in pod.tolerations)
-                    ),
-                    None,
-                )
-                reasons.append("" if bad is None else f"untolerated taint {bad.key}")
-            reason = np.array(reasons, dtype=object).reshape(len(snap))
-            ok = reason == ""
-            # no hard taint in the way: the shared all-nodes mask, which run_filters skips
-            cached = (snap.shape.every_node, "") if ok.all() else (ok, reason)
-            snap.shape._mask_cache[key] = cached
-        return FilterResult(*cached)
+        return FilterResult(*snap.shape.derived(("taints", pod.tolerations), lambda: self._untolerated(snap, pod)))
+
+    @staticmethod
+    def _untolerated(snap: Snapshot, pod: PodRequest) -> tuple:
+        reasons = []
+        for node in snap.nodes:
+            bad = next(
+                (
+                    t
+                    for t in node.taints
+                    if t.effect in HARD_TAINT_EFFECTS and not any(tol.tolerates(t) for tol in pod.tolerations)
+                ),
+                None,
+            )
+            reasons.append("" if bad is None else f"untolerated taint {bad.key}")
+        reason = np.array(reasons, dtype=object).reshape(len(snap))
+        ok = reason == ""
+        # no hard taint in the way: the shared all-nodes mask, which run_filters skips
+        return (snap.shape.every_node, "") if ok.all() else (ok, reason)
 
 
 class CapacityType:
@@ -123,11 +122,7 @@ def _nodes_where(snap: Snapshot, cache_key: tuple, predicate) -> np.ndarray:
 def _passes_all(snap: Snapshot) -> FilterResult:
     """The one result of a filter that rejects nothing (run_filters skips it), made once per cluster
     shape: a placement asks every filter, and most ask nothing of a pod."""
-    cache = snap.shape._mask_cache
-    result = cache.get("passes-all")
-    if result is None:
-        result = cache["passes-all"] = FilterResult(snap.shape.every_node, "")
-    return result
+    return snap.shape.derived("passes-all", lambda: FilterResult(snap.shape.every_node, ""))
 
 
 def default_filters() -> tuple:

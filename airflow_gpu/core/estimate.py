@@ -1,0 +1,312 @@
+"""Estimated starts: the head of line's reservation (EASY backfilling: estimate_start, StartMemo,
+ReservationHold) and every waiting gang's estimated start as the scheduler publishes it
+(estimate_starts: conservative backfilling on the cycle's own profile, quota book and reservation)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from airflow_gpu.constants import DEFAULT_RESERVATION_HOLD_SECONDS
+from airflow_gpu.core.cycle import CycleState
+from airflow_gpu.core.framework import Profile, static_mask
+from airflow_gpu.core.gang import admit, place_gang
+from airflow_gpu.core.model import Gang, Placement, RunningGang
+from airflow_gpu.core.room import RoomEstimate
+from airflow_gpu.core.snapshot import OverCommitError, Snapshot
+
+if TYPE_CHECKING:
+    from airflow_gpu.core.queue import CycleResult
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Nodes held for the head-of-line gang until `start` (its estimated earliest start; math.inf when
+    it waits on gangs of unknown duration; now when victims are being preempted for it)."""
+
+    gang: Gang
+    nodes: frozenset[str]
+    start: float
+    placements: tuple[Placement, ...]
+    by_preemption: bool = False
+
+    def mask(self, snap: Snapshot) -> np.ndarray:
+        return node_mask(snap, self.nodes)
+
+    def lets_through(self, gang: Gang, now: float) -> bool:
+        """A gang known to finish before the head can start may use the reserved nodes."""
+        return gang.expected_duration is not None and now + gang.expected_duration <= self.start
+
+
+def node_mask(snap: Snapshot, names: Iterable[str]) -> np.ndarray:
+    """[N] bool: the nodes named."""
+    m = np.zeros(len(snap), dtype=bool)
+    m[[snap.node_index(n) for n in names]] = True
+    return m
+
+
+class StartMemo:
+    """The last earliest-start estimate of each head of line, kept while the nodes it may use
+    (its pod sets' static filters) are unchanged. Snapshot versions equal means equal node state
+    with the same pods, and estimate_start reads only those nodes and the gangs on them, released
+    in the same order: a cycle in which only other nodes changed (work on another GPU product or
+    capacity type) gets the same answer without a placement. An estimate that starts at a finite
+    time depends on the clock and is not kept."""
+
+    KEEP = 64  # heads remembered (the head of line rarely changes)
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[Profile, bytes, Reservation | None]] = {}
+
+    @staticmethod
+    def _key(snap: Snapshot, gang: Gang, profile: Profile) -> bytes:
+        usable = np.zeros(len(snap), dtype=bool)
+        for ps in gang.pod_sets:
+            usable |= static_mask(snap, ps.request, profile.filters)
+        return snap.version[usable].tobytes()
+
+    def estimate(self, snap: Snapshot, gang: Gang, running: Sequence[RunningGang], profile: Profile,
+                 now: float) -> Reservation | None:
+        """estimate_start, or the same answer kept from an earlier cycle."""
+        key = self._key(snap, gang, profile)
+        hit = self._last.get(gang.name)
+        if hit is not None and hit[0] is profile and hit[1] == key and (hit[2] is None or hit[2].gang == gang):
+            return hit[2]
+        est = estimate_start(snap, gang, running, profile, now)
+        self._last.pop(gang.name, None)
+        if est is None or math.isinf(est.start):
+            if len(self._last) >= self.KEEP:
+                self._last.pop(next(iter(self._last)))
+            self._last[gang.name] = (profile, key, est)
+        return est
+
+
+@dataclass
+class ReservationHold:
+    """Bounded hold: a reservation whose start cannot be estimated (it waits on work of unknown
+    duration) keeps its nodes' free GPUs idle against every gang the head cannot take back. It may
+    do so for `max_hold` seconds in a row; then the gang holds no reservation for `pause` seconds
+    (it is still admitted whenever it fits, and the next gang may hold one), then it may again.
+    Without it a head of line that waits on long work idles its nodes for as long as that work
+    runs while smaller work of its own priority queues behind it. Pure bookkeeping; the caller
+    passes the clock and calls `record` after each cycle."""
+
+    max_hold: float = DEFAULT_RESERVATION_HOLD_SECONDS
+    pause: float = DEFAULT_RESERVATION_HOLD_SECONDS
+    since: dict[str, float] = field(default_factory=dict)  # gang -> start of its current hold
+    paused_until: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_hold <= 0 or self.pause < 0:
+            raise ValueError(f"reservation hold: max_hold ({self.max_hold}) must be > 0 and pause ({self.pause}) >= 0")
+
+    def may_reserve(self, name: str, now: float) -> bool:
+        return now >= self.paused_until.get(name, -math.inf)
+
+    def why(self, name: str, now: float) -> str:
+        return (f"no reservation: it held one {self.max_hold:.0f} s without a known start; "
+                f"it may again in ~{max(0.0, self.paused_until[name] - now):.0f} s")
+
+    def record(self, result: CycleResult, now: float) -> None:
+        res = result.reservation
+        holder = res.gang.name if res is not None and not res.by_preemption and math.isinf(res.start) else None
+        for name in [n for n in self.since if n != holder]:
+            del self.since[name]  # a hold counts only while it lasts without a break
+        if holder is not None:
+            since = self.since.setdefault(holder, now)
+            if now - since >= self.max_hold:
+                del self.since[holder]
+                self.paused_until[holder] = now + self.pause
+        for name in [n for n, t in self.paused_until.items() if t <= now]:
+            del self.paused_until[name]
+
+
+def estimate_start(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], profile: Profile,
+                   now: float) -> Reservation | None:
+    """When and where `gang`, which does not fit now, could start if nothing else were admitted:
+    running gangs are released by expected end on a copy until it fits. None: it would not fit even
+    with all of them gone. (A gang that fits now needs no estimate; releases that add no room for
+    it are skipped, so for such a gang the answer is not "now".)
+
+    A room estimate kept up to date per release (core.room.RoomTracker) says when a full
+    placement is worth trying, so the whole release order costs about one pass over the pods."""
+    ends = sorted(running, key=lambda r: (math.inf if r.expected_end is None else r.expected_end,
+                                          r.started_at, r.gang.name))
+    work = snap.copy()
+    tracker = RoomEstimate.for_gang(snap, gang, profile).tracker(work)
+    for r in ends:
+        if not tracker.release(r):
+            continue
+        placed, _, _ = place_gang(work, gang, profile)
+        if placed is not None:
+            last = r.expected_end
+            start = math.inf if last is None else max(now, last)
+            return Reservation(gang, frozenset(p.node for p in placed), start, placed)
+    return None
+
+
+ESTIMATE_LIMIT = 25  # estimated starts for the first N waiting gangs of the cluster's queue (cost bound)
+ESTIMATE_TRIES = 64  # full admissions tried per gang at most (cost bound; the room estimate skips most)
+# why a waiting gang has no estimated start, or what its estimate waits for
+NOTE_NOT_ESTIMATED = "not estimated: only the first {limit} gangs in the cluster's queue are"
+NOTE_NO_END = "after running work that has no expected duration"
+NOTE_NEVER = "would not fit even if every running gang ended"
+NOTE_PREEMPTING = "preempting: starts once its victims are gone"
+NOTE_TOO_MANY_TRIES = "not estimated: no start found within {tries} tries"
+
+
+@dataclass(frozen=True)
+class StartEstimate:
+    """A waiting gang's estimated start (None: not known, `note` says why) and the nodes it is
+    expected to start on."""
+
+    start: float | None
+    nodes: tuple[str, ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    """An estimated gang's future placement, held from `start` to `end` (math.inf: unknown end)."""
+
+    team: str
+    placements: tuple[Placement, ...]
+    start: float
+    end: float
+
+    def overlaps(self, t: float, until: float) -> bool:
+        return self.start < until and t < self.end
+
+
+def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleResult, profile: Profile,
+                    now: float, limit: int = ESTIMATE_LIMIT,
+                    nominated: Mapping[str, Sequence[str]] | None = None) -> dict[str, StartEstimate]:
+    """When and where each of the first `limit` gangs of `waiting` (queue order, what the cycle of
+    `result` left waiting) is expected to start, under the cycle's own profile, quota book and
+    reservation (conservative backfilling: each estimate holds its placement on the what-if from its
+    start, so the gangs behind it never delay it):
+    - the head of line's capacity reservation starts when the cycle said (Reservation.start);
+    - a gang with a preemption plan (of this cycle, or `nominated`: gang name -> nodes of a held
+      nomination) starts now, once its victims are gone;
+    - any other: running gangs (and the gangs admitted in this cycle) are released on a copy by
+      expected end until core.gang.admit admits it, capacity AND quota (a quota-blocked gang gets
+      the end of the gang of its team or cohort that frees its quota, not the time capacity frees).
+      Releases that add no room for it and free no quota of its cohort are skipped (RoomEstimate).
+    `state` is the cycle's state before the cycle (changed nothing)."""
+    order = list(waiting)
+    out: dict[str, StartEstimate] = {}
+    base = state.capacity_view()
+    ends: list[RunningGang] = list(state.running)
+    planned = {p.gang.name: p for p in result.preemptions}
+    for d in result.admitted:  # admitted this cycle: held from now, until their own expected end
+        base.hold(d.gang.team, d.placements)
+        ends.append(RunningGang(d.gang, d.placements, now, borrowed=d.borrowed))
+    for plan in result.preemptions:  # its victims leave now and it takes their place
+        gone = {id(v) for v in plan.victims}
+        for v in plan.victims:
+            base.release(v)
+        ends = [r for r in ends if id(r) not in gone]
+        _hold_where_free(base, plan.gang.team, plan.placements)
+        ends.append(RunningGang(plan.gang, tuple(plan.placements), now))
+    ends.sort(key=lambda r: (math.inf if r.expected_end is None else r.expected_end, r.started_at, r.gang.name))
+    ahead: list[_Ahead] = []
+    nominated = dict(nominated or {})
+    res = result.reservation
+    head = res.gang.name if res is not None and not res.by_preemption else None
+    if head is not None and head in {g.name for g in order[:limit]}:
+        # the scheduler keeps every other gang off the head's nodes, those ahead of it in the queue too
+        # (a quota-blocked gang is never head): its reservation is held first
+        out[head] = StartEstimate(None if math.isinf(res.start) else res.start, tuple(sorted(res.nodes)),
+                                  NOTE_NO_END if math.isinf(res.start) else "")
+        if not math.isinf(res.start):
+            d = res.gang.expected_duration
+            ahead.append(_Ahead(res.gang.team, tuple(res.placements), res.start,
+                                math.inf if d is None else res.start + d))
+    for i, gang in enumerate(order):
+        if i >= limit:
+            out[gang.name] = StartEstimate(None, (), NOTE_NOT_ESTIMATED.format(limit=limit))
+            continue
+        if gang.name == head:
+            continue
+        if gang.name in planned or gang.name in nominated:
+            plan = planned.get(gang.name)
+            nodes = tuple(sorted({p.node for p in plan.placements})) if plan is not None else nominated[gang.name]
+            out[gang.name] = StartEstimate(now, tuple(nodes), NOTE_PREEMPTING)
+            continue
+        est, placements = _estimate_one(base, ends, ahead, gang, profile, now)
+        out[gang.name] = est
+        if est.start is not None:
+            d = gang.expected_duration
+            ahead.append(_Ahead(gang.team, tuple(placements), est.start, math.inf if d is None else est.start + d))
+    return out
+
+
+def _hold_where_free(state: CycleState, team: str, placements: Iterable[Placement]) -> set[str]:
+    """Hold what fits of `placements` on `state` (quota counted whole); the nodes where a placement
+    does not fit (still taken at that time) are returned, to be kept off instead."""
+    blocked = set()
+    placements = tuple(placements)
+    for p in placements:
+        if p.pod in state.snap.placements:
+            continue
+        try:
+            state.snap.assume(p)
+        except OverCommitError:
+            blocked.add(p.node)
+    if state.usage is not None:
+        state.usage.add(team, state.demand(placements))
+    return blocked
+
+
+def _estimate_one(base: CycleState, ends: Sequence[RunningGang], ahead: Sequence[_Ahead], gang: Gang,
+                  profile: Profile, now: float) -> tuple[StartEstimate, tuple[Placement, ...]]:
+    """estimate_starts for one gang that is neither head nor preempting."""
+    work = base.capacity_view()
+    tracker = RoomEstimate.for_gang(work.snap, gang, profile).tracker(work.snap)
+    room = tracker.room
+    cohort = _cohort_of(base, gang.team)
+    duration = math.inf if gang.expected_duration is None else gang.expected_duration
+    times = sorted({now} | {r.expected_end for r in ends if r.expected_end is not None and r.expected_end > now}
+                   | {a.end for a in ahead if now < a.end < math.inf})
+    times.append(math.inf)  # every gang gone, the unknown ones too
+    k, tries = 0, 0
+    for t in times:
+        worth = t == now
+        while k < len(ends) and (math.inf if ends[k].expected_end is None else ends[k].expected_end) <= t:
+            r = ends[k]
+            k += 1
+            worth = tracker.release(r) or worth
+            if work.usage is not None:
+                work.usage.remove(r.gang.team, work.demand(r.placements))
+                worth = worth or _cohort_of(base, r.gang.team) == cohort
+        worth = worth or any(a.end == t for a in ahead)
+        if not worth or not room.holds(tracker.fit):
+            continue
+        tries += 1
+        if tries > ESTIMATE_TRIES:
+            return StartEstimate(None, (), NOTE_TOO_MANY_TRIES.format(tries=ESTIMATE_TRIES)), ()
+        trial = work.capacity_view()
+        kept_off: set[str] = set()
+        for a in ahead:
+            if a.overlaps(t, t + duration):
+                kept_off |= _hold_where_free(trial, a.team, a.placements)
+        exclude = node_mask(trial.snap, kept_off) if kept_off else None
+        decision = admit(trial.snap, gang, profile, trial.book, trial.usage, exclude, explain=False)
+        if decision.admitted:
+            nodes = tuple(sorted({p.node for p in decision.placements}))
+            if math.isinf(t):
+                return StartEstimate(None, nodes, NOTE_NO_END), ()
+            return StartEstimate(t, nodes), decision.placements
+    return StartEstimate(None, (), NOTE_NEVER), ()
+
+
+def _cohort_of(state: CycleState, team: str) -> str | None:
+    """The quota cohort of `team` (None without a quota book: quota frees nothing)."""
+    if state.book is None:
+        return None
+    quota = state.book.teams.get(team)
+    return quota.cohort if quota is not None else team
