@@ -231,20 +231,26 @@ def test_production_gang_preempts_the_whole_gang_losing_least_work(kube_cluster,
     runner.start()
     marker = Marker()
     try:
-        now = time.time()
-        # four best-effort gangs of 2 x 2 GPUs fill the 16 GPUs; their checkpoints differ in age
-        ages = {"be-a": 600, "be-b": 5, "be-c": 300, "be-d": None}
+        # four best-effort gangs of 2 x 2 GPUs fill the 16 GPUs; their checkpoints (all taken since
+        # they started: an older one would count from the start) differ in age
+        ages = {"be-a": 5, "be-b": 0, "be-c": 3, "be-d": None}
         for name, age in ages.items():
             ann = {C.ANNOTATION_CHECKPOINTABLE: "true" if age is not None else "false"}
-            if age is not None:
-                ann[C.ANNOTATION_LAST_CHECKPOINT_TIME] = datetime.fromtimestamp(
-                    now - age, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
             G.create_gang(api, ns, name, 2, 2, priority_class="airflow-gpu-best-effort-training", grace=5,
                           command=[sys.executable, "-c", SIGTERM_SCRIPT], annotations=ann,
                           env={"MARKER": marker.address}, pg_annotations=None)
         G.wait_until(lambda: all(_bound_at(G.list_pods(api, ns)).values()) and len(G.list_pods(api, ns)) == 8,
                      30, what="best-effort gangs bound")
         G.wait_until(lambda: marker.started(8), 30, what="every best-effort pod running its SIGTERM handler")
+        time.sleep(7)  # then each checkpoints: be-a 5 s ago, be-c 3 s ago, be-b just now
+        now = time.time()
+        for name, age in ages.items():
+            if age is None:
+                continue
+            stamp = datetime.fromtimestamp(now - age, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            for i in range(2):
+                client.CoreV1Api(api).patch_namespaced_pod(
+                    f"{name}-{i}", ns, {"metadata": {"annotations": {C.ANNOTATION_LAST_CHECKPOINT_TIME: stamp}}})
         victims_expected = {"be-b-0", "be-b-1"}
         nodes_before = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in G.list_pods(api, ns)}
 
