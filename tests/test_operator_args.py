@@ -215,3 +215,11 @@ def test_registered_in_provider_info():
     (entry,) = get_provider_info()["operators"]
     (module,) = entry["python-modules"]
     assert importlib.import_module(module).GpuTrainingOperator.__module__ == module
+
+
+def test_a_retry_reports_the_step_it_resumes_from():
+    """Issue 32 (minor): a retry that resumes from a checkpoint said resumed_from_step null in its XCom."""
+    from airflow_gpu.operators.gpu_training import new_run
+
+    assert new_run(2, resumed_from_step=7)["resumed_from_step"] == 7
+    assert new_run(1)["resumed_from_step"] is None

@@ -401,7 +401,10 @@ class GpuTrainingOperator(BaseOperator):
             if stored:
                 self.log.info("try %s: earlier try %s left state behind; its objects are deleted first",
                               ti.try_number, stored.get("try"))
-            run = new_run(ti.try_number, resumed_from_step=(stored or {}).get("last_checkpoint_step"))
+            resumed = (stored or {}).get("last_checkpoint_step")
+            if resumed is None and ti.try_number > 1:  # no state kept: the store says where the retry resumes
+                resumed = self._newest_step({"checkpoint_uri": self._status_uri(ref)})
+            run = new_run(ti.try_number, resumed_from_step=resumed)
         self._delete_objects(kube, ref, wait=True)  # nothing of an earlier try or attempt stays around (but kept pods)
         self._delete_expired_kept(kube)
         return self._launch(run, context, kube)
@@ -867,7 +870,7 @@ def new_run(try_number: int, resumed_from_step: int | None = None) -> dict:
     AIRFLOW_GPU_ATTEMPT strictly increases across relaunches and tries."""
     return {"try": try_number, "attempt": try_number * 1000, "attempts": 0, "interruptions": 0, "preemptions": 0,
             "gpu_seconds": 0.0, "lost_gpu_seconds": 0.0, **dict.fromkeys(LOST_GPU_SECONDS_KEYS.values(), 0.0),
-            "resumed_from_step": None,
+            "resumed_from_step": resumed_from_step,  # a retry resumes from the newest checkpoint of the store
             "last_checkpoint_step": resumed_from_step, "started": time.time(), "gang": None, "pods": [], "uids": {}}
 
 
