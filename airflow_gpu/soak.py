@@ -348,7 +348,7 @@ class Soak(Demo):
         raise TimeoutError("the soak ended first")
 
     def fault_spot_interruption(self, rec: Injected) -> None:
-        from airflow_gpu.scheduler.convert import capacity_type_of
+        from airflow_gpu.kube.convert import capacity_type_of
 
         def candidates() -> dict[str, list[dict]]:
             _, nodes = self.monitor.listing()

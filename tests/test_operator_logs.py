@@ -64,30 +64,6 @@ def test_a_failed_rank_s_tail_and_the_exception_name_it(platform, sqlite_airflow
     assert wait_until(lambda: not leftovers(platform["core"], "logs_rank1"), timeout=60, what="objects deleted")
 
 
-def test_the_end_of_a_long_log_and_kept_pods(platform, sqlite_airflow_db, kube_cluster, seaweedfs):
-    core = platform["core"]
-    result, log = run_dag(sqlite_airflow_db, kube_cluster, seaweedfs, "logs_long", (
-        'team="nlp", tier="production-training", workers=1, gpus_per_worker=1, retries=1, image="python:3.11", '
-        f'on_finish_action="delete_succeeded_pod", cmds=["{sys.executable}", "-c", {LONG_LOG!r}]'))
-    ti = result["tis"]["train"]
-    assert (ti["state"], ti["try_number"]) == ("failed", 2), log[-6000:]
-    assert "FINAL-MARKER Traceback: the real error" in log, log[-6000:]
-    cut = log.index("[... earlier output cut: only the last 200 lines are shown")
-    assert cut < log.index("FINAL-MARKER"), log[-6000:]
-    assert "003999 " in log and "000100 " not in log  # the tail, not the head
-    # both tries' pods are kept (ended, annotated), each try ran its own; kubectl logs works on them
-    pods = core.list_namespaced_pod("team-nlp", label_selector=f"{C.LABEL_DAG_ID}=logs_long").items
-    assert sorted(p.metadata.labels[C.LABEL_ATTEMPT] for p in pods) == ["1000", "2000"], [p.metadata.name for p in pods]
-    assert all(p.status.phase == "Failed" and C.ANNOTATION_KEEP_UNTIL in p.metadata.annotations for p in pods)
-    text = core.read_namespaced_pod_log(pods[0].metadata.name, "team-nlp", _preload_content=False).data.decode()
-    assert "FINAL-MARKER" in text
-    assert f"kubectl logs -n team-nlp {pods[0].metadata.name}" in log
-    services = core.list_namespaced_service("team-nlp", label_selector=f"{C.LABEL_DAG_ID}=logs_long").items
-    assert not services, [s.metadata.name for s in services]
-    for p in pods:  # clean up for the other tests
-        core.delete_namespaced_pod(p.metadata.name, "team-nlp", grace_period_seconds=0)
-
-
 def test_return_json_is_the_result_and_nothing_is_left(platform, sqlite_airflow_db, kube_cluster, seaweedfs):
     writes = ("from airflow_gpu.checkpoint import write_result; import os\n"
               "print('training done'); write_result({'loss': 0.125, 'model': 's3://models/m1', 'rank': os.environ['RANK']})")

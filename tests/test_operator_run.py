@@ -62,7 +62,9 @@ def platform(kube_cluster, seaweedfs, tmp_path_factory):
     core = client.CoreV1Api(kube_cluster.api_client())
     # each team its bucket, and in its namespace a Secret with an identity limited to that bucket
     identities = {"nlp": "operator-nlp", "research": "operator-research"}
-    buckets = {team: seaweedfs.add_team(ident, f"{ident}-ckpt").bucket for team, ident in identities.items()}
+    # (the S3 server is the session's: another module using this fixture already added the teams)
+    buckets = {team: (seaweedfs.teams.get(ident) or seaweedfs.add_team(ident, f"{ident}-ckpt")).bucket
+               for team, ident in identities.items()}
     create_team_secrets(core, seaweedfs, {identities[t]: f"team-{t}" for t in identities}, S3_SECRET)
     log = tmp_path_factory.mktemp("scheduler") / "scheduler.log"
     scheduler = scheduler_process(kube_cluster.kubeconfig, log, config_path=SEED, identity="op-test").start()
