@@ -90,6 +90,11 @@ def run_dag(db, kube_cluster, seaweedfs, dag_id: str, args: str, timeout: float 
         if during is not None:
             during()
         out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"dag.test() of {dag_id} still running after {timeout:.0f} s; its output ends:\n"
+                             f"{(out or '')[-8000:]}") from None
     finally:
         if proc.poll() is None:
             proc.kill()

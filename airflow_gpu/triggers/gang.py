@@ -37,6 +37,8 @@ from airflow_gpu.kube.preemptions import read_record
 from airflow_gpu.kube.state import GangState, disruption_target, gang_state
 
 
+FLUSH_TIMEOUT = 10.0  # seconds the live log's last flush (and its position record) may take
+
 CLASSPATH = "airflow_gpu.triggers.gang.GangTrigger"
 USER_AGENT = "airflow-gpu-gang-trigger"  # names this component in the API server's audit log
 MAX_CHECKPOINT_STEP = 10**15
@@ -270,8 +272,11 @@ class GangTrigger(BaseTrigger):
             for task in (mirror, live):
                 if task is not None:
                     task.cancel()
-            if live is not None:
-                await asyncio.gather(live, return_exceptions=True)  # its last lines are flushed
+            if live is not None:  # its last lines are flushed, within a bound: the outcome must not wait on them
+                try:
+                    await asyncio.wait_for(asyncio.gather(live, return_exceptions=True), 2 * FLUSH_TIMEOUT)
+                except asyncio.TimeoutError:
+                    self.log.info("Live log of %s: the last flush did not finish; the tails follow", self.gang_name)
 
     async def _with_recorded_preemption(self, core, outcome: GangOutcome) -> GangOutcome:
         """A disruption the pods call an interruption is a preemption when the scheduler recorded one
@@ -473,7 +478,8 @@ class GangTrigger(BaseTrigger):
             try:
                 await core.patch_namespaced_pod(pod, self.namespace,
                                                 {"metadata": {"annotations": {C.ANNOTATION_LOGGED_UNTIL: last}}},
-                                                _content_type="application/merge-patch+json")
+                                                _content_type="application/merge-patch+json",
+                                                _request_timeout=FLUSH_TIMEOUT)
             except Exception as exc:  # noqa: BLE001 - a restart would repeat this batch, nothing worse
                 self.log.info("Recording the live log position of %s failed: %s", pod, exc)
 
@@ -510,7 +516,10 @@ class GangTrigger(BaseTrigger):
                 await flush()
                 await asyncio.sleep(max(1.0, self.logging_interval or 0.0))
         finally:
-            await asyncio.shield(flush())
+            try:
+                await asyncio.wait_for(asyncio.shield(flush()), FLUSH_TIMEOUT)
+            except asyncio.TimeoutError:
+                pass
 
     # --- checkpoint status channel -> pod annotations ------------------------------------------
 
