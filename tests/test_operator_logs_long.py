@@ -1,6 +1,6 @@
 """A rank's long log reaches the task log by its tail, and on_finish_action="delete_succeeded_pod" keeps a
-failed gang's ended pods (issue 26). In a module of its own: run after test_operator_logs.py's failed-rank
-test on the same platform, its dag.test() hung past 400 s (not understood yet; alone it takes ~60 s)."""
+failed gang's ended pods (issue 26). (It hung past 400 s while the live log's last flush could wait
+forever on its position record; that flush is bounded now, triggers/gang.py FLUSH_TIMEOUT.)"""
 
 from __future__ import annotations
 
