@@ -24,12 +24,14 @@ from airflow_gpu.triggers.gang import USER_AGENT, GangTrigger
 NS = "bench-wait"
 
 
-async def _wait_all(triggers: list[GangTrigger], seconds: float) -> None:
+async def run_triggers_for(triggers: list[GangTrigger], seconds: float,
+                           while_what: str = "their gangs could not be placed") -> None:
+    """Run the triggers for `seconds`, then close them; none may end meanwhile (also bench live_logs)."""
     gens = [t.run() for t in triggers]
     tasks = [asyncio.create_task(g.__anext__()) for g in gens]
     done, _ = await asyncio.wait(tasks, timeout=seconds)
     if done:
-        raise RuntimeError(f"{len(done)} triggers ended while their gangs could not be placed")
+        raise RuntimeError(f"{len(done)} triggers ended while {while_what}")
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -55,7 +57,7 @@ def main() -> None:
             triggers.append(GangTrigger(NS, m.name, list(uids), pod_uids=uids, config_file=str(cluster.kubeconfig),
                                         group={"group": res.group, "version": res.version, "plural": res.plural}))
         started = time.time()
-        asyncio.run(_wait_all(triggers, minutes * 60))
+        asyncio.run(run_triggers_for(triggers, minutes * 60))
         ended = time.time()
         ours = [e for e in cluster.audit_events() if e.get("userAgent") == USER_AGENT
                 and started <= api_time(e["requestReceivedTimestamp"]) <= ended]

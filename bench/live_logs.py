@@ -27,6 +27,7 @@ from airflow_gpu.devtools.kube import start_kube_cluster
 from airflow_gpu.devtools.processes import wait_until
 from airflow_gpu.kube.wire import api_time
 from airflow_gpu.triggers.gang import USER_AGENT, GangTrigger
+from bench.gang_trigger import run_triggers_for
 
 NS = "bench-live"
 PRINTER = "i=0; while true; do i=$((i+1)); echo \"step $i loss 0.$i\"; sleep 1; done"
@@ -37,19 +38,6 @@ def _pod(name: str) -> dict:
             "metadata": {"name": name, "namespace": NS, "labels": {C.LABEL_GANG: name, C.LABEL_GANG_RANK: "0"}},
             "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
                      "containers": [{"name": "base", "image": "busybox", "command": ["sh", "-c", PRINTER]}]}}
-
-
-async def _run_for(triggers: list[GangTrigger], seconds: float) -> None:
-    gens = [t.run() for t in triggers]
-    tasks = [asyncio.create_task(g.__anext__()) for g in gens]
-    done, _ = await asyncio.wait(tasks, timeout=seconds)
-    if done:
-        raise RuntimeError(f"{len(done)} triggers ended while their gangs ran")
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    for g in gens:
-        await g.aclose()
 
 
 def _cpu() -> float:
@@ -82,7 +70,7 @@ def main() -> None:
                                     get_logs=get_logs, logging_interval=logging_interval, settle_seconds=0)
                         for n in names]
             started, cpu0 = time.time(), _cpu()
-            asyncio.run(_run_for(triggers, 15 if label == "warm-up" else minutes * 60))
+            asyncio.run(run_triggers_for(triggers, 15 if label == "warm-up" else minutes * 60, "their gangs ran"))
             ended, cpu = time.time(), _cpu() - cpu0
             ours = [e for e in cluster.audit_events() if e.get("userAgent") == USER_AGENT
                     and started <= api_time(e["requestReceivedTimestamp"]) <= ended]
