@@ -71,7 +71,36 @@ def register(subparsers) -> None:
     rs.set_defaults(func=_control)
 
 
+# the local cluster's own dependencies, which come with the `localcluster` extra (pyproject.toml):
+# distribution -> what shows it is installed (a module, or dumb-init's program)
+_EXTRA = {"websockets": "websockets", "pyjwt": "jwt", "pyseccomp": "pyseccomp", "dumb-init": "dumb-init"}
+
+
+def missing_extra() -> str | None:
+    """Why the local cluster cannot start here, or None: an image installed without the extra."""
+    import importlib.util
+    import os
+    import shutil
+
+    def present(dist: str, what: str) -> bool:
+        if dist == "dumb-init":
+            return bool(shutil.which(what, path=f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"))
+        try:
+            return importlib.util.find_spec(what) is not None
+        except ImportError:
+            return False
+
+    missing = [dist for dist, what in _EXTRA.items() if not present(dist, what)]
+    if missing:
+        return (f"the local cluster needs {', '.join(missing)}, which come with the localcluster extra: "
+                "pip install 'airflow-gpu[localcluster]'")
+    return None
+
+
 def _up(args) -> int:
+    if problem := missing_extra():
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     from airflow_gpu.localcluster.spec import SpecError, load_spec
 
     try:
