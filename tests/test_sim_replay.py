@@ -108,11 +108,40 @@ def test_production_preempts_best_effort_and_the_victim_resumes_from_its_checkpo
     be = [a for a in r.attempts if a.job.name == "be"]
     assert [a.outcome for a in be] == ["preempted", "finished"]
     assert be[0].kept == 1000  # SIGTERM checkpoint: nothing lost
-    assert st["be"].finished_at == 1500 + 9000
+    # the restart computes nothing for the tier's restart overhead (the default 120 s), charged as lost
+    assert be[1].overhead == 120 and be[0].overhead == 0
+    assert st["be"].finished_at == 1500 + 120 + 9000
+    summary = summarize(r)
+    assert summary["restart_lost_gpu_seconds"] == 8 * 120 and summary["lost_gpu_seconds"] == 8 * 120
+    assert summary["preemptions_per_job"] == 0.5
     naive = replay(_setting(jobs, [_node("n0")], teams), PLATFORMS["naive"])
     assert naive.jobs["prod"].first_start == 10_000  # FIFO, no preemption: it waits for the sweep
     interval = replay(_setting(jobs, [_node("n0")], teams), PLATFORMS["interval-checkpoints"])
     assert [a.kept for a in interval.attempts if a.job.name == "be"][0] == 600  # last periodic checkpoint
+
+
+def test_restart_overhead_checkpoint_time_and_min_runtime_in_the_replay():
+    """A checkpoint longer than the grace period is lost (the last periodic one counts), a restart pays
+    its tier's overhead, and a best-effort gang younger than its minimum runtime is no victim: the
+    production job waits until the sweep may be preempted, then preempts it."""
+    from airflow_gpu.sim.settings import with_restart_cost
+
+    jobs = [_job("be", "b", "best-effort-training", 8, 1, 0, 10_000),
+            _job("prod", "a", "production-training", 8, 1, 1000, 500)]
+    teams = {"a": 1.0, "b": 0.0}
+    slow = replace(_setting(jobs, [_node("n0")], teams), checkpoint_seconds=90.0, grace_seconds=30.0)
+    r = replay(with_restart_cost(slow, 300.0), PLATFORMS["full"])
+    be = [a for a in r.attempts if a.job.name == "be"]
+    assert be[0].kept == 600  # its SIGTERM checkpoint did not fit in 30 s: the periodic one at 600 s
+    assert be[1].overhead == 300 and r.jobs["be"].finished_at == 1500 + 300 + 9400
+    s = summarize(r)
+    assert s["restart_lost_gpu_seconds"] == 8 * 300 and s["lost_gpu_seconds"] == 8 * (300 + 400)
+    aged = with_restart_cost(_setting(jobs, [_node("n0")], teams), 0.0, {"best-effort-training": 1800.0})
+    r = replay(aged, PLATFORMS["full"])
+    assert r.jobs["prod"].first_start == 1800 and r.preemptions == 1  # the sweep was protected until then
+    assert [a.kept for a in r.attempts if a.job.name == "be"][0] == 1800
+    r = replay(with_restart_cost(aged, None, {"best-effort-training": 20_000.0}), PLATFORMS["full"])
+    assert r.jobs["prod"].first_start == 10_000 and r.preemptions == 0  # never old enough: it finishes first
 
 
 def test_best_effort_takes_spot_first_and_production_overflows_onto_spot():

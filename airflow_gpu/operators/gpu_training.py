@@ -188,6 +188,8 @@ class GpuTrainingOperator(BaseOperator):
         tolerations: Sequence[Any] | None = None,
         service_account_name: str | None = None,
         termination_grace_period: int | None = None,
+        restart_overhead_seconds: int | None = None,
+        checkpoint_seconds: int | None = None,
         container_resources: Any = None,
         topology: str | None = None,
         topology_required: bool = False,
@@ -314,6 +316,10 @@ class GpuTrainingOperator(BaseOperator):
         self.tolerations = list(tolerations or [])
         self.service_account_name = service_account_name
         self.termination_grace_period = termination_grace_period
+        # seconds a restart of this gang computes nothing (over its tier's restart_overhead_seconds) and its
+        # SIGTERM checkpoint takes (lost when termination_grace_period is shorter): the scheduler's victim cost
+        self.restart_overhead_seconds = restart_overhead_seconds
+        self.checkpoint_seconds = checkpoint_seconds
         self.container_resources = {k: dict(v) for k, v in (container_resources or {}).items()}
         self.topology = topology
         self.topology_required = topology_required
@@ -549,6 +555,7 @@ class GpuTrainingOperator(BaseOperator):
             volume_mounts=tuple(self.volume_mounts), node_selector=self.node_selector,
             tolerations=tuple(self.tolerations), service_account_name=self.service_account_name,
             termination_grace_period=self.termination_grace_period, container_resources=self.container_resources,
+            restart_overhead_seconds=self.restart_overhead_seconds, checkpoint_seconds=self.checkpoint_seconds,
             gang_backend=self.gang_backend, capacity_labels=capacity_labels_setting(),
             schedule_timeout_seconds=self.schedule_timeout_seconds, pod_template=self._pod_template(),
             # every rank its own store (<uri>/rank-<r>): training code that saves from every rank never
