@@ -3,7 +3,12 @@ and on the generator, with a restart overhead and a minimum runtime for best-eff
 ablation without them (overhead 0, no minimum runtime). One row per input and setting:
 
     python -m bench restart_cost [--capacity 0.005] [--seed 42] [--seeds 101,202] [--days 14]
-                                 [--overhead 120] [--min-runtime 600] [--jobs N]
+                                 [--gen-capacity 0.4] [--overhead 120] [--min-runtime 600]
+                                 [--inputs openb,generator] [--jobs N]
+
+The generator offers about 39 GPUs of work on its 96 (12 nodes): uncontended, nothing to compare.
+`--gen-capacity 0.4` keeps 5 of its nodes (40 GPUs), about its offered load, as the README's
+seed-scenario example does.
 
 Acceptance (issue 30): with the cost, production p95 wait at least 60 % below naive's, best-effort
 p95 at most 10 % above naive's; preemptions per job and GPU-hours lost to restarts reported. Naive
@@ -57,14 +62,18 @@ def rows_for(label: str, setting, overhead: float, min_runtime: float, jobs: int
 
 
 def main(argv: list[str] | None = None) -> None:
+    from dataclasses import replace
+
     from airflow_gpu.sim.settings import openb_setting, seed_setting
-    from airflow_gpu.sim.workload import SeedParams
+    from airflow_gpu.sim.workload import SeedParams, keep_capacity
 
     ap = argparse.ArgumentParser(prog="python -m bench restart_cost")
     ap.add_argument("--capacity", type=float, default=0.005, help="openb: fraction of the GPU nodes kept")
     ap.add_argument("--seed", type=int, default=42, help="openb: seed of capacity, teams and spot")
     ap.add_argument("--seeds", default="101,202", help="generator seeds (comma-separated; '' for none)")
     ap.add_argument("--days", type=float, default=SeedParams().days, help="generator: days of arrivals")
+    ap.add_argument("--gen-capacity", type=float, default=0.4, help="generator: fraction of its nodes kept")
+    ap.add_argument("--inputs", default="openb,generator", help="which inputs: openb, generator or both")
     ap.add_argument("--overhead", type=float, default=120.0, help="restart overhead of every tier, seconds")
     ap.add_argument("--min-runtime", type=float, default=600.0, help="best-effort minimum runtime, seconds")
     ap.add_argument("--traces", type=Path, default=TRACES)
@@ -75,15 +84,18 @@ def main(argv: list[str] | None = None) -> None:
     print("| input | setting | production p95 wait s, naive -> full | best-effort p95 wait s | preemptions | "
           "per job | interruptions | restart GPU-h | lost GPU-h | useful % |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    openb = openb_setting(args.traces / "openb_node_list_gpu_node.csv", args.traces / "openb_pod_list_default.csv",
-                          args.capacity, args.seed)
-    for row in rows_for(f"openb default {args.capacity}/{args.seed}", openb, args.overhead, args.min_runtime,
-                        args.jobs):
-        print(row, flush=True)
-    for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:
-        setting = seed_setting(SeedParams(days=args.days), seed)
-        for row in rows_for(f"generator seed {seed}, {args.days:g} days", setting, args.overhead, args.min_runtime,
+    inputs = {i.strip() for i in args.inputs.split(",")}
+    if "openb" in inputs:
+        openb = openb_setting(args.traces / "openb_node_list_gpu_node.csv",
+                              args.traces / "openb_pod_list_default.csv", args.capacity, args.seed)
+        for row in rows_for(f"openb default {args.capacity}/{args.seed}", openb, args.overhead, args.min_runtime,
                             args.jobs):
+            print(row, flush=True)
+    for seed in [int(s) for s in args.seeds.split(",") if s.strip()] if "generator" in inputs else []:
+        setting = seed_setting(SeedParams(days=args.days), seed)
+        setting = replace(setting, nodes=tuple(keep_capacity(list(setting.nodes), args.gen_capacity, seed)))
+        label = f"generator seed {seed}, {args.days:g} days, capacity {args.gen_capacity}"
+        for row in rows_for(label, setting, args.overhead, args.min_runtime, args.jobs):
             print(row, flush=True)
     print(f"load average {os.getloadavg()[0]:.2f}")
 

@@ -118,3 +118,45 @@ def test_tier_and_gang_restart_overhead_and_the_config_adapter(tmp_path, repo_ro
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(Exception, match="min_runtime_seconds"):
         load_config(path)
+
+
+def test_the_scheduler_reads_a_gangs_restart_overhead_and_checkpoint_time_from_its_annotations():
+    """kube.convert: the annotations (the operator's restart_overhead_seconds / checkpoint_seconds
+    arguments) win over the tier's; an invalid one is ignored on a running gang, with the field named."""
+    from airflow_gpu import constants as C
+    from airflow_gpu.core.model import Placement
+    from airflow_gpu.kube.convert import ConversionContext, running_gang_from_k8s
+
+    def pod(notes):
+        return {"metadata": {"name": "p", "namespace": "a", "annotations": notes,
+                             "creationTimestamp": "2026-01-01T00:00:00Z"},
+                "spec": {"nodeName": "n", "containers": [{"name": "c"}], "priorityClassName": f"airflow-gpu-{BE}"},
+                "status": {"phase": "Running", "startTime": "2026-01-01T10:00:00Z"}}
+
+    ctx = ConversionContext(tiers={BE: TierPolicy(restart_overhead_seconds=300.0)})
+    placement = (Placement("a/p", "n", ((0, 1000),)),)
+    rg = running_gang_from_k8s("a/p", None, [pod({})], ctx, placement, hints=[])
+    assert (rg.gang.restart_overhead, rg.gang.checkpoint_seconds) == (300.0, None)
+    rg = running_gang_from_k8s("a/p", None, [pod({C.ANNOTATION_RESTART_OVERHEAD: "45",
+                                                  C.ANNOTATION_CHECKPOINT_SECONDS: "90"})], ctx, placement, hints=[])
+    assert (rg.gang.restart_overhead, rg.gang.checkpoint_seconds) == (45.0, 90.0)
+    problems: list[str] = []
+    rg = running_gang_from_k8s("a/p", None, [pod({C.ANNOTATION_RESTART_OVERHEAD: "-3"})], ctx, placement,
+                               hints=problems)
+    assert rg.gang.restart_overhead == 300.0 and C.ANNOTATION_RESTART_OVERHEAD in problems[0]
+
+
+def test_the_operator_sets_the_annotations_and_refuses_a_negative_value():
+    from airflow_gpu import constants as C
+    from airflow_gpu.kube.manifests import scheduling_annotations
+    from airflow_gpu.kube.spec import WorkloadSpec, WorkloadSpecError
+
+    spec = WorkloadSpec(team="nlp", namespace="team-nlp", tier=BE, image="python:3.11", name="g", gpus_per_worker=1,
+                        restart_overhead_seconds=300, checkpoint_seconds=60)
+    notes = scheduling_annotations(spec)
+    assert notes[C.ANNOTATION_RESTART_OVERHEAD] == "300" and notes[C.ANNOTATION_CHECKPOINT_SECONDS] == "60"
+    assert C.ANNOTATION_RESTART_OVERHEAD not in scheduling_annotations(WorkloadSpec(
+        team="nlp", namespace="team-nlp", tier=BE, image="python:3.11", name="g", gpus_per_worker=1))
+    with pytest.raises(WorkloadSpecError, match="restart_overhead_seconds"):
+        WorkloadSpec(team="nlp", namespace="team-nlp", tier=BE, image="python:3.11", name="g", gpus_per_worker=1,
+                     restart_overhead_seconds=-1)

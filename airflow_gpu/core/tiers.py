@@ -86,8 +86,8 @@ def decide(
     the tier's; so does the gang's own `restart_overhead` (seconds). The unknown-tier rule: no policy
     -> priority 0, preemptible, not spot-eligible, the default restart overhead, and the members keep
     what their pods ask for (the scheduler does not rewrite what it does not know)."""
+    overhead = restart_overhead_of(policy, restart_overhead)
     if policy is None:
-        overhead = restart_overhead if restart_overhead is not None else DEFAULT_RESTART_OVERHEAD_SECONDS
         return TierDecision(priority if priority is not None else 0, True, False, members, overhead)
     spot = is_spot_eligible(policy.spot_eligible, checkpointable)
     return TierDecision(
@@ -95,8 +95,16 @@ def decide(
         preemptible=policy.preemptible,
         spot_eligible=spot,
         members=confine_to_eligible_capacity(members, spot, is_spot_eligible(policy.spot_fallback, checkpointable)),
-        restart_overhead=restart_overhead if restart_overhead is not None else policy.restart_overhead_seconds,
+        restart_overhead=overhead,
     )
+
+
+def restart_overhead_of(policy: TierPolicy | None, own: float | None = None) -> float:
+    """Seconds each restart of a gang computes nothing: its own (annotation, operator argument), else
+    its tier's, else the default (an unknown tier)."""
+    if own is not None:
+        return own
+    return policy.restart_overhead_seconds if policy is not None else DEFAULT_RESTART_OVERHEAD_SECONDS
 
 
 def resolve_tier(priority_classes: Iterable[str | None], tiers: Mapping[str, TierPolicy]) -> str:

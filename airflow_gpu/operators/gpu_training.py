@@ -27,8 +27,9 @@ from airflow_gpu.checkpoint.storage.base import uri_problem
 from airflow_gpu.config import ConfigError, load_config_cached
 from airflow_gpu.config.workload import GpuTaskPlan, WorkloadError, plan_gpu_task
 from airflow_gpu.core.capacity import choose_capacity, spot_request_problem
-from airflow_gpu.core.chargeback import CAPACITY_UNKNOWN, CAUSE_INTERRUPTION, CAUSE_PREEMPTION
-from airflow_gpu.core.model import gpu_seconds_lost
+from airflow_gpu.core.chargeback import CAPACITY_UNKNOWN, CAUSE_INTERRUPTION, CAUSE_PREEMPTION, CAUSE_RESTART
+from airflow_gpu.core.model import gpu_seconds_lost, restart_lost_gpu_seconds
+from airflow_gpu.core.tiers import restart_overhead_of
 from airflow_gpu.kube.outcome import LOST_GPU_SECONDS_KEYS, USAGE_BY_CAPACITY
 from airflow_gpu.operators.gang_logs import (ResultError, application_failure, argument_problems, delete_expired_kept,
                                              disruptions_note, is_kept, keep_ended_pods, keeps, log_ranks, result_of)
@@ -372,6 +373,11 @@ class GpuTrainingOperator(BaseOperator):
                              workers=self.workers, gpus_per_worker=self.gpus_per_worker,
                              mig_profile=self.mig_profile, gpu_products=self.gpu_products)
 
+    def restart_overhead(self) -> float:
+        """Seconds each relaunch of this gang computes nothing: its restart_overhead_seconds, else its tier's."""
+        tiers = load_config_cached(self.config_file).tier_policies()
+        return restart_overhead_of(tiers.get(self.tier), self.restart_overhead_seconds)
+
     def capacity_for(self, interruptions: int = 0, try_number: int = 1, seconds_to_deadline: float | None = None,
                      seconds_run: float = 0.0):
         """Spot or on-demand for the next launch: core.capacity decides."""
@@ -710,8 +716,19 @@ class GpuTrainingOperator(BaseOperator):
             run.get("capacity") or CAPACITY_UNKNOWN, {"gpu_seconds": 0.0, **dict.fromkeys(LOST_GPU_SECONDS_KEYS.values(), 0.0)})
         run["gpu_seconds"] += used
         part["gpu_seconds"] += used
-        if outcome.status == "disrupted" and outcome.started_at is not None and outcome.finished_at is not None:
-            lost = gpu_seconds_lost(gpus, outcome.started_at, outcome.finished_at, outcome.last_checkpoint_time or None)
+        begin = outcome.started_at
+        restart = run.get("interruptions", 0) + run.get("preemptions", 0) > 0  # a relaunch: it restarted first
+        if restart and outcome.running_seconds > 0:
+            overhead = self.restart_overhead()
+            paid = restart_lost_gpu_seconds(gpus, overhead, outcome.running_seconds)
+            key = LOST_GPU_SECONDS_KEYS[CAUSE_RESTART]
+            run["lost_gpu_seconds"] += paid
+            run[key] = run.get(key, 0.0) + paid
+            part[key] = part.get(key, 0.0) + paid
+            if begin is not None:  # the work at risk of a disruption began after the restart
+                begin += min(overhead, outcome.running_seconds)
+        if outcome.status == "disrupted" and begin is not None and outcome.finished_at is not None:
+            lost = gpu_seconds_lost(gpus, begin, outcome.finished_at, outcome.last_checkpoint_time or None)
             run["lost_gpu_seconds"] += lost
             key = LOST_GPU_SECONDS_KEYS[outcome.disruption_kind]
             run[key] = run.get(key, 0.0) + lost
