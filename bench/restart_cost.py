@@ -57,7 +57,9 @@ def rows_for(label: str, setting, overhead: float, min_runtime: float, jobs: int
         out.append(f"| {label} | {name} | {nprod} -> {prod} ({_change(prod, nprod)}) {'ok' if ok_prod else 'NO'} | "
                    f"{nbest} -> {best} ({_change(best, nbest)}) {'ok' if ok_best else 'NO'} | {s['preemptions']} | "
                    f"{s['preemptions_per_job']} | {s['interruptions']} | {s['restart_lost_gpu_seconds'] / 3600:.1f} | "
-                   f"{s['lost_gpu_seconds'] / 3600:.1f} | {s['useful_gpu_utilization_pct']} |")
+                   f"{s['lost_gpu_seconds'] / 3600:.1f} | {naive['useful_gpu_utilization_pct']} -> "
+                   f"{s['useful_gpu_utilization_pct']} | {naive['computing_when_contended_pct']} -> "
+                   f"{s['computing_when_contended_pct']} |")
     return out
 
 
@@ -82,8 +84,9 @@ def main(argv: list[str] | None = None) -> None:
                          else argv or [])
     print(f"load average {os.getloadavg()[0]:.2f}", flush=True)
     print("| input | setting | production p95 wait s, naive -> full | best-effort p95 wait s | preemptions | "
-          "per job | interruptions | restart GPU-h | lost GPU-h | useful % |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "per job | interruptions | restart GPU-h | lost GPU-h | useful %, naive -> full | computing while "
+          "queued %, naive -> full |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     inputs = {i.strip() for i in args.inputs.split(",")}
     if "openb" in inputs:
         openb = openb_setting(args.traces / "openb_node_list_gpu_node.csv",
