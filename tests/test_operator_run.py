@@ -190,6 +190,7 @@ def test_spot_interruption_resumes_from_checkpoint_within_the_try(platform, sqli
     assert any(line.lstrip(".").startswith("airflow_gpu_interruptions,") and "capacity_type=spot" in line
                and "team=research" in line for line in ours), sent
     assert any("airflow_gpu_lost_gpu_seconds," in line and "cause=interruption" in line for line in ours), sent
+    assert any("airflow_gpu_lost_gpu_seconds," in line and "cause=restart" in line for line in ours), sent
     assert sum("airflow_gpu_queue_wait_seconds," in line for line in ours) == 2, sent  # one per attempt
 
 

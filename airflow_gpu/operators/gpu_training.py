@@ -430,9 +430,11 @@ class GpuTrainingOperator(BaseOperator):
         ref = self._task_instance(context)
         run = dict(run or (context.get("task_state_store").get(STATE_KEY) if context.get("task_state_store") else {}))
         outcome = GangOutcome.from_payload(event or {})
-        lost_before = run.get("lost_gpu_seconds", 0.0)
+        restart_key = LOST_GPU_SECONDS_KEYS[CAUSE_RESTART]
+        lost_before, restart_before = run.get("lost_gpu_seconds", 0.0), run.get(restart_key, 0.0)
         self._account(run, outcome)
-        self._emit_metrics(run, outcome, run.get("lost_gpu_seconds", 0.0) - lost_before)
+        restart = run.get(restart_key, 0.0) - restart_before
+        self._emit_metrics(run, outcome, run.get("lost_gpu_seconds", 0.0) - lost_before - restart, restart)
         self.log.info("attempt %s (gang %s) ended: %s%s, after %.0fs running", outcome.attempt, outcome.gang,
                       outcome.status, f" ({outcome.reason})" if outcome.reason else "", outcome.running_seconds)
         log_ranks(self.log, outcome, self.namespace)
@@ -736,9 +738,10 @@ class GpuTrainingOperator(BaseOperator):
         if outcome.last_checkpoint_step is not None:
             run["last_checkpoint_step"] = outcome.last_checkpoint_step
 
-    def _emit_metrics(self, run: dict, outcome, lost_gpu_seconds: float) -> None:
-        """Stats (airflow_gpu/metrics.py) for the attempt that just ended: its queue wait, and on a
-        disruption the interruption and the GPU-seconds lost since its last checkpoint."""
+    def _emit_metrics(self, run: dict, outcome, lost_gpu_seconds: float, restart_gpu_seconds: float = 0.0) -> None:
+        """Stats (airflow_gpu/metrics.py) for the attempt that just ended: its queue wait, on a
+        disruption the interruption and the GPU-seconds lost since its last checkpoint, and for a
+        relaunch the GPU-seconds its restart overhead took."""
         from airflow_gpu import metrics
 
         product = run.get("gpu_product") or "any"
@@ -750,6 +753,8 @@ class GpuTrainingOperator(BaseOperator):
                 if cause == CAUSE_INTERRUPTION:
                     metrics.count_interruption(self.team, self.tier, product, run.get("capacity") or CAPACITY_UNKNOWN)
                 metrics.count_lost_gpu_seconds(self.team, self.tier, cause, max(0.0, lost_gpu_seconds))
+            if restart_gpu_seconds > 0:
+                metrics.count_lost_gpu_seconds(self.team, self.tier, CAUSE_RESTART, restart_gpu_seconds)
         except Exception as exc:  # noqa: BLE001 - a metric never fails the task
             self.log.warning("could not emit metrics: %s", exc)
 
