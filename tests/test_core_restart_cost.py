@@ -44,6 +44,7 @@ def test_victim_order_prefers_the_gang_that_restarts_cheaply():
     plan, why = plan_for(snap, gang("prod", 1, 4, priority=100, tier=PROD), running, profile(), now=100.0)
     assert plan is not None, why
     assert plan.victim_names == ("fast-restart",)
+    assert plan.restart_gpu_seconds == 4 * 60.0 and plan.lost_gpu_seconds == 4 * 10.0
     # without a restart cost the tie goes to the most recently started: the slow one, started later
     snap, running = full_cluster_of([
         ("a", 1, 4, 0, {"checkpointable": True}, {"at": 0.0, "checkpoint": 90.0}),

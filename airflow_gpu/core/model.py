@@ -300,9 +300,12 @@ class RunningGang:
         ckpt = self.last_checkpoint_at if (self.gang.checkpointable and self.last_checkpoint_at) else None
         return gpu_seconds_lost(self.gang.gpu_milli_total, self.started_at, now, ckpt) / GPU_MILLI
 
+    def restart_cost(self) -> float:
+        """GPU-seconds its next restart will compute nothing (its whole restart overhead)."""
+        overhead = self.gang.restart_overhead
+        return restart_lost_gpu_seconds(self.gang.gpu_milli_total / GPU_MILLI, overhead, overhead)
+
     def preemption_cost(self, now: float) -> float:
         """GPU-seconds stopping it now costs: the work at risk plus the restart it will pay
         (core.preemption.victim_order's "loses least work")."""
-        gpus = self.gang.gpu_milli_total / GPU_MILLI
-        return self.gpu_seconds_at_risk(now) + restart_lost_gpu_seconds(gpus, self.gang.restart_overhead,
-                                                                         self.gang.restart_overhead)
+        return self.gpu_seconds_at_risk(now) + self.restart_cost()

@@ -97,6 +97,7 @@ class PreemptionPlan:
     lost_gpu_seconds: float
     borrowed: bool = False  # the gang is admitted on borrowed quota once the victims are gone
     reclaim: bool = False  # some victim is another team's borrower (quota reclaim)
+    restart_gpu_seconds: float = 0.0  # what restarting the victims will cost (RunningGang.restart_cost)
 
     @property
     def victim_names(self) -> tuple[str, ...]:
@@ -607,6 +608,7 @@ def plan_preemption(state: CycleState, gang: Gang, profile: Profile, now: float,
         victims = tuple(sorted(chosen, key=victim_order(gang, now)))
         lost = sum(v.gpu_seconds_at_risk(now) for v in victims)
         reclaim = any(v.gang.team != gang.team for v in victims)
-        return PreemptionPlan(gang, victims, decision.placements, lost, decision.borrowed, reclaim), ""
+        restart = sum(v.restart_cost() for v in victims)
+        return PreemptionPlan(gang, victims, decision.placements, lost, decision.borrowed, reclaim, restart), ""
     n = len({rg.gang.name for a in tries for rg in a.candidates})
     return None, f"stopping all {n} preemptible gangs of lower priority or borrowing would not make room"
