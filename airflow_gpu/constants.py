@@ -94,6 +94,10 @@ ANNOTATION_LOGGED_UNTIL = f"{DOMAIN}/logged-until"
 # run of a GpuTrainingOperator in the namespace deletes kept pods past it
 ANNOTATION_KEEP_UNTIL = f"{DOMAIN}/keep-until"
 ANNOTATION_EXPECTED_DURATION = f"{DOMAIN}/expected-duration-seconds"  # lets smaller gangs backfill safely
+# the gang's restart cost (seconds each restart computes nothing: start, state loading, NCCL setup),
+# over its tier's; and how long its SIGTERM checkpoint takes (lost when the grace period is shorter)
+ANNOTATION_RESTART_OVERHEAD = f"{DOMAIN}/restart-overhead-seconds"
+ANNOTATION_CHECKPOINT_SECONDS = f"{DOMAIN}/checkpoint-seconds"
 
 # Marker in an Airflow pool description: only pools carrying it are changed or deleted. Capitalised
 # on purpose: `airflow pools list` renders with rich, which swallows "[lowercase...]" as markup.
@@ -199,6 +203,16 @@ TIERS = (TIER_INTERACTIVE, TIER_PRODUCTION_TRAINING, TIER_INFERENCE, TIER_BEST_E
 # core.estimate.ReservationHold: seconds a head of line of unknown start holds its nodes in a row (the
 # quota file's scheduling.reservation_hold_seconds; the scheduler and the replay both read it)
 DEFAULT_RESERVATION_HOLD_SECONDS = 3600.0
+# Restart cost of a stopped gang (core.model.restart_lost_gpu_seconds; quota file
+# scheduling.restart_overhead_seconds, per tier tiers[].restart_overhead_seconds). 120 s: a restarted
+# fine-tune pays pod start with a cached image, loading model and optimizer state from object storage
+# and NCCL setup; each is tens of seconds on a warm cluster (minutes with an image pull)
+DEFAULT_RESTART_OVERHEAD_SECONDS = 120.0
+# Seconds a SIGTERM checkpoint takes when the gang declares none (quota file scheduling.checkpoint_seconds):
+# 20 s fits Kubernetes' default terminationGracePeriodSeconds (30 s); a gang whose checkpoint is longer
+# than its grace period says so (ANNOTATION_CHECKPOINT_SECONDS) and is charged for it
+DEFAULT_CHECKPOINT_SECONDS = 20.0
+DEFAULT_GRACE_SECONDS = 30.0  # Kubernetes' terminationGracePeriodSeconds when a pod sets none
 
 # --- local cluster (airflow_gpu/localcluster) ------------------------------------------------
 ENV_CLUSTER_TOKEN = "AIRFLOW_GPU_CLUSTER_TOKEN"  # bearer token `cluster up` requires (implies TLS)

@@ -30,7 +30,7 @@ INTERRUPTIONS = "airflow_gpu_interruptions"
 LOST_GPU_SECONDS = "airflow_gpu_lost_gpu_seconds"
 CHECKPOINT_AGE_SECONDS = "airflow_gpu_checkpoint_age_seconds"
 
-CAUSES = ("interruption", "preemption")
+CAUSES = ("interruption", "preemption", "restart")  # restart: a relaunch's restart overhead (core.chargeback)
 
 
 def _tags(**values: object) -> dict[str, str]:
@@ -67,7 +67,8 @@ def count_interruption(team: str, tier: str, gpu_product: str, capacity_type: st
 
 
 def count_lost_gpu_seconds(team: str, tier: str, cause: str, gpu_seconds: float) -> None:
-    """GPU-seconds of work done since the last checkpoint and lost when the try was stopped."""
+    """GPU-seconds of work done since the last checkpoint and lost when the try was stopped, or (cause
+    restart) held by a relaunched attempt while it restarted."""
     if cause not in CAUSES:
         raise ValueError(f"cause must be one of {', '.join(CAUSES)} (got {cause!r})")
     lost = _seconds("lost GPU-seconds", gpu_seconds)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fixtures.core_gang import cluster, gang, plan_for, profile, start
+from fixtures.core_gang import cluster, full_cluster_of, gang, plan_for, profile, start
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,11 +18,7 @@ from airflow_gpu.core.snapshot import Snapshot
 PROD, BE = TIER_PRODUCTION_TRAINING, TIER_BEST_EFFORT_TRAINING
 
 
-def full_cluster(specs, nodes=2, gpus=8):
-    """A cluster filled by one running gang per spec (name, workers, gpus, priority, kwargs, run kwargs)."""
-    snap = Snapshot.from_nodes(cluster(nodes, gpus=gpus))
-    running = [start(snap, gang(n, w, g, priority=p, **kw), profile(), **run) for n, w, g, p, kw, run in specs]
-    return snap, running
+full_cluster = full_cluster_of
 
 
 def test_checkpointable_victims_before_non_checkpointable_then_fewest_gpu_seconds_lost():

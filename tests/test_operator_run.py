@@ -171,8 +171,11 @@ def test_spot_interruption_resumes_from_checkpoint_within_the_try(platform, sqli
     assert (ti["state"], ti["try_number"]) == ("success", 1), log[-8000:]
     xcom = ti["xcom"] if isinstance(ti["xcom"], dict) else json.loads(ti["xcom"])
     assert (xcom["interruptions"], xcom["attempts"]) == (1, 2), xcom
-    # the loss is the interruption's alone (the chargeback reads the causes apart)
-    assert xcom["lost_interruption_gpu_seconds"] == xcom["lost_gpu_seconds"] > 0, xcom
+    # the loss is the interruption's and the relaunch's restart overhead (the tier's 120 s: all of this
+    # short relaunch); the chargeback reads the causes apart
+    assert xcom["lost_interruption_gpu_seconds"] > 0 and xcom["lost_restart_gpu_seconds"] > 0, xcom
+    assert xcom["lost_interruption_gpu_seconds"] + xcom["lost_restart_gpu_seconds"] == \
+        pytest.approx(xcom["lost_gpu_seconds"], abs=0.01), xcom
     assert xcom["lost_preemption_gpu_seconds"] == 0, xcom
     # both attempts ran on spot (a relaunch stays on spot below max_interruptions, before the last try)
     (spot,) = xcom["usage_by_capacity"].values()
@@ -187,6 +190,7 @@ def test_spot_interruption_resumes_from_checkpoint_within_the_try(platform, sqli
     assert any(line.lstrip(".").startswith("airflow_gpu_interruptions,") and "capacity_type=spot" in line
                and "team=research" in line for line in ours), sent
     assert any("airflow_gpu_lost_gpu_seconds," in line and "cause=interruption" in line for line in ours), sent
+    assert any("airflow_gpu_lost_gpu_seconds," in line and "cause=restart" in line for line in ours), sent
     assert sum("airflow_gpu_queue_wait_seconds," in line for line in ours) == 2, sent  # one per attempt
 
 

@@ -108,11 +108,40 @@ def test_production_preempts_best_effort_and_the_victim_resumes_from_its_checkpo
     be = [a for a in r.attempts if a.job.name == "be"]
     assert [a.outcome for a in be] == ["preempted", "finished"]
     assert be[0].kept == 1000  # SIGTERM checkpoint: nothing lost
-    assert st["be"].finished_at == 1500 + 9000
+    # the restart computes nothing for the tier's restart overhead (the default 120 s), charged as lost
+    assert be[1].overhead == 120 and be[0].overhead == 0
+    assert st["be"].finished_at == 1500 + 120 + 9000
+    summary = summarize(r)
+    assert summary["restart_lost_gpu_seconds"] == 8 * 120 and summary["lost_gpu_seconds"] == 8 * 120
+    assert summary["preemptions_per_job"] == 0.5
     naive = replay(_setting(jobs, [_node("n0")], teams), PLATFORMS["naive"])
     assert naive.jobs["prod"].first_start == 10_000  # FIFO, no preemption: it waits for the sweep
     interval = replay(_setting(jobs, [_node("n0")], teams), PLATFORMS["interval-checkpoints"])
     assert [a.kept for a in interval.attempts if a.job.name == "be"][0] == 600  # last periodic checkpoint
+
+
+def test_restart_overhead_checkpoint_time_and_min_runtime_in_the_replay():
+    """A checkpoint longer than the grace period is lost (the last periodic one counts), a restart pays
+    its tier's overhead, and a best-effort gang younger than its minimum runtime is no victim: the
+    production job waits until the sweep may be preempted, then preempts it."""
+    from airflow_gpu.sim.settings import with_restart_cost
+
+    jobs = [_job("be", "b", "best-effort-training", 8, 1, 0, 10_000),
+            _job("prod", "a", "production-training", 8, 1, 1000, 500)]
+    teams = {"a": 1.0, "b": 0.0}
+    slow = replace(_setting(jobs, [_node("n0")], teams), checkpoint_seconds=90.0, grace_seconds=30.0)
+    r = replay(with_restart_cost(slow, 300.0), PLATFORMS["full"])
+    be = [a for a in r.attempts if a.job.name == "be"]
+    assert be[0].kept == 600  # its SIGTERM checkpoint did not fit in 30 s: the periodic one at 600 s
+    assert be[1].overhead == 300 and r.jobs["be"].finished_at == 1500 + 300 + 9400
+    s = summarize(r)
+    assert s["restart_lost_gpu_seconds"] == 8 * 300 and s["lost_gpu_seconds"] == 8 * (300 + 400)
+    aged = with_restart_cost(_setting(jobs, [_node("n0")], teams), 0.0, {"best-effort-training": 1800.0})
+    r = replay(aged, PLATFORMS["full"])
+    assert r.jobs["prod"].first_start == 1800 and r.preemptions == 1  # the sweep was protected until then
+    assert [a.kept for a in r.attempts if a.job.name == "be"][0] == 1800
+    r = replay(with_restart_cost(aged, None, {"best-effort-training": 20_000.0}), PLATFORMS["full"])
+    assert r.jobs["prod"].first_start == 10_000 and r.preemptions == 0  # never old enough: it finishes first
 
 
 def test_best_effort_takes_spot_first_and_production_overflows_onto_spot():
@@ -203,18 +232,26 @@ def test_verifier_catches_an_over_commit(tmp_path):
 def test_cli_replay_json_and_bad_input(tmp_path):
     cmd = [sys.executable, "-m", "airflow_gpu", "simulate", "replay", "--seed-scenario", "--days", "1",
            "--platforms", "naive,full", "--json", "--events", str(tmp_path / "ev"), "--plots", str(tmp_path / "pl"),
-           "--report", str(tmp_path / "r.md")]
+           "--report", str(tmp_path / "r.md"), "--restart-overhead", "300",
+           "--min-runtime", "best-effort-training=600"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
     doc = json.loads(out.stdout)
     assert set(doc["platforms"]) == {"naive", "full"}
     for key in ("gpu_utilization_pct", "useful_gpu_utilization_pct", "queue_wait_seconds", "lost_gpu_seconds",
-                "cost", "starved_jobs", "preemptions", "interruptions"):
+                "cost", "starved_jobs", "preemptions", "interruptions", "preemptions_per_job",
+                "restart_lost_gpu_seconds"):
         assert key in doc["platforms"]["full"]
+    full = doc["platforms"]["full"]
+    assert full["preemptions_per_job"] == pytest.approx(full["preemptions"] / doc["jobs"], abs=1e-4)
+    assert full["restart_lost_gpu_seconds"] <= full["lost_gpu_seconds"]
+    assert doc["min_runtime"] == {"best-effort-training": 600.0} and set(doc["restart_overhead"].values()) == {300.0}
     assert doc["platforms"]["full"]["cost"] < doc["platforms"]["naive"]["cost"]  # spot is cheaper
     assert (tmp_path / "pl" / "ablations.png").stat().st_size > 1000
     assert "| full |" in (tmp_path / "r.md").read_text()
     bad = subprocess.run(cmd[:5] + ["--capacity", "0"], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "--capacity" in bad.stderr
+    bad = subprocess.run(cmd[:6] + ["--min-runtime", "best-effort-training"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "TIER=SECONDS" in bad.stderr
     bad = subprocess.run([sys.executable, "-m", "airflow_gpu", "simulate", "replay", "--pods",
                           str(TRACES / "openb_pod_list_default.csv")], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "--nodes" in bad.stderr

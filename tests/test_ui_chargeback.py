@@ -209,3 +209,29 @@ def test_reference_gpu_hours_scale_by_the_products_relative_speed(repo_root):
     assert (rows["h100-80gb"].gpu_hours, rows["h100-80gb"].reference_gpu_hours) == pytest.approx((2.0, 5.0))
     assert (rows["a100-80gb"].gpu_hours, rows["a100-80gb"].reference_gpu_hours) == pytest.approx((2.0, 2.0))
     assert "reference_gpu_hours" in rows["h100-80gb"].as_dict()
+
+
+def test_a_relaunched_attempt_pays_its_restart_overhead_as_lost(cfg):
+    """Issue 30: a pod of an attempt relaunched after a preemption (the operator's preemptions
+    annotation) computed nothing for its tier's restart overhead (the config's default, 120 s): a
+    record of cause restart, shown apart; the work it then lost to an interruption counts from after
+    the restart. The XCom path keeps the operator's lost_restart_gpu_seconds apart too."""
+    nodes = {OD_NODE: node(OD_NODE, "on-demand")}
+    first = pod("a1-0", 4, OD_NODE, T0, T0 + 1000)
+    again = pod("a2-0", 4, OD_NODE, T0 + 2000, T0 + 2600, C.REASON_EVICTION_BY_EVICTION_API)
+    again["metadata"]["annotations"][C.ANNOTATION_PREEMPTIONS] = "1"
+    again["spec"]["priorityClassName"] = "airflow-gpu-best-effort-training"
+    (row,) = charge(usage_records(cfg, [first, again], nodes, [], now=T0 + 20000), prices_of(cfg), T0 - 1,
+                    T0 + 86400, "platform")
+    assert row.lost_restart_hours == pytest.approx(4 * 120 / 3600)
+    assert row.lost_interruption_hours == pytest.approx(4 * (600 - 120) / 3600)
+    assert row.gpu_hours == pytest.approx(4 * 1600 / 3600)  # the restart is held time: part of the GPU-hours
+    own = dict(again, metadata={**again["metadata"], "annotations": {**again["metadata"]["annotations"],
+                                                                      C.ANNOTATION_RESTART_OVERHEAD: "300"}})
+    (row,) = charge(usage_records(cfg, [own], nodes, [], now=T0 + 20000), prices_of(cfg), T0 - 1, T0 + 86400)
+    assert row.lost_restart_hours == pytest.approx(4 * 300 / 3600)  # the gang's own overhead wins
+    value = {"gpu_seconds": 4 * 3600, "preemptions": 1, "lost_gpu_seconds": 900, "lost_interruption_gpu_seconds": 0,
+             "lost_preemption_gpu_seconds": 420, "lost_restart_gpu_seconds": 480}
+    (row,) = charge(usage_records(cfg, [], {}, [xcom_try(value)], now=T0 + 20000), prices_of(cfg), T0 - 1, T0 + 86400)
+    assert (row.lost_preemption_hours, row.lost_restart_hours) == pytest.approx((420 / 3600, 480 / 3600))
+    assert "lost_restart_hours" in to_csv([row.as_dict()]).splitlines()[0]

@@ -73,6 +73,12 @@ def _register_replay(modes) -> None:
                     help="a reservation of unknown start holds its nodes at most S s in a row, then pauses S s "
                          "(core.estimate.ReservationHold); 0: unbounded (default: the config's "
                          "scheduling.reservation_hold_seconds, as the scheduler runs it)")
+    rp.add_argument("--restart-overhead", type=float, default=None, metavar="S",
+                    help="every tier's restart overhead: seconds each restart computes nothing, charged as lost "
+                         "(default: the config's scheduling/tier restart_overhead_seconds, as the scheduler runs it)")
+    rp.add_argument("--min-runtime", default=None, metavar="TIER=S[,TIER=S]",
+                    help="minimum runtime before preemption per tier, replacing the config's tiers' "
+                         "min_runtime_seconds ('' or 'none': none)")
     rp.add_argument("--jobs", type=int, default=None, metavar="N",
                     help="replay the platforms in N processes (default: one per CPU; 1: one after another)")
     rp.add_argument("--json", action="store_true", help="print one JSON object")
@@ -107,6 +113,14 @@ def _replay(args) -> int:
     if args.reservation_hold is not None and args.reservation_hold < 0:
         print(f"--reservation-hold must be >= 0 (0: unbounded), got {args.reservation_hold}", file=sys.stderr)
         return 2
+    try:
+        min_runtime = parse_min_runtime(args.min_runtime)
+    except ValueError as exc:
+        print(f"--min-runtime: {exc}", file=sys.stderr)
+        return 2
+    if args.restart_overhead is not None and args.restart_overhead < 0:
+        print(f"--restart-overhead must be >= 0 seconds, got {args.restart_overhead}", file=sys.stderr)
+        return 2
     config = args.config or DEFAULT_CONFIG
     params = None
     try:
@@ -134,6 +148,9 @@ def _replay(args) -> int:
     setting = _with(setting, duration_estimate=args.duration_estimate)
     if args.reservation_hold is not None:
         setting = _with(setting, reservation_hold=args.reservation_hold)
+    from airflow_gpu.sim.settings import with_restart_cost
+
+    setting = with_restart_cost(setting, args.restart_overhead, min_runtime)
     if sys.stderr.isatty():
         from rich.progress import Progress
 
@@ -145,6 +162,8 @@ def _replay(args) -> int:
         results = replay_platforms(setting, names, args.jobs)
     doc = {"trace": trace, "capacity": args.capacity, "seed": args.seed, "duration_estimate": args.duration_estimate,
            "reservation_hold": setting.reservation_hold,
+           "restart_overhead": {t: rule.restart_overhead for t, rule in setting.tiers.items()},
+           "min_runtime": dict(setting.preemption_policy.min_runtime),
            "nodes": len(setting.nodes), "gpus": sum(n.gpu_count for n in setting.nodes), "jobs": len(setting.jobs),
            "platforms": {r.platform.name: summarize(r) for r in results}}
     if params is not None:
@@ -162,6 +181,25 @@ def _replay(args) -> int:
     else:
         print(markdown(doc), end="")
     return 0
+
+
+def parse_min_runtime(text: str | None) -> dict[str, float] | None:
+    """'best-effort-training=600,inference=60' -> {tier: seconds}; None: not given; '' or 'none': {}."""
+    if text is None:
+        return None
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if part.lower() == "none":
+            continue
+        tier, sep, value = part.partition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if not sep or not tier.strip() or not 0 <= seconds < float("inf"):
+            raise ValueError(f"{part!r}: give TIER=SECONDS, e.g. best-effort-training=600")
+        out[tier.strip()] = seconds
+    return out
 
 
 def _inflation(args) -> int:

@@ -10,8 +10,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from airflow_gpu.config.model import MIG_PROFILE, SLOTS_PER_GPU, QuotaConfig
-from airflow_gpu.core.tiers import (borrow_within_cohort_tiers, borrowing_priority, never_preempting_tiers,
-                                    non_preemptible_tiers, preempt_behind_head_tiers)
+from airflow_gpu.core.tiers import (borrow_within_cohort_tiers, borrowing_priority, min_runtimes,
+                                    never_preempting_tiers, non_preemptible_tiers, preempt_behind_head_tiers,
+                                    reclaim_ignores_min_runtime_tiers)
 
 if TYPE_CHECKING:  # the decision modules load where decisions are made: the UI reads mig_gpus only
     from airflow_gpu.core.preemption import PreemptionPolicy
@@ -28,7 +29,9 @@ def preemption_policy_from_config(cfg: QuotaConfig | None) -> PreemptionPolicy:
     return PreemptionPolicy(non_preemptible_tiers=non_preemptible_tiers(tiers),
                             never_preempting_tiers=never_preempting_tiers(tiers),
                             borrow_within_cohort_tiers=borrow_within_cohort_tiers(tiers),
-                            preempt_behind_head_tiers=preempt_behind_head_tiers(tiers))
+                            preempt_behind_head_tiers=preempt_behind_head_tiers(tiers),
+                            min_runtime=min_runtimes(tiers),
+                            reclaim_ignores_min_runtime_tiers=reclaim_ignores_min_runtime_tiers(tiers))
 
 
 def quota_book_from_config(cfg: QuotaConfig | None) -> QuotaBook | None:

@@ -44,6 +44,7 @@ GpuCount = Annotated[StrictInt, Field(ge=0, le=MAX_GPUS)]
 """A whole, non-negative number of GPUs (2.5, -1 and "8" are rejected)."""
 InstanceCount = Annotated[StrictInt, Field(ge=0, le=7 * MAX_GPUS)]
 Money = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Seconds = Annotated[float, Field(ge=0, le=7 * 86400, allow_inf_nan=False)]
 
 
 class _Strict(BaseModel):
@@ -120,6 +121,13 @@ class Tier(_Strict):
     # still preempt (off the reserved nodes), as each Kueue ClusterQueue's head may in every cycle
     preempt_behind_head: StrictBool = False
     preemption_policy: Literal["PreemptLowerPriority", "Never"] = "PreemptLowerPriority"
+    # seconds each restart of its gangs computes nothing (pod start, loading state, NCCL setup);
+    # absent: scheduling.restart_overhead_seconds. Charged as lost GPU-seconds, counted by victim choice
+    restart_overhead_seconds: Seconds | None = None
+    # a gang of this tier is no preemption victim before it ran this long (0: off): bounds thrashing
+    min_runtime_seconds: Seconds = 0.0
+    # true: reclaim of borrowed quota (a team taking back its guarantee) ignores min_runtime_seconds
+    reclaim_ignores_min_runtime: StrictBool = False
     description: str = ""
 
     @property
@@ -208,6 +216,12 @@ class Scheduling(_Strict):
     # `listed` (the products' order in this file), `cheapest_per_work` (on-demand price per GPU-hour /
     # relative_speed, lowest first), `fastest` (relative_speed, highest first)
     product_order: Literal["author", "listed", "cheapest_per_work", "fastest"] = "author"
+    # seconds each restart of a stopped gang computes nothing (the default of every tier; a tier's
+    # restart_overhead_seconds and a gang's annotation win): charged as lost GPU-seconds
+    restart_overhead_seconds: Seconds = constants.DEFAULT_RESTART_OVERHEAD_SECONDS
+    # seconds a SIGTERM checkpoint takes when the gang declares none: it is lost (and the work since
+    # the last periodic checkpoint with it) when the pod's grace period is shorter
+    checkpoint_seconds: Seconds = constants.DEFAULT_CHECKPOINT_SECONDS
 
 
 class QuotaConfig(_Strict):
@@ -240,8 +254,11 @@ class QuotaConfig(_Strict):
 
     def tier_policies(self) -> dict[str, TierPolicy]:
         """The one adapter from this file to core's tier rule: tier name -> core.tiers.TierPolicy."""
+        overhead = self.scheduling.restart_overhead_seconds
         return {t.name: TierPolicy(t.priority, t.preemptible, t.spot_eligible, t.preemption_policy != "Never",
-                                   t.spot_fallback, t.borrow_within_cohort, t.preempt_behind_head)
+                                   t.spot_fallback, t.borrow_within_cohort, t.preempt_behind_head,
+                                   t.restart_overhead_seconds if t.restart_overhead_seconds is not None else overhead,
+                                   t.min_runtime_seconds, t.reclaim_ignores_min_runtime)
                 for t in self.tiers}
 
     def product_speeds(self) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """Chargeback: GPU-hours per team, product and capacity type, priced from the config's price table,
-with the GPU-hours lost to interruptions and preemptions charged under one loss policy.
+with the GPU-hours lost to interruptions, preemptions and the restarts they cause charged under one
+loss policy.
 
 Pure: the ledger's records come from the UI layer (pods on the cluster, the operator's XCom results);
 this module only decides what a record costs and who pays for lost work.
@@ -12,6 +13,7 @@ from typing import Iterable, Mapping
 
 CAUSE_INTERRUPTION = "interruption"
 CAUSE_PREEMPTION = "preemption"
+CAUSE_RESTART = "restart"  # a relaunched attempt's restart overhead (core.model.restart_lost_gpu_seconds)
 CAPACITY_UNKNOWN = "unknown"  # pod record gone, only the XCom result is left: priced on-demand
 
 # who pays for GPU-hours lost since the last checkpoint
@@ -33,7 +35,7 @@ class Usage:
     start: float
     end: float
     lost_gpu_seconds: float = 0.0
-    cause: str | None = None  # interruption | preemption | None
+    cause: str | None = None  # interruption | preemption | restart | None
     ref: str = ""  # pod key or dag/task/run/try, for the CSV
 
     @property
@@ -52,6 +54,7 @@ class ChargeRow:
     reference_gpu_hours: float = 0.0
     lost_interruption_hours: float = 0.0
     lost_preemption_hours: float = 0.0
+    lost_restart_hours: float = 0.0  # restart overhead of relaunched attempts: held, computing nothing
     cost: float = 0.0
     refs: list[str] = field(default_factory=list)
 
@@ -59,7 +62,8 @@ class ChargeRow:
         return {"team": self.team, "product": self.product, "capacity_type": self.capacity_type,
                 "gpu_hours": round(self.gpu_hours, 6), "reference_gpu_hours": round(self.reference_gpu_hours, 6),
                 "lost_interruption_hours": round(self.lost_interruption_hours, 6),
-                "lost_preemption_hours": round(self.lost_preemption_hours, 6), "cost": round(self.cost, 6)}
+                "lost_preemption_hours": round(self.lost_preemption_hours, 6),
+                "lost_restart_hours": round(self.lost_restart_hours, 6), "cost": round(self.cost, 6)}
 
 
 def check_policy(policy: str) -> str:
@@ -104,6 +108,8 @@ def charge(records: Iterable[Usage], prices: Mapping[str, tuple[float, float]], 
         row.reference_gpu_hours += used / 3600 * (speeds or {}).get(u.product, 1.0)
         if u.cause == CAUSE_PREEMPTION:
             row.lost_preemption_hours += lost / 3600
+        elif u.cause == CAUSE_RESTART:
+            row.lost_restart_hours += lost / 3600
         elif lost:
             row.lost_interruption_hours += lost / 3600
         row.cost += (used - lost) / 3600 * base + lost / 3600 * lost_rate

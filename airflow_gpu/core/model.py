@@ -30,6 +30,30 @@ def periodic_checkpoint_work(work: float, interval: float) -> float:
     return math.floor(work / interval) * interval
 
 
+def sigterm_checkpoint_commits(checkpoint_seconds: float, grace_seconds: float) -> bool:
+    """A checkpoint begun at SIGTERM is committed only if it is written within the grace period
+    (SIGKILL comes then): otherwise the work since the last periodic checkpoint is lost."""
+    return checkpoint_seconds <= grace_seconds
+
+
+def work_kept_at_stop(done: float, ran: float, interval: float, sigterm_committed: bool) -> float:
+    """Work seconds kept of an attempt stopped after `ran` seconds of work, `done` saved before it:
+    all of it when its SIGTERM checkpoint commits, else what the last periodic checkpoint (every
+    `interval` seconds of work; 0: none) covers. The one rule of the replay and the victim's cost."""
+    if sigterm_committed:
+        return ran
+    if interval <= 0:
+        return 0.0
+    return max(0.0, periodic_checkpoint_work(done + ran, interval) - done)
+
+
+def restart_lost_gpu_seconds(gpus: float, overhead: float, ran: float) -> float:
+    """GPU-seconds a restarted attempt computes nothing: its restart overhead (pod start, loading the
+    model and optimizer state, NCCL setup), or as much of it as the attempt ran (`ran` seconds of
+    clock). Charged as lost, to the preemption or interruption that caused the restart."""
+    return gpus * min(max(0.0, overhead), max(0.0, ran))
+
+
 @dataclass(frozen=True)
 class Taint:
     key: str
@@ -185,6 +209,11 @@ class Gang:
     # as Kueue gives each pod set one flavor: a data-parallel job runs at the pace of its slowest GPU,
     # its collectives cross NVLink domains and its ranks see different memory sizes.
     products_mixed: bool = False
+    # seconds each restart of it computes nothing (its tier's, or its own annotation): what stopping
+    # it costs beyond the work lost (core.model.restart_lost_gpu_seconds); 0 for a gang built bare
+    restart_overhead: float = 0.0
+    # seconds its SIGTERM checkpoint takes (its own hint, else the config's default); None: unknown
+    checkpoint_seconds: float | None = None
 
     @cached_property
     def gpu_milli_total(self) -> int:
@@ -270,3 +299,13 @@ class RunningGang:
         """GPU-seconds of work lost if the gang stopped now: since its last checkpoint, or since start."""
         ckpt = self.last_checkpoint_at if (self.gang.checkpointable and self.last_checkpoint_at) else None
         return gpu_seconds_lost(self.gang.gpu_milli_total, self.started_at, now, ckpt) / GPU_MILLI
+
+    def restart_cost(self) -> float:
+        """GPU-seconds its next restart will compute nothing (its whole restart overhead)."""
+        overhead = self.gang.restart_overhead
+        return restart_lost_gpu_seconds(self.gang.gpu_milli_total / GPU_MILLI, overhead, overhead)
+
+    def preemption_cost(self, now: float) -> float:
+        """GPU-seconds stopping it now costs: the work at risk plus the restart it will pay
+        (core.preemption.victim_order's "loses least work")."""
+        return self.gpu_seconds_at_risk(now) + self.restart_cost()

@@ -1,7 +1,9 @@
 """Preemption planning: which running gangs to stop so that a pending gang fits. It plans; it does not act.
 
 Semantics follow Kueue's preemption (pkg/scheduler/preemption), ClusterQueue = team, cohort = cohort,
-flavor = GPU product. Candidates (whole gangs, preemptible, not of a non-preemptible tier):
+flavor = GPU product. Candidates (whole gangs, preemptible, not of a non-preemptible tier, running
+for at least their tier's minimum runtime (`protected`; KAI's minruntime), which a tier may waive
+for reclaim of borrowed quota):
 - the preemptor's own team: gangs of lower priority (a gang admitted on borrowed quota counts at the
   quota book's best-effort `borrowed_priority`); none when its tier never preempts (PriorityClass
   preemptionPolicy: Never);
@@ -64,6 +66,24 @@ class PreemptionPolicy:
     borrow_within_cohort_tiers: frozenset[str] = frozenset()
     # tiers whose gangs may seek a plan behind another gang's reservation (core.queue.schedule_cycle)
     preempt_behind_head_tiers: frozenset[str] = frozenset()
+    # (tier, seconds): a gang of the tier running for less is no victim (core.tiers.min_runtimes)
+    min_runtime: tuple[tuple[str, float], ...] = ()
+    # tiers whose minimum runtime does not protect from reclaim of borrowed quota
+    reclaim_ignores_min_runtime_tiers: frozenset[str] = frozenset()
+
+    def min_runtime_of(self, tier: str) -> float:
+        """Seconds a gang of `tier` runs before it may be a preemption victim (0: at once)."""
+        for name, seconds in self.min_runtime:
+            if name == tier:
+                return seconds
+        return 0.0
+
+
+def protected(rg: RunningGang, now: float, policy: PreemptionPolicy, reclaim: bool = False) -> bool:
+    """Younger than its tier's minimum runtime: not a victim, unless `reclaim` (another team takes
+    back its guarantee from this borrower) and the tier lets reclaim ignore the minimum runtime."""
+    young = now - rg.started_at < policy.min_runtime_of(rg.gang.tier)
+    return young and not (reclaim and rg.gang.tier in policy.reclaim_ignores_min_runtime_tiers)
 
 
 @dataclass(frozen=True)
@@ -77,6 +97,7 @@ class PreemptionPlan:
     lost_gpu_seconds: float
     borrowed: bool = False  # the gang is admitted on borrowed quota once the victims are gone
     reclaim: bool = False  # some victim is another team's borrower (quota reclaim)
+    restart_gpu_seconds: float = 0.0  # what restarting the victims will cost (RunningGang.restart_cost)
 
     @property
     def victim_names(self) -> tuple[str, ...]:
@@ -94,7 +115,8 @@ def victim_order(preemptor: Gang, now: float):
     1. other teams' gangs (borrowers taken back) before the preemptor's own team;
     2. checkpointable before non-checkpointable (DESIGN.md; Kueue has no such notion);
     3. lower priority first (the gang's own priority, whatever quota it was admitted on);
-    4. fewer GPU-seconds lost since the last checkpoint;
+    4. fewer GPU-seconds lost: since the last checkpoint, plus the restart overhead it will pay
+       (RunningGang.preemption_cost);
     5. most recently started first (Kueue: most recently admitted), then most recently created;
     6. admitted on borrowed quota first (ties of second-resolution API timestamps: the gang admitted
        last, as the borrower);
@@ -102,7 +124,7 @@ def victim_order(preemptor: Gang, now: float):
 
     def key(rg: RunningGang):
         return (rg.gang.team == preemptor.team, not rg.gang.checkpointable, rg.gang.priority,
-                rg.gpu_seconds_at_risk(now), -rg.started_at, -rg.gang.created_at, not rg.borrowed, rg.gang.name)
+                rg.preemption_cost(now), -rg.started_at, -rg.gang.created_at, not rg.borrowed, rg.gang.name)
 
     return key
 
@@ -205,19 +227,20 @@ def attempts(state: CycleState, gang: Gang, now: float,
     lender: dict[str, bool] = {}  # team -> in the preemptor's cohort and borrowing on `keys` now
     name, team_of, priority = gang.name, gang.team, gang.priority
     shielded = policy.non_preemptible_tiers
+    aging = bool(policy.min_runtime)
     for rg in state.running:  # every running gang (tens of thousands at scale): plain locals
         g = rg.gang
         if g.name == name or not g.preemptible or g.tier in shielded:
             continue
         team = g.team
         if book is None or team == team_of:
-            if by_priority and effective_priority(rg, book) < priority:
+            if by_priority and effective_priority(rg, book) < priority and not (aging and protected(rg, now, policy)):
                 own.append(rg)
             continue
         borrows = lender.get(team)
         if borrows is None:
             borrows = lender[team] = same_cohort(book, team, team_of) and state.borrowing(team, keys)
-        if not borrows:
+        if not borrows or (aging and protected(rg, now, policy, reclaim)):
             continue
         if reclaim:
             others.append(rg)
@@ -359,7 +382,7 @@ def domain_prefixes(room: RoomEstimate, cands: list[RunningGang], now: float, re
                 if level is TopologyLevel.NODE:
                     space = max(fits.values(), default=0)
                 if space >= room.want:
-                    lost = sum(cands[i].gpu_seconds_at_risk(now) for i in taken)
+                    lost = sum(cands[i].preemption_cost(now) for i in taken)
                     key = (stuck, ci, lost, len(taken), d)
                     found.append((key, taken))
                     if len(found) >= per_level:
@@ -585,6 +608,7 @@ def plan_preemption(state: CycleState, gang: Gang, profile: Profile, now: float,
         victims = tuple(sorted(chosen, key=victim_order(gang, now)))
         lost = sum(v.gpu_seconds_at_risk(now) for v in victims)
         reclaim = any(v.gang.team != gang.team for v in victims)
-        return PreemptionPlan(gang, victims, decision.placements, lost, decision.borrowed, reclaim), ""
+        restart = sum(v.restart_cost() for v in victims)
+        return PreemptionPlan(gang, victims, decision.placements, lost, decision.borrowed, reclaim, restart), ""
     n = len({rg.gang.name for a in tries for rg in a.candidates})
     return None, f"stopping all {n} preemptible gangs of lower priority or borrowing would not make room"

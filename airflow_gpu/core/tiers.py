@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from airflow_gpu.constants import LABEL_TEAM, LABEL_TIER, TIER_INTERACTIVE
+from airflow_gpu.constants import DEFAULT_RESTART_OVERHEAD_SECONDS, LABEL_TEAM, LABEL_TIER, TIER_INTERACTIVE
 from airflow_gpu.core.capacity import confine_to_eligible_capacity, is_spot_eligible
 from airflow_gpu.core.model import PodRequest
 
@@ -31,6 +31,15 @@ class TierPolicy:
     # behind another gang's head-of-line reservation, its team's first refused gang may still
     # preempt, off the reserved nodes (Kueue: every ClusterQueue's head, every cycle): see core.queue
     preempt_behind_head: bool = False
+    # seconds each restart of its gangs computes nothing (a gang's annotation wins): charged as lost
+    # GPU-seconds, and counted by victim choice (core.model.RunningGang.preemption_cost)
+    restart_overhead_seconds: float = DEFAULT_RESTART_OVERHEAD_SECONDS
+    # a gang of this tier running for less than this is no preemption victim (KAI's minruntime,
+    # Slurm's PreemptExemptTime): bounds thrashing. Interruptions are not affected
+    min_runtime_seconds: float = 0.0
+    # True: reclaim of borrowed quota (another team taking back its guarantee) ignores the minimum
+    # runtime (KAI's reclaim-min-runtime 0); False: the minimum runtime protects from reclaim too
+    reclaim_ignores_min_runtime: bool = False
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,7 @@ class TierDecision:
     preemptible: bool
     spot_eligible: bool
     members: tuple[PodRequest, ...]  # confined to on-demand unless spot-eligible
+    restart_overhead: float = DEFAULT_RESTART_OVERHEAD_SECONDS  # seconds each restart costs it
 
 
 # Tier classes: what the team's Airflow pool and namespace ResourceQuota of a tier are sized at.
@@ -70,19 +80,31 @@ def decide(
     members: tuple[PodRequest, ...],
     checkpointable: bool,
     priority: int | None = None,
+    restart_overhead: float | None = None,
 ) -> TierDecision:
     """Apply a tier to a gang. `priority`: one already set on the pods (spec.priority) wins over
-    the tier's. The unknown-tier rule: no policy -> priority 0, preemptible, not spot-eligible, and
-    the members keep what their pods ask for (the scheduler does not rewrite what it does not know)."""
+    the tier's; so does the gang's own `restart_overhead` (seconds). The unknown-tier rule: no policy
+    -> priority 0, preemptible, not spot-eligible, the default restart overhead, and the members keep
+    what their pods ask for (the scheduler does not rewrite what it does not know)."""
+    overhead = restart_overhead_of(policy, restart_overhead)
     if policy is None:
-        return TierDecision(priority if priority is not None else 0, True, False, members)
+        return TierDecision(priority if priority is not None else 0, True, False, members, overhead)
     spot = is_spot_eligible(policy.spot_eligible, checkpointable)
     return TierDecision(
         priority=priority if priority is not None else policy.priority,
         preemptible=policy.preemptible,
         spot_eligible=spot,
         members=confine_to_eligible_capacity(members, spot, is_spot_eligible(policy.spot_fallback, checkpointable)),
+        restart_overhead=overhead,
     )
+
+
+def restart_overhead_of(policy: TierPolicy | None, own: float | None = None) -> float:
+    """Seconds each restart of a gang computes nothing: its own (annotation, operator argument), else
+    its tier's, else the default (an unknown tier)."""
+    if own is not None:
+        return own
+    return policy.restart_overhead_seconds if policy is not None else DEFAULT_RESTART_OVERHEAD_SECONDS
 
 
 def resolve_tier(priority_classes: Iterable[str | None], tiers: Mapping[str, TierPolicy]) -> str:
@@ -155,6 +177,15 @@ def borrow_within_cohort_tiers(tiers: Mapping[str, TierPolicy]) -> frozenset[str
 
 def preempt_behind_head_tiers(tiers: Mapping[str, TierPolicy]) -> frozenset[str]:
     return frozenset(name for name, policy in tiers.items() if policy.preempt_behind_head and policy.preempts)
+
+
+def min_runtimes(tiers: Mapping[str, TierPolicy]) -> tuple[tuple[str, float], ...]:
+    """(tier, minimum runtime before preemption) of the tiers that have one."""
+    return tuple(sorted((name, p.min_runtime_seconds) for name, p in tiers.items() if p.min_runtime_seconds > 0))
+
+
+def reclaim_ignores_min_runtime_tiers(tiers: Mapping[str, TierPolicy]) -> frozenset[str]:
+    return frozenset(name for name, policy in tiers.items() if policy.reclaim_ignores_min_runtime)
 
 
 def borrowing_priority(tiers: Mapping[str, TierPolicy]) -> int | None:

@@ -365,17 +365,27 @@ def parse_topology(value: str | None, where: str) -> TopologyRequirement:
 MAX_EXPECTED_DURATION = 366 * 86400.0  # a hint beyond a year is a typo; backfill needs no more
 
 
+MAX_RESTART_SECONDS = 7 * 86400.0  # restart overhead, checkpoint time: beyond a week is a typo
+
+
 def expected_duration(text: str | None, where: str) -> float | None:
     """The expected-duration-seconds hint: a finite number of seconds in (0, MAX_EXPECTED_DURATION]."""
+    return seconds_hint(text, where, C.ANNOTATION_EXPECTED_DURATION, MAX_EXPECTED_DURATION, "3600", zero=False)
+
+
+def seconds_hint(text: str | None, where: str, key: str, maximum: float = MAX_RESTART_SECONDS,
+                 example: str = "120", zero: bool = True) -> float | None:
+    """A hint of seconds in annotation `key`: a finite number in [0 (or over it), maximum]; None if absent."""
     if not text:
         return None
-    fix = f"must be seconds between 1 and {MAX_EXPECTED_DURATION:.0f}, e.g. 3600"
+    low = 0 if zero else 1
+    fix = f"must be seconds between {low} and {maximum:.0f}, e.g. {example}"
     try:
         value = float(text[:64])
     except ValueError:
-        raise ConversionError(f"{where}: annotation {C.ANNOTATION_EXPECTED_DURATION}={text[:64]!r} {fix}") from None
-    if not math.isfinite(value) or not 0 < value <= MAX_EXPECTED_DURATION:
-        raise ConversionError(f"{where}: annotation {C.ANNOTATION_EXPECTED_DURATION}={text[:64]!r} {fix}")
+        raise ConversionError(f"{where}: annotation {key}={text[:64]!r} {fix}") from None
+    if not math.isfinite(value) or not (0 <= value if zero else 0 < value) or value > maximum:
+        raise ConversionError(f"{where}: annotation {key}={text[:64]!r} {fix}")
     return value
 
 
@@ -438,7 +448,11 @@ def gang_from_k8s(
     created = [parse_time(m.get("creationTimestamp")) for m in metas]
     created_at = parse_time(pg_meta.get("creationTimestamp")) or min((c for c in created if c), default=0.0)
     reqs = tuple(members if members is not None else (pod_request_from_k8s(p, ctx.product_labels) for p in pods))
-    decision = decide(ctx.tiers.get(tier), reqs, checkpointable, max(known) if known else None)
+    restart = _hint(lambda: seconds_hint(annotation(C.ANNOTATION_RESTART_OVERHEAD), f"gang {key}",
+                                         C.ANNOTATION_RESTART_OVERHEAD), None, hints)
+    checkpoint_seconds = _hint(lambda: seconds_hint(annotation(C.ANNOTATION_CHECKPOINT_SECONDS), f"gang {key}",
+                                                    C.ANNOTATION_CHECKPOINT_SECONDS, example="60"), None, hints)
+    decision = decide(ctx.tiers.get(tier), reqs, checkpointable, max(known) if known else None, restart)
     return Gang(
         name=key,
         team=team,
@@ -455,6 +469,8 @@ def gang_from_k8s(
         pinned=tuple(sorted(set(pinned))),
         min_member=min_member if 0 < min_member < len(reqs) else 0,
         products_mixed=mixed,
+        restart_overhead=decision.restart_overhead,
+        checkpoint_seconds=checkpoint_seconds,
     )
 
 

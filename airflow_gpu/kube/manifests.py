@@ -59,6 +59,10 @@ def scheduling_annotations(spec: WorkloadSpec) -> dict[str, str]:
         out[C.ANNOTATION_GPU_PRODUCTS] = ",".join(spec.gpu_products)
     if spec.topology_annotation:
         out[C.ANNOTATION_TOPOLOGY] = spec.topology_annotation
+    if spec.restart_overhead_seconds is not None:
+        out[C.ANNOTATION_RESTART_OVERHEAD] = str(spec.restart_overhead_seconds)
+    if spec.checkpoint_seconds is not None:
+        out[C.ANNOTATION_CHECKPOINT_SECONDS] = str(spec.checkpoint_seconds)
     if spec.task_instance is not None:
         out[C.ANNOTATION_TASK_INSTANCE] = spec.task_instance.annotation()
     return out

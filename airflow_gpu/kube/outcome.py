@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from airflow_gpu.core.chargeback import CAUSE_RESTART
 from airflow_gpu.kube import state as S
 from airflow_gpu.kube.preemptions import Preempted
 
@@ -20,7 +21,8 @@ STATUS_ERROR = "error"
 # chargeback keeps a try's interruptions and preemptions apart once its pods are gone; and the same
 # per capacity type of its attempts: {capacity type: {"gpu_seconds", <the lost keys>}}
 LOST_GPU_SECONDS_KEYS = {S.CAUSE_INTERRUPTION: "lost_interruption_gpu_seconds",
-                         S.CAUSE_PREEMPTION: "lost_preemption_gpu_seconds"}
+                         S.CAUSE_PREEMPTION: "lost_preemption_gpu_seconds",
+                         CAUSE_RESTART: "lost_restart_gpu_seconds"}
 USAGE_BY_CAPACITY = "usage_by_capacity"
 
 

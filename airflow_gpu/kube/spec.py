@@ -40,7 +40,8 @@ RESERVED_ENV = frozenset({
 _CREDENTIAL_NAME = re.compile(r"SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|ACCESS_KEY|PRIVATE_KEY|API_KEY", re.I)
 # our annotations an author may set: local-cluster simulation knobs and the backfill hint
 USER_SETTABLE_ANNOTATIONS = frozenset({C.ANNOTATION_SIM_DURATION, C.ANNOTATION_SIM_EXIT_CODE,
-                                       C.ANNOTATION_EXPECTED_DURATION})
+                                       C.ANNOTATION_EXPECTED_DURATION, C.ANNOTATION_RESTART_OVERHEAD,
+                                       C.ANNOTATION_CHECKPOINT_SECONDS})
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -156,6 +157,9 @@ class WorkloadSpec:
     tolerations: tuple[dict, ...] = ()
     service_account_name: str | None = None
     termination_grace_period: int | None = None
+    # seconds each restart of the gang computes nothing (over its tier's), and its SIGTERM checkpoint takes
+    restart_overhead_seconds: int | None = None
+    checkpoint_seconds: int | None = None
     container_resources: Mapping[str, Any] = field(default_factory=dict)  # {"requests": {...}, "limits": {...}}
     container_name: str = "base"
     gang_backend: str = C.GANG_BACKEND_AIRFLOW_GPU
@@ -221,8 +225,9 @@ class WorkloadSpec:
         self._validate_checkpoint()
         self._validate_env()
         self._validate_metadata()
-        if self.termination_grace_period is not None:
-            _positive_int(self.termination_grace_period, "termination_grace_period", 0)
+        for what in ("termination_grace_period", "restart_overhead_seconds", "checkpoint_seconds"):
+            if getattr(self, what) is not None:
+                _positive_int(getattr(self, what), what, 0)
         if self.schedule_timeout_seconds is not None:
             _positive_int(self.schedule_timeout_seconds, "schedule_timeout_seconds")
         if isinstance(self.master_port, bool) or not isinstance(self.master_port, int) or not 1 <= self.master_port <= 65535:

@@ -27,8 +27,9 @@ from airflow_gpu.checkpoint.storage.base import uri_problem
 from airflow_gpu.config import ConfigError, load_config_cached
 from airflow_gpu.config.workload import GpuTaskPlan, WorkloadError, plan_gpu_task
 from airflow_gpu.core.capacity import choose_capacity, spot_request_problem
-from airflow_gpu.core.chargeback import CAPACITY_UNKNOWN, CAUSE_INTERRUPTION, CAUSE_PREEMPTION
-from airflow_gpu.core.model import gpu_seconds_lost
+from airflow_gpu.core.chargeback import CAPACITY_UNKNOWN, CAUSE_INTERRUPTION, CAUSE_PREEMPTION, CAUSE_RESTART
+from airflow_gpu.core.model import gpu_seconds_lost, restart_lost_gpu_seconds
+from airflow_gpu.core.tiers import restart_overhead_of
 from airflow_gpu.kube.outcome import LOST_GPU_SECONDS_KEYS, USAGE_BY_CAPACITY
 from airflow_gpu.operators.gang_logs import (ResultError, application_failure, argument_problems, delete_expired_kept,
                                              disruptions_note, is_kept, keep_ended_pods, keeps, log_ranks, result_of)
@@ -188,6 +189,8 @@ class GpuTrainingOperator(BaseOperator):
         tolerations: Sequence[Any] | None = None,
         service_account_name: str | None = None,
         termination_grace_period: int | None = None,
+        restart_overhead_seconds: int | None = None,
+        checkpoint_seconds: int | None = None,
         container_resources: Any = None,
         topology: str | None = None,
         topology_required: bool = False,
@@ -314,6 +317,10 @@ class GpuTrainingOperator(BaseOperator):
         self.tolerations = list(tolerations or [])
         self.service_account_name = service_account_name
         self.termination_grace_period = termination_grace_period
+        # seconds a restart of this gang computes nothing (over its tier's restart_overhead_seconds) and its
+        # SIGTERM checkpoint takes (lost when termination_grace_period is shorter): the scheduler's victim cost
+        self.restart_overhead_seconds = restart_overhead_seconds
+        self.checkpoint_seconds = checkpoint_seconds
         self.container_resources = {k: dict(v) for k, v in (container_resources or {}).items()}
         self.topology = topology
         self.topology_required = topology_required
@@ -365,6 +372,11 @@ class GpuTrainingOperator(BaseOperator):
         return plan_gpu_task(load_config_cached(self.config_file), team=self.team, tier=self.tier,
                              workers=self.workers, gpus_per_worker=self.gpus_per_worker,
                              mig_profile=self.mig_profile, gpu_products=self.gpu_products)
+
+    def restart_overhead(self) -> float:
+        """Seconds each relaunch of this gang computes nothing: its restart_overhead_seconds, else its tier's."""
+        tiers = load_config_cached(self.config_file).tier_policies()
+        return restart_overhead_of(tiers.get(self.tier), self.restart_overhead_seconds)
 
     def capacity_for(self, interruptions: int = 0, try_number: int = 1, seconds_to_deadline: float | None = None,
                      seconds_run: float = 0.0):
@@ -418,9 +430,11 @@ class GpuTrainingOperator(BaseOperator):
         ref = self._task_instance(context)
         run = dict(run or (context.get("task_state_store").get(STATE_KEY) if context.get("task_state_store") else {}))
         outcome = GangOutcome.from_payload(event or {})
-        lost_before = run.get("lost_gpu_seconds", 0.0)
+        restart_key = LOST_GPU_SECONDS_KEYS[CAUSE_RESTART]
+        lost_before, restart_before = run.get("lost_gpu_seconds", 0.0), run.get(restart_key, 0.0)
         self._account(run, outcome)
-        self._emit_metrics(run, outcome, run.get("lost_gpu_seconds", 0.0) - lost_before)
+        restart = run.get(restart_key, 0.0) - restart_before
+        self._emit_metrics(run, outcome, run.get("lost_gpu_seconds", 0.0) - lost_before - restart, restart)
         self.log.info("attempt %s (gang %s) ended: %s%s, after %.0fs running", outcome.attempt, outcome.gang,
                       outcome.status, f" ({outcome.reason})" if outcome.reason else "", outcome.running_seconds)
         log_ranks(self.log, outcome, self.namespace)
@@ -549,6 +563,7 @@ class GpuTrainingOperator(BaseOperator):
             volume_mounts=tuple(self.volume_mounts), node_selector=self.node_selector,
             tolerations=tuple(self.tolerations), service_account_name=self.service_account_name,
             termination_grace_period=self.termination_grace_period, container_resources=self.container_resources,
+            restart_overhead_seconds=self.restart_overhead_seconds, checkpoint_seconds=self.checkpoint_seconds,
             gang_backend=self.gang_backend, capacity_labels=capacity_labels_setting(),
             schedule_timeout_seconds=self.schedule_timeout_seconds, pod_template=self._pod_template(),
             # every rank its own store (<uri>/rank-<r>): training code that saves from every rank never
@@ -703,8 +718,19 @@ class GpuTrainingOperator(BaseOperator):
             run.get("capacity") or CAPACITY_UNKNOWN, {"gpu_seconds": 0.0, **dict.fromkeys(LOST_GPU_SECONDS_KEYS.values(), 0.0)})
         run["gpu_seconds"] += used
         part["gpu_seconds"] += used
-        if outcome.status == "disrupted" and outcome.started_at is not None and outcome.finished_at is not None:
-            lost = gpu_seconds_lost(gpus, outcome.started_at, outcome.finished_at, outcome.last_checkpoint_time or None)
+        begin = outcome.started_at
+        restart = run.get("interruptions", 0) + run.get("preemptions", 0) > 0  # a relaunch: it restarted first
+        if restart and outcome.running_seconds > 0:
+            overhead = self.restart_overhead()
+            paid = restart_lost_gpu_seconds(gpus, overhead, outcome.running_seconds)
+            key = LOST_GPU_SECONDS_KEYS[CAUSE_RESTART]
+            run["lost_gpu_seconds"] += paid
+            run[key] = run.get(key, 0.0) + paid
+            part[key] = part.get(key, 0.0) + paid
+            if begin is not None:  # the work at risk of a disruption began after the restart
+                begin += min(overhead, outcome.running_seconds)
+        if outcome.status == "disrupted" and begin is not None and outcome.finished_at is not None:
+            lost = gpu_seconds_lost(gpus, begin, outcome.finished_at, outcome.last_checkpoint_time or None)
             run["lost_gpu_seconds"] += lost
             key = LOST_GPU_SECONDS_KEYS[outcome.disruption_kind]
             run[key] = run.get(key, 0.0) + lost
@@ -712,9 +738,10 @@ class GpuTrainingOperator(BaseOperator):
         if outcome.last_checkpoint_step is not None:
             run["last_checkpoint_step"] = outcome.last_checkpoint_step
 
-    def _emit_metrics(self, run: dict, outcome, lost_gpu_seconds: float) -> None:
-        """Stats (airflow_gpu/metrics.py) for the attempt that just ended: its queue wait, and on a
-        disruption the interruption and the GPU-seconds lost since its last checkpoint."""
+    def _emit_metrics(self, run: dict, outcome, lost_gpu_seconds: float, restart_gpu_seconds: float = 0.0) -> None:
+        """Stats (airflow_gpu/metrics.py) for the attempt that just ended: its queue wait, on a
+        disruption the interruption and the GPU-seconds lost since its last checkpoint, and for a
+        relaunch the GPU-seconds its restart overhead took."""
         from airflow_gpu import metrics
 
         product = run.get("gpu_product") or "any"
@@ -726,6 +753,8 @@ class GpuTrainingOperator(BaseOperator):
                 if cause == CAUSE_INTERRUPTION:
                     metrics.count_interruption(self.team, self.tier, product, run.get("capacity") or CAPACITY_UNKNOWN)
                 metrics.count_lost_gpu_seconds(self.team, self.tier, cause, max(0.0, lost_gpu_seconds))
+            if restart_gpu_seconds > 0:
+                metrics.count_lost_gpu_seconds(self.team, self.tier, CAUSE_RESTART, restart_gpu_seconds)
         except Exception as exc:  # noqa: BLE001 - a metric never fails the task
             self.log.warning("could not emit metrics: %s", exc)
 

@@ -549,7 +549,8 @@ class Scheduler:
         names = ", ".join(plan.victim_names)
         whom = "of lower priority or borrowing this team's quota" if plan.reclaim else "of lower priority"
         message = (f"preempting {len(plan.victims)} gang(s) {whom} ({names}); about "
-                   f"{plan.lost_gpu_seconds:.0f} GPU-seconds since their last checkpoints are lost")
+                   f"{plan.lost_gpu_seconds:.0f} GPU-seconds since their last checkpoints are lost, and "
+                   f"{plan.restart_gpu_seconds:.0f} restarting them")
         self._record_preemptions(victim_pods, nomination, plan.gang.name, now)
         self.api.event(unit.owner, "Preempting", message)
         self._wait(unit, f"preempting: waiting for {len(victim_pods)} pod(s) {whom} to stop")

@@ -8,8 +8,11 @@ quota and borrowing, reservations, victims, placement, spot eligibility) is core
 keeps the clock and the books. The coupling to core's cycle is `_Cycle` (one small adapter).
 
 Stopped work (preempted, interrupted) goes back to the queue with its place (submit time) and
-resumes from its last checkpoint: with `sigterm_checkpoint` everything up to the stop, else the
-last periodic checkpoint, without checkpoints nothing.
+resumes from its last checkpoint: with `sigterm_checkpoint` everything up to the stop when the
+checkpoint fits in the grace period (core.model.sigterm_checkpoint_commits: the spot notice for an
+interruption, Setting.grace_seconds for a preemption), else the last periodic checkpoint, without
+checkpoints nothing. Every restart first computes nothing for its gang's restart overhead
+(core.model.restart_lost_gpu_seconds), charged as lost.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ from queue import Empty
 
 import numpy as np
 
-from airflow_gpu.constants import CAPACITY_SPOT, DEFAULT_RESERVATION_HOLD_SECONDS
+from airflow_gpu.constants import (CAPACITY_SPOT, DEFAULT_CHECKPOINT_SECONDS, DEFAULT_GRACE_SECONDS,
+                                   DEFAULT_RESERVATION_HOLD_SECONDS, DEFAULT_RESTART_OVERHEAD_SECONDS)
 from airflow_gpu.core.capacity import confine_to_eligible_capacity, is_spot_eligible
 from airflow_gpu.core.framework import place_pod
 from airflow_gpu.core.model import (GPU_MILLI, Gang, Node, Placement, RunningGang, TopologyLevel, TopologyRequirement,
-                                    periodic_checkpoint_work)
+                                    periodic_checkpoint_work, restart_lost_gpu_seconds, sigterm_checkpoint_commits,
+                                    work_kept_at_stop)
 from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, SPREAD_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPolicy
@@ -86,6 +91,7 @@ class TierRule:
     preemptible: bool
     spot_eligible: bool
     spot_fallback: bool = False  # core.capacity: checkpointable work may overflow onto spot (on-demand first)
+    restart_overhead: float = DEFAULT_RESTART_OVERHEAD_SECONDS  # seconds each restart computes nothing
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,10 @@ class Setting:
     speeds: dict[str, float] = field(default_factory=dict)
     # gpu product -> rank in the platform's product order (QuotaBook.product_rank); {}: the author's
     product_rank: dict[str, int] = field(default_factory=dict)
+    # a job's SIGTERM checkpoint takes this long unless it says (Job.checkpoint_seconds); it commits
+    # only within the grace period: the spot notice, or for a preemption the pods' grace period
+    checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
 
 
 @dataclass
@@ -132,6 +142,8 @@ class Attempt:
     outcome: str = ""
     kept: float = 0.0  # seconds of this attempt's work kept (finished, or saved by a checkpoint)
     speed: float = 1.0  # work seconds per second on the product it runs on (its slowest GPU's)
+    overhead: float = 0.0  # seconds of restart overhead before its work runs (0 for a first attempt)
+    restart_lost: float = 0.0  # GPU-seconds its restart overhead took (restart_lost_gpu_seconds)
 
 
 @dataclass
@@ -209,7 +221,8 @@ def _unit_gangs(job: Job, platform: Platform, tiers: dict[str, TierRule],
     common = dict(team=job.team, tier=job.tier, priority=priority, preemptible=rule.preemptible,
                   checkpointable=checkpointable, spot_eligible=eligible, created_at=job.submit,
                   topology=TopologyRequirement(TopologyLevel.CLIQUE, hard=False),
-                  expected_duration=job.work * duration_estimate if duration_estimate > 0 else None)
+                  expected_duration=job.work * duration_estimate if duration_estimate > 0 else None,
+                  restart_overhead=rule.restart_overhead, checkpoint_seconds=job.checkpoint_seconds)
     if platform.gang:
         return {job.name: Gang(name=job.name, members=members, **common)}
     return {m.name: Gang(name=m.name, members=(m,), **common) for m in members}
@@ -428,12 +441,18 @@ class Replay:
         st.attempt.holds += [(gang.name, now, p) for p in placements]
         if all(u in self.placed for u in st.units):
             st.attempt.start = now
+            if st.attempts > 1:  # a restart: it computes nothing for its restart overhead first
+                st.attempt.overhead = gang.restart_overhead
             self.computing += st.job.gpu_milli
             st.first_start = now if st.first_start is None else st.first_start
             if self.setting.speeds:
                 st.attempt.speed = min((self.setting.speeds.get(self.node_product[p.node] or "", 1.0)
                                         for _, _, p in st.attempt.holds if p.gpu_shares or p.mig_profile), default=1.0)
-            self.push(now + _wall(st.job.work - st.done, st.attempt.speed), "finish", (job_name, st.attempts))
+            self.push(now + st.attempt.overhead + _wall(st.job.work - st.done, st.attempt.speed), "finish",
+                      (job_name, st.attempts))
+        aging = self.cycle.queue.policy.min_runtime_of(gang.tier) if self.platform.preemption else 0.0
+        if aging > 0:  # no victim before then: once it may be one, gangs waiting for a plan try again
+            self.push(now + aging, "aged", (gang.name, now))
 
     def _release(self, st: JobState, now: float, outcome: str) -> None:
         a = st.attempt
@@ -461,17 +480,20 @@ class Replay:
         a.end, a.outcome = now, outcome
         if a.start is not None:
             self.computing -= st.job.gpu_milli
-        ran = 0.0 if a.start is None else _work(now - a.start, a.speed)
+        ran = 0.0 if a.start is None else _work(max(0.0, now - a.start - a.overhead), a.speed)
+        if a.start is not None:
+            a.restart_lost = restart_lost_gpu_seconds(st.job.gpu_milli / GPU_MILLI, a.overhead, now - a.start)
         if outcome == FINISHED:
             a.kept = ran
         elif not st.units[next(iter(st.units))].checkpointable:
             a.kept = 0.0
-        elif self.platform.sigterm_checkpoint:
-            a.kept = ran
         else:
-            interval = st.job.checkpoint_interval
-            a.kept = periodic_checkpoint_work(st.done + ran, interval) - st.done if interval > 0 else 0.0
-            a.kept = max(0.0, a.kept)
+            s = self.setting
+            grace = s.spot.notice_seconds if outcome == INTERRUPTED else s.grace_seconds
+            checkpoint = st.job.checkpoint_seconds if st.job.checkpoint_seconds is not None else s.checkpoint_seconds
+            committed = self.platform.sigterm_checkpoint and (outcome == FAILED
+                                                              or sigterm_checkpoint_commits(checkpoint, grace))
+            a.kept = work_kept_at_stop(st.done, ran, st.job.checkpoint_interval, committed)
         st.done += a.kept
         st.attempt = None
         if outcome == FINISHED:
@@ -513,10 +535,11 @@ class Replay:
                 until = -math.inf  # the gang is not complete yet: look again next cycle
             elif gang.checkpointable and st.job.checkpoint_interval > 0:
                 iv = st.job.checkpoint_interval
+                begin = a.start + a.overhead  # its work runs after the restart overhead
                 # work runs `speed` times as fast as the clock; saved: work the last checkpoint covers
-                saved = periodic_checkpoint_work(st.done + (now - a.start) * a.speed, iv)
-                ckpt = a.start + (saved - st.done) / a.speed
-                until = a.start + (saved + iv - st.done) / a.speed
+                saved = periodic_checkpoint_work(st.done + max(0.0, now - begin) * a.speed, iv)
+                ckpt = begin + (saved - st.done) / a.speed
+                until = begin + (saved + iv - st.done) / a.speed
                 ckpt = ckpt if ckpt >= a.start else None
             rg = RunningGang(gang, placements, since, last_checkpoint_at=ckpt, borrowed=st.borrowed.get(unit, False),
                              speed=a.speed if a is not None else 1.0)
@@ -575,6 +598,11 @@ class Replay:
         elif kind == "back":
             self.snap.forget(self.down.pop(what).pod)
             self._room_appeared([self.snap.node_index(what)])
+        elif kind == "aged":
+            unit, since = what
+            held = self.placed.get(unit)
+            if held is not None and held[2] == since and self.pending:
+                self.cycle.queue.reset()  # a new preemption candidate: plans refused before may exist now
 
     def _cycles(self, now: float) -> None:
         for _ in range(4):  # victims stop at once and the preemptor binds its plan; then another cycle

@@ -47,16 +47,20 @@ def contended(r: ReplayResult) -> tuple[float, float, float]:
 def summarize(r: ReplayResult) -> dict:
     h = r.horizon
     capacity = sum(n.gpu_count for n in r.nodes) * GPU_MILLI * h
-    allocated = useful = lost = 0.0
+    allocated = useful = lost = restart = 0.0
     for a in r.attempts:
         asked = a.job.worker.gpu_milli_total  # useful is the work's own ask: a share run on a whole GPU uses the share
+        restart += a.restart_lost
+        if a.start is not None:
+            paid = min(a.overhead, a.end - a.start)  # restart overhead: held, computing nothing
+            lost += a.restart_lost
         for _, since, p in a.holds:
             milli = sum(m for _, m in p.gpu_shares)
             allocated += milli * _clip(since, a.end, h)
             if a.start is not None:
-                useful += asked * _clip(a.start, a.start + a.kept, h)
+                useful += asked * _clip(a.start + paid, a.start + paid + a.kept, h)
                 if a.outcome != FINISHED:
-                    lost += asked * (a.end - a.start - a.kept) / GPU_MILLI
+                    lost += asked * (a.end - a.start - paid - a.kept) / GPU_MILLI
     contended_time, contended_alloc, contended_busy = contended(r)
     waits = job_waits(r)
     queue = {}
@@ -80,11 +84,13 @@ def summarize(r: ReplayResult) -> dict:
         "computing_when_contended_pct": round(100 * contended_busy / contended_time, 2) if contended_time else None,
         "useful_gpu_utilization_pct": round(100 * useful / capacity, 2) if capacity else 0.0,
         "queue_wait_seconds": queue,
-        "lost_gpu_seconds": round(lost, 1),
+        "lost_gpu_seconds": round(lost, 1),  # work thrown away and restart overhead
+        "restart_lost_gpu_seconds": round(restart, 1),
         "cost": round(cost, 2),
         "starved_jobs": starved,
         "preemptions": r.preemptions,
         "interruptions": r.interruptions,
+        "preemptions_per_job": round(r.preemptions / len(r.jobs), 4) if r.jobs else 0.0,
         "finished_jobs": sum(1 for st in r.jobs.values() if st.finished_at is not None),
         "guarantee_met_pct": {t: round(100 * m / w, 1) if w else 100.0 for t, (m, w) in r.guarantee.items()},
         "seconds": round(r.seconds, 2),
@@ -192,15 +198,16 @@ def markdown(doc: dict) -> str:
     if doc.get("parameters"):
         lines += ["Parameters: " + ", ".join(f"{k}={v}" for k, v in doc["parameters"].items()), ""]
     lines += ["| platform | util % | useful % | computing while queued % | prod p95 wait (s) | best-effort p95 (s) "
-              "| lost GPU-h | cost | starved | preemptions | interruptions | s |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| lost GPU-h | restart GPU-h | cost | starved | preemptions | per job | interruptions | s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in doc["platforms"].items():
         q = s["queue_wait_seconds"]
         lines.append(f"| {name} | {s['gpu_utilization_pct']} | {s['useful_gpu_utilization_pct']} | "
                      f"{s['computing_when_contended_pct'] if s['computing_when_contended_pct'] is not None else '-'} | "
                      f"{q.get('production-training', {}).get('p95', '-')} | "
                      f"{q.get('best-effort-training', {}).get('p95', '-')} | {s['lost_gpu_seconds'] / 3600:.1f} | "
-                     f"{s['cost']:.0f} | {s['starved_jobs']} | {s['preemptions']} | {s['interruptions']} | "
+                     f"{s.get('restart_lost_gpu_seconds', 0) / 3600:.1f} | {s['cost']:.0f} | {s['starved_jobs']} | "
+                     f"{s['preemptions']} | {s.get('preemptions_per_job', 0)} | {s['interruptions']} | "
                      f"{s['seconds']} |")
     naive, full = doc["platforms"].get("naive"), doc["platforms"].get("full")
     if naive and full:

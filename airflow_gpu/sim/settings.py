@@ -17,7 +17,9 @@ def _from_config(config: Path):
     from airflow_gpu.config.core import borrowing_priority_from_config, preemption_policy_from_config
 
     cfg = load_config(config)
-    tiers = {t.name: TierRule(t.priority, t.preemptible, t.spot_eligible, t.spot_fallback) for t in cfg.tiers}
+    policies = cfg.tier_policies()
+    tiers = {t.name: TierRule(t.priority, t.preemptible, t.spot_eligible, t.spot_fallback,
+                              policies[t.name].restart_overhead_seconds) for t in cfg.tiers}
     prices = {}
     for p in cfg.products:
         price = p.price_per_gpu_hour
@@ -28,7 +30,8 @@ def _from_config(config: Path):
 
 def _queue_rules(cfg) -> dict:
     """The Setting fields the scheduler reads from the same config (Scheduler: the `scheduling` section)."""
-    return {"reservation_hold": cfg.scheduling.reservation_hold_seconds}
+    return {"reservation_hold": cfg.scheduling.reservation_hold_seconds,
+            "checkpoint_seconds": cfg.scheduling.checkpoint_seconds}
 
 
 def openb_setting(nodes_csv: Path, pods_csv: Path, capacity: float, seed: int, config: Path = DEFAULT_CONFIG,
@@ -59,3 +62,19 @@ def seed_setting(params: SeedParams, seed: int, config: Path = DEFAULT_CONFIG) -
                      params.replace_after_seconds)
     return Setting(tuple(nodes), tuple(jobs), tiers, teams, policy, borrowed, {"A100-80GB": price}, spot, seed,
                    **_queue_rules(cfg))
+
+
+def with_restart_cost(setting: Setting, restart_overhead: float | None = None,
+                      min_runtime: dict[str, float] | None = None) -> Setting:
+    """`setting` with every tier's restart overhead set to `restart_overhead` seconds (None: the
+    config's) and the minimum runtimes before preemption replaced by `min_runtime` (tier -> seconds;
+    None: the config's, {}: none), as the quota file's tiers would say them."""
+    from dataclasses import replace
+
+    tiers = setting.tiers
+    if restart_overhead is not None:
+        tiers = {name: replace(rule, restart_overhead=restart_overhead) for name, rule in tiers.items()}
+    policy = setting.preemption_policy
+    if min_runtime is not None:
+        policy = replace(policy, min_runtime=tuple(sorted((t, s) for t, s in min_runtime.items() if s > 0)))
+    return replace(setting, tiers=tiers, preemption_policy=policy)

@@ -35,6 +35,7 @@ class Job:
     work: float  # seconds of computation to finish, on the trace's clock
     checkpointable: bool
     checkpoint_interval: float = 0.0  # seconds between periodic checkpoints (0: none)
+    checkpoint_seconds: float | None = None  # seconds its SIGTERM checkpoint takes (None: the setting's default)
 
     @property
     def gpu_milli(self) -> int:

@@ -3,7 +3,9 @@
 1. Pods on the cluster: one record per pod that held GPUs (start = its container start, end = its
    container end, or now while it runs); node -> product and capacity type; a pod with a
    DisruptionTarget condition lost the GPU-seconds since its last checkpoint (annotation), by
-   preemption (PreemptionByScheduler) or interruption (every other disruption reason).
+   preemption (PreemptionByScheduler) or interruption (every other disruption reason); a pod of a
+   relaunched attempt (its interruptions/preemptions annotations) first lost its restart overhead
+   (core.model.restart_lost_gpu_seconds), a record of cause restart.
 2. The operator's XCom results in the Airflow metadata DB, for task tries whose pods are gone (pods of
    an interrupted node are garbage-collected; the operator deletes a disrupted attempt's pods and, at
    the end, the try's): the try's GPU-seconds and those it lost to interruptions and to preemptions,
@@ -18,9 +20,10 @@ from typing import Callable, Iterable, Mapping
 
 from airflow_gpu import constants as C
 from airflow_gpu.config.core import mig_gpus
-from airflow_gpu.core.chargeback import CAPACITY_UNKNOWN, CAUSE_INTERRUPTION, CAUSE_PREEMPTION, Usage
+from airflow_gpu.core.chargeback import CAPACITY_UNKNOWN, CAUSE_INTERRUPTION, CAUSE_PREEMPTION, CAUSE_RESTART, Usage
 from airflow_gpu.core.model import gpu_seconds_lost
-from airflow_gpu.kube.convert import capacity_type_of, hint_time, key_of, parse_time
+from airflow_gpu.core.tiers import restart_overhead_of, tier_of_priority_class
+from airflow_gpu.kube.convert import ConversionError, capacity_type_of, hint_time, key_of, parse_time, seconds_hint
 from airflow_gpu.kube.outcome import LOST_GPU_SECONDS_KEYS, USAGE_BY_CAPACITY
 from airflow_gpu.kube.state import disruption_cause as cause_of_reason
 from airflow_gpu.kube.state import disruption_target
@@ -86,12 +89,37 @@ def usage_from_pods(pods: Iterable[Mapping], nodes: Mapping[str, Mapping], team_
             continue
         capacity = capacity_type_of(node_labels) if node else CAPACITY_UNKNOWN
         cause = disruption_cause(pod)
+        start = span[0]
+        paid = min(restart_seconds(pod, cfg), span[1] - span[0])
+        if paid > 0:  # the restart computed nothing: lost, a record of its own
+            start = span[0] + paid
+            out.append(Usage(team_of(pod), product, capacity, gpus, span[0], start, gpus * paid, CAUSE_RESTART,
+                             key_of(pod)))
         lost = 0.0
         if cause:
             ckpt = hint_time((meta.get("annotations") or {}).get(C.ANNOTATION_LAST_CHECKPOINT_TIME), "checkpoint", [])
-            lost = gpu_seconds_lost(gpus, span[0], span[1], ckpt or None)
-        out.append(Usage(team_of(pod), product, capacity, gpus, span[0], span[1], lost, cause, key_of(pod)))
+            lost = gpu_seconds_lost(gpus, start, span[1], ckpt or None)
+        out.append(Usage(team_of(pod), product, capacity, gpus, start, span[1], lost, cause, key_of(pod)))
     return out
+
+
+def restart_seconds(pod: Mapping, cfg=None) -> float:
+    """Restart overhead of the pod's attempt: 0 for a first launch; a relaunch after a disruption (the
+    operator counts them on the pod) pays the gang's own overhead (annotation), else its tier's
+    (core.tiers.restart_overhead_of, the PriorityClass's tier in `cfg`)."""
+    notes = (pod.get("metadata") or {}).get("annotations") or {}
+    try:
+        relaunches = int(notes.get(C.ANNOTATION_INTERRUPTIONS) or 0) + int(notes.get(C.ANNOTATION_PREEMPTIONS) or 0)
+    except ValueError:
+        return 0.0
+    if relaunches <= 0:
+        return 0.0
+    try:
+        own = seconds_hint(notes.get(C.ANNOTATION_RESTART_OVERHEAD), "pod", C.ANNOTATION_RESTART_OVERHEAD)
+    except ConversionError:
+        own = None
+    tier = tier_of_priority_class((pod.get("spec") or {}).get("priorityClassName") or "")
+    return restart_overhead_of(cfg.tier_policies().get(tier) if cfg is not None else None, own)
 
 
 def usage_from_xcom(results: Iterable[Mapping], covered: set[tuple]) -> list[Usage]:

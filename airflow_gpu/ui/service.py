@@ -19,7 +19,7 @@ from airflow_gpu.ui import ledger, queue, sources
 
 SECTION = "airflow_gpu"
 CSV_FIELDS = ("team", "product", "capacity_type", "gpu_hours", "reference_gpu_hours", "lost_interruption_hours",
-              "lost_preemption_hours", "cost")
+              "lost_preemption_hours", "lost_restart_hours", "cost")
 
 
 class NotConfigured(RuntimeError):
