@@ -215,7 +215,10 @@ def test_kpo_habits_run_on_the_local_cluster(platform, sqlite_airflow_db, kube_c
             return pods[0] if pods else None
         seen["pod"] = kube_cluster.api_client().sanitize_for_serialization(wait_until(pod, timeout=120, what="pod"))
 
-    cmd = [sys.executable, "-c", "import os; print('A=' + os.environ['A'])"]
+    # the base container writes to the /dev/shm volume; a metrics sidecar, listed first, logs and never
+    # ends: the gang ends with the base container and the task log is the base container's
+    cmd = [sys.executable, "-c", "import os; open('/dev/shm/x', 'w').write('1'); print('A=' + os.environ['A'])"]
+    sidecar = [sys.executable, "-c", "import time; print('SIDECAR-LINE', flush=True); time.sleep(600)"]
     result, log = run_dag(sqlite_airflow_db, kube_cluster, seaweedfs, "kpo_run", (
         'team="nlp", tier="production-training", gpus_per_worker=1, image="python:3.11", '
         f'cmds={cmd!r}, env_vars=[__import__("kubernetes").client.V1EnvVar(name="A", value="{{{{ 1 + 1 }}}}")], '
@@ -223,14 +226,18 @@ def test_kpo_habits_run_on_the_local_cluster(platform, sqlite_airflow_db, kube_c
         'image_pull_secrets="regcred", image_pull_policy="IfNotPresent", '
         'affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": ['
         '{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}}}, '
-        'pod_template_dict={"spec": {"containers": [{"name": "base", "volumeMounts": [{"name": "shm", '
+        f'pod_template_dict={{"spec": {{"containers": [{{"name": "metrics", "image": "python:3.11", "command": {sidecar!r}}}, '
+        '{"name": "base", "volumeMounts": [{"name": "shm", '
         '"mountPath": "/dev/shm"}]}], "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}]}}'),
         timeout=300, during=read_pod)
     ti = result["tis"]["train"]
     assert (result["state"], ti["state"]) == ("success", "success"), log[-6000:]
     spec = seen["pod"]["spec"]
-    base = spec["containers"][0]
+    assert [c["name"] for c in spec["containers"]] == ["metrics", "base"]  # found by name, not position
+    assert seen["pod"]["metadata"]["annotations"][C.ANNOTATION_DEFAULT_CONTAINER] == "base"
+    base = spec["containers"][1]
     assert {e["name"]: e.get("value") for e in base["env"]}["A"] == "2" and "A=2" in log  # templated, as in KPO
+    assert "SIDECAR-LINE" not in log and "exit code 0 (" in log, log[-6000:]
     assert base["resources"]["requests"]["cpu"] == "1" and base["imagePullPolicy"] == "IfNotPresent"
     assert spec["imagePullSecrets"] == [{"name": "regcred"}] and spec["affinity"]["nodeAffinity"]
     assert {"name": "shm", "emptyDir": {"medium": "Memory"}} in spec["volumes"], json.dumps(spec)
@@ -243,13 +250,18 @@ def test_skip_on_exit_code(platform, sqlite_airflow_db, kube_cluster, seaweedfs)
 
     from tests.test_operator_run import run_dag
 
-    cmd = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    # a sidecar listed first exits 5: the exit code that counts is the base container's (3)
+    cmd = [sys.executable, "-c", "import sys; print('BASE-LINE'); sys.exit(3)"]
+    sidecar = [sys.executable, "-c", "import sys; print('SIDECAR-LINE'); sys.exit(5)"]
     result, log = run_dag(sqlite_airflow_db, kube_cluster, seaweedfs, "kpo_skip", (
         f'team="nlp", tier="production-training", gpus_per_worker=1, image="python:3.11", retries=1, '
-        f'cmds={cmd!r}, skip_on_exit_code=[3, 4]'), timeout=300)
+        f'cmds={cmd!r}, skip_on_exit_code=[3, 4], base_container_name="train", '
+        f'pod_template_dict={{"spec": {{"containers": [{{"name": "metrics", "image": "python:3.11", '
+        f'"command": {sidecar!r}}}]}}}}'), timeout=300)
     ti = result["tis"]["train"]
     assert (ti["state"], ti["try_number"]) == ("skipped", 1), log[-6000:]
-    assert "(skip_on_exit_code): skipped" in log
+    assert "exited with [3] (skip_on_exit_code): skipped" in log
+    assert "BASE-LINE" in log and "SIDECAR-LINE" not in log, log[-6000:]
 
 
 def test_expand_checks_partial_with_each_literal_value_at_parse():

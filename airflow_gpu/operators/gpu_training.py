@@ -213,6 +213,7 @@ class GpuTrainingOperator(BaseOperator):
         pod_template_dict: Mapping[str, Any] | None = None,
         full_pod_spec: Any = None,
         skip_on_exit_code: int | Sequence[int] | None = None,
+        base_container_name: str = "base",
         **kwargs: Any,
     ) -> None:
         from airflow_gpu.operators import arguments as A
@@ -261,6 +262,9 @@ class GpuTrainingOperator(BaseOperator):
         self.pod_template_file = pod_template_file
         self.pod_template_dict = pod_template_dict
         self.full_pod_spec = full_pod_spec
+        # KPO's name: the training container among the template's (sidecars'), the one whose logs, exit
+        # code and termination message are the task's
+        self.base_container_name = base_container_name
 
         if checkpoint is not None:
             problem = uri_problem(checkpoint)
@@ -357,6 +361,8 @@ class GpuTrainingOperator(BaseOperator):
                 argument = f"[{CONFIG_SECTION}] {CAPACITY_LABELS_OPTION}"
             if argument == "pod":
                 argument = self._template_argument()
+            if argument == "container_name":
+                argument = "base_container_name"
             raise bad(argument, text) from None
 
     # -- derived values, recomputed from the (cached) config where they decide -------------------
@@ -485,7 +491,8 @@ class GpuTrainingOperator(BaseOperator):
             ref = self._task_instance(context)
             pods = kube.pods(self.namespace, _attempt_selector(ref, run["attempt"]))
             group = kube.group(self.namespace, run["gang"], group_resource(self.gang_backend))
-            state = gang_state(pods, group, expected_names=run.get("pods") or None)
+            state = gang_state(pods, group, expected_names=run.get("pods") or None,
+                               container=self.base_container_name)
         except Exception as exc:  # noqa: BLE001 - the timeout's own message stands
             self.log.info("could not read the gang's state: %s", exc)
             return ""
@@ -551,6 +558,7 @@ class GpuTrainingOperator(BaseOperator):
             termination_grace_period=self.termination_grace_period, container_resources=self.container_resources,
             gang_backend=self.gang_backend, capacity_labels=capacity_labels_setting(),
             schedule_timeout_seconds=self.schedule_timeout_seconds, pod_template=self._pod_template(),
+            container_name=self.base_container_name,
             # every rank its own store (<uri>/rank-<r>): training code that saves from every rank never
             # races itself; rank 0's store is the gang's progress (status.json) and the XCom result
             checkpoint_per_rank=self.checkpoint is not None)
@@ -562,7 +570,7 @@ class GpuTrainingOperator(BaseOperator):
         from airflow_gpu.operators import arguments as A
 
         kpo = A.kpo_pod_template(
-            container_name="base", env_sources=self.env_sources, env_from=self.env_from,
+            container_name=self.base_container_name, env_sources=self.env_sources, env_from=self.env_from,
             secret_volumes=self.secret_volumes, image_pull_secrets=self.image_pull_secrets,
             image_pull_policy=self.image_pull_policy, affinity=self.affinity, security_context=self.security_context,
             container_security_context=self.container_security_context, init_containers=self.init_containers)
@@ -673,7 +681,7 @@ class GpuTrainingOperator(BaseOperator):
             cleanup_selector=ref.selector(), cleanup_grace_period=self.termination_grace_period,
             settle_seconds=deferral_settle_setting(), get_logs=self.get_logs,
             logging_interval=self.logging_interval if self.get_logs else None, log_tail_lines=self.log_tail_lines,
-            preemption_record=self._preemption_record())
+            preemption_record=self._preemption_record(), container_name=self.base_container_name)
         timeout = None
         if self.execution_timeout is not None and context["ti"].start_date is not None:
             started = context["ti"].start_date
