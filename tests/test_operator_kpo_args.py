@@ -279,3 +279,41 @@ def test_expand_checks_partial_with_each_literal_value_at_parse():
     # at run time the task is unmapped with partial()'s derived values: accepted (an author's are not)
     task = mapped.unmap({"env_vars": {"A": "2"}})
     assert (task.pool, task.env_vars) == ("gpu.nlp.guaranteed", {"A": "2"})
+
+
+# -- file:// checkpoints: only on a volume that outlives the pods ------------------------------------
+
+PVC = {"name": "ckpt", "persistentVolumeClaim": {"claimName": "shared-ckpt"}}
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({}, "/ckpt/runs/kpo/t/parse is on no volume of the pods"),
+    ({"volumes": [{"name": "ckpt", "emptyDir": {}}], "volume_mounts": [{"name": "ckpt", "mountPath": "/ckpt"}]},
+     "a emptyDir that ends with its pod"),
+    ({"volumes": [PVC], "volume_mounts": [{"name": "ckpt", "mountPath": "/ckpt", "readOnly": True}]}, "readOnly"),
+    ({"volumes": [PVC], "volume_mounts": [{"name": "ckpt", "mountPath": "/ckpt-other"}]}, "on no volume"),
+])
+def test_a_file_checkpoint_off_a_shared_volume_is_refused_at_parse(kwargs, fragment):
+    error = _error(checkpoint="file:///ckpt/runs", retries=1, **kwargs)
+    assert error.argument == "checkpoint" and fragment in str(error) and "s3://" in str(error), str(error)
+
+
+def test_a_file_checkpoint_on_a_shared_volume_reaches_every_rank():
+    pods = _pods(workers=2, checkpoint="file:///ckpt/runs", retries=1, pod_template_dict={"spec": {
+        "volumes": [PVC], "containers": [{"name": "base", "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}]}]}})
+    for rank, pod in enumerate(pods):
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env[C.ENV_CHECKPOINT_URI] == f"file:///ckpt/runs/kpo/t/r/rank-{rank}"
+
+
+def test_a_templated_file_checkpoint_is_refused_before_creation_without_retry():
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow.sdk import DAG
+
+    with DAG("kpo", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
+        op = GpuTrainingOperator(task_id="t", **BASE, checkpoint="file:///{{ params.dir }}", retries=1)
+    op.checkpoint = "file:///ckpt"  # as rendered
+    with pytest.raises(AirflowFailException, match="argument 'checkpoint'.*on no volume.*without spending a retry"):
+        op.check_before_create()
+
