@@ -317,3 +317,72 @@ def test_a_templated_file_checkpoint_is_refused_before_creation_without_retry():
     with pytest.raises(AirflowFailException, match="argument 'checkpoint'.*on no volume.*without spending a retry"):
         op.check_before_create()
 
+
+# -- mapped tasks whose expand() values come from XCom -------------------------------------------------
+
+def test_expand_over_a_pool_argument_from_xcom_names_partial():
+    from airflow.sdk import DAG, task
+
+    with DAG("kpo_mapped_xcom", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
+        @task
+        def sizes():
+            return [1, 2]
+
+        with pytest.raises(GpuTaskArgumentError) as info:
+            GpuTrainingOperator.partial(task_id="m", **{k: v for k, v in BASE.items() if k != "gpus_per_worker"}
+                                        ).expand(gpus_per_worker=sizes())
+        assert info.value.argument == "gpus_per_worker" and "partial()" in str(info.value)
+        with pytest.raises(GpuTaskArgumentError) as info:
+            GpuTrainingOperator.partial(task_id="k", **BASE).expand_kwargs([{"cmds": ["a"]}, {"workers": 2}])
+        assert info.value.argument == "workers" and "item 1" in str(info.value) and "partial()" in str(info.value)
+
+
+def test_an_argument_error_when_unmapped_at_run_time_is_not_retried():
+    """The task built from XCom values at run time (MappedOperator.unmap): the error is Airflow's
+    non-retryable failure, still a GpuTaskArgumentError naming the argument."""
+    from airflow.sdk import DAG, task
+    from airflow.sdk.exceptions import AirflowFailException
+
+    with DAG("kpo_mapped_unmap", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
+        @task
+        def notes():
+            return [{"note": "not a label!"}]
+
+        mapped = GpuTrainingOperator.partial(task_id="m", **BASE, retries=2).expand(labels=notes())
+    with pytest.raises(AirflowFailException) as info:
+        mapped.unmap({"labels": {"note": "not a label!"}})
+    assert isinstance(info.value, GpuTaskArgumentError) and info.value.argument == "labels"
+    assert "without spending a retry" in str(info.value)
+    assert mapped.unmap({"labels": {"note": "fine"}}).labels == {"note": "fine"}
+
+
+MAPPED_DAG = '''
+import datetime as dt
+import pendulum
+from airflow.sdk import dag, task
+from airflow_gpu.operators import GpuTrainingOperator
+
+@dag(dag_id="{dag_id}", schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False,
+     default_args={{"retry_delay": dt.timedelta(seconds=1)}})
+def build():
+    @task
+    def notes():
+        return [{{"note": "not a label!"}}]
+
+    GpuTrainingOperator.partial(task_id="train", poll_interval=1, team="nlp", tier="production-training",
+                                gpus_per_worker=1, image="python:3.11", retries=2).expand(labels=notes())
+
+build()
+'''
+
+
+@pytest.mark.slow
+def test_mapped_over_xcom_argument_error_fails_try_1_without_retry(sqlite_airflow_db, kube_cluster, seaweedfs):
+    from tests.test_operator_run import run_dag
+
+    result, log = run_dag(sqlite_airflow_db, kube_cluster, seaweedfs, "mapped_bad", "", timeout=240,
+                          source=MAPPED_DAG.format(dag_id="mapped_bad"))
+    ti = result["tis"]["train"]
+    assert (ti["state"], ti["try_number"]) == ("failed", 1), log[-6000:]
+    assert "argument 'labels'" in log and "without spending a retry" in log, log[-6000:]
+    assert b'"mapped_bad"' not in (kube_cluster.state_dir / "store.log").read_bytes()

@@ -12,6 +12,7 @@ does.
 
 from __future__ import annotations
 
+import contextvars
 import datetime as dt
 import functools
 import os
@@ -54,7 +55,44 @@ class GpuTaskArgumentError(ValueError):
 
     def __init__(self, task_id: str, argument: str, message: str):
         self.argument = argument
+        self.detail = message
         super().__init__(f"GpuTrainingOperator(task_id={task_id!r}) argument {argument!r}: {message}")
+
+
+def _mapped_argument_error_class():
+    """GpuTaskArgumentError that is also Airflow's non-retryable failure: raised when a mapped task is
+    unmapped at run time (its expand() values came from XCom, so they are checked only then); a
+    deterministic error must not spend the task's retries. Built on first use: parsing imports no
+    more of Airflow than it needs."""
+    global _MappedArgumentError
+    if _MappedArgumentError is None:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        class MappedArgumentError(GpuTaskArgumentError, AirflowFailException):
+            pass
+
+        _MappedArgumentError = MappedArgumentError
+    return _MappedArgumentError
+
+
+_MappedArgumentError = None
+NO_RETRY_NOTE = " (an argument error: failing without spending a retry)"
+_PARSE_CHECK = contextvars.ContextVar("gpu_training_parse_check", default=False)  # expand()'s literal check
+
+
+def _argument_errors_fail_mapped_tasks(init):
+    """__init__ of a task unmapped at run time (expand() over XCom values): its argument errors fail
+    the task without spending a retry, as the run-time checks after rendering do."""
+    @functools.wraps(init)
+    def wrapper(self, **kwargs):
+        try:
+            return init(self, **kwargs)
+        except GpuTaskArgumentError as exc:
+            if not getattr(self, "_BaseOperator__from_mapped", False) or _PARSE_CHECK.get():
+                raise
+            raise _mapped_argument_error_class()(kwargs.get("task_id", "?"), exc.argument,
+                                                 exc.detail + NO_RETRY_NOTE) from None
+    return wrapper
 
 
 def resolve_config_file(config_file: str | None) -> str | None:
@@ -161,6 +199,7 @@ class GpuTrainingOperator(BaseOperator):
         partial.__class__ = _operator_partial_class()  # expand() refuses the pool-deciding arguments
         return partial
 
+    @_argument_errors_fail_mapped_tasks
     def __init__(
         self,
         *,
@@ -858,6 +897,7 @@ def _operator_partial_class():
             fixed = {k: v for k, v in self.kwargs.items() if k not in ("dag", "task_group")}
             first = {k: v[0] for k, v in mapped_kwargs.items()}
             DagContext.push(None)
+            checking = _PARSE_CHECK.set(True)
             try:
                 for name, values in mapped_kwargs.items():
                     for i, value in enumerate(values[:MAPPED_CHECK_LIMIT]):
@@ -865,10 +905,25 @@ def _operator_partial_class():
                             self.operator_class(**fixed, **{**first, name: value}, _airflow_from_mapped=True)
                         except GpuTaskArgumentError as exc:
                             raise GpuTaskArgumentError(fixed.get("task_id", "?"), exc.argument,
-                                                       f"expand({name}=[...]) item {i}: "
-                                                       + str(exc).split(": ", 1)[1]) from None
+                                                       f"expand({name}=[...]) item {i}: {exc.detail}") from None
             finally:
+                _PARSE_CHECK.reset(checking)
                 DagContext.pop()
+
+        def expand_kwargs(self, kwargs, *, strict: bool = True):
+            """expand_kwargs() over literal dicts: none may hold a pool-deciding argument (from XCom,
+            their keys are known at run time, where the task's own checks fail it without a retry)."""
+            if isinstance(kwargs, (list, tuple)):
+                from airflow_gpu.operators.arguments import POOL_ARGUMENTS
+
+                for i, item in enumerate(kwargs):
+                    mapped = [n for n in POOL_ARGUMENTS if isinstance(item, Mapping) and n in item]
+                    if mapped:
+                        raise GpuTaskArgumentError(self.kwargs.get("task_id", "?"), mapped[0],
+                                                   f"expand_kwargs([...]) item {i}: decides the task's pool and "
+                                                   "priority, which the scheduler needs before the task is "
+                                                   "expanded" + _MAPPED_HINT)
+            return super().expand_kwargs(kwargs, strict=strict)
 
     return GpuOperatorPartial
 
