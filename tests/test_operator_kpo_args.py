@@ -17,7 +17,7 @@ import pytest
 from airflow_gpu import constants as C
 from airflow_gpu.operators import GpuTrainingOperator
 from airflow_gpu.operators.gpu_training import GpuTaskArgumentError, new_run
-from tests.test_operator_run import platform  # noqa: F401 - fixture: quotas, namespaces, the GPU scheduler
+from tests.test_operator_run import S3_SECRET, platform  # noqa: F401 - fixture: quotas, namespaces, the GPU scheduler
 
 SEED = Path(__file__).resolve().parent.parent / "examples" / "seed-quotas.yaml"
 BASE = dict(team="nlp", tier="production-training", gpus_per_worker=1, image="python:3.11", config_file=str(SEED))
@@ -217,7 +217,9 @@ def test_kpo_habits_run_on_the_local_cluster(platform, sqlite_airflow_db, kube_c
 
     # the base container writes to the /dev/shm volume; a metrics sidecar, listed first, logs and never
     # ends: the gang ends with the base container and the task log is the base container's
-    cmd = [sys.executable, "-c", "import os; open('/dev/shm/x', 'w').write('1'); print('A=' + os.environ['A'])"]
+    # KPO Secrets from the team's S3 Secret: one key as env, the whole Secret as files (never printed)
+    cmd = [sys.executable, "-c", "import os; open('/dev/shm/x', 'w').write('1'); print('A=' + os.environ['A']); "
+           "print('S3_ID set:', bool(os.environ.get('S3_ID')), 'file:', os.path.isfile('/etc/s3/AWS_ACCESS_KEY_ID'))"]
     sidecar = [sys.executable, "-c", "import time; print('SIDECAR-LINE', flush=True); time.sleep(600)"]
     result, log = run_dag(sqlite_airflow_db, kube_cluster, seaweedfs, "kpo_run", (
         'team="nlp", tier="production-training", gpus_per_worker=1, image="python:3.11", '
@@ -226,6 +228,9 @@ def test_kpo_habits_run_on_the_local_cluster(platform, sqlite_airflow_db, kube_c
         'image_pull_secrets="regcred", image_pull_policy="IfNotPresent", '
         'affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": ['
         '{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}}}, '
+        'secrets=[__import__("airflow.providers.cncf.kubernetes.secret", fromlist=["Secret"]).Secret('
+        f'"env", "S3_ID", "{S3_SECRET}", "AWS_ACCESS_KEY_ID"), __import__("airflow.providers.cncf.kubernetes.secret", '
+        f'fromlist=["Secret"]).Secret("volume", "/etc/s3", "{S3_SECRET}")], '
         f'pod_template_dict={{"spec": {{"containers": [{{"name": "metrics", "image": "python:3.11", "command": {sidecar!r}}}, '
         '{"name": "base", "volumeMounts": [{"name": "shm", '
         '"mountPath": "/dev/shm"}]}], "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}]}}'),
@@ -238,6 +243,12 @@ def test_kpo_habits_run_on_the_local_cluster(platform, sqlite_airflow_db, kube_c
     base = spec["containers"][1]
     assert {e["name"]: e.get("value") for e in base["env"]}["A"] == "2" and "A=2" in log  # templated, as in KPO
     assert "SIDECAR-LINE" not in log and "exit code 0 (" in log, log[-6000:]
+    assert "S3_ID set: True file: True" in log
+    env = {e["name"]: e for e in base["env"]}
+    assert env["S3_ID"]["valueFrom"] == {"secretKeyRef": {"name": S3_SECRET, "key": "AWS_ACCESS_KEY_ID"}}
+    volume = next(v for v in spec["volumes"] if "secret" in v)
+    assert volume["secret"]["secretName"] == S3_SECRET
+    assert {"name": volume["name"], "mountPath": "/etc/s3", "readOnly": True} in base["volumeMounts"]
     assert base["resources"]["requests"]["cpu"] == "1" and base["imagePullPolicy"] == "IfNotPresent"
     assert spec["imagePullSecrets"] == [{"name": "regcred"}] and spec["affinity"]["nodeAffinity"]
     assert {"name": "shm", "emptyDir": {"medium": "Memory"}} in spec["volumes"], json.dumps(spec)
