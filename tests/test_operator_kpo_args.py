@@ -348,6 +348,21 @@ def test_expand_over_a_pool_argument_from_xcom_names_partial():
         assert info.value.argument == "workers" and "item 1" in str(info.value) and "partial()" in str(info.value)
 
 
+def test_partial_is_checked_at_parse_when_expand_takes_an_independent_argument_from_xcom():
+    from airflow.sdk import DAG, task
+
+    with DAG("kpo_mapped_partial", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
+        @task
+        def commands():
+            return [["a"], ["b"]]
+
+        with pytest.raises(GpuTaskArgumentError) as info:
+            GpuTrainingOperator.partial(task_id="m", **BASE, labels={"note": "not a label!"}).expand(cmds=commands())
+        assert info.value.argument == "labels" and "partial()" in str(info.value), str(info.value)
+        # the checkpoint from XCom: spot='always' holds only with it, so the rest waits for run time
+        GpuTrainingOperator.partial(task_id="n", **BASE, spot="always", retries=2).expand(checkpoint=commands())
+
+
 def test_an_argument_error_when_unmapped_at_run_time_is_not_retried():
     """The task built from XCom values at run time (MappedOperator.unmap): the error is Airflow's
     non-retryable failure, still a GpuTaskArgumentError naming the argument."""

@@ -888,24 +888,32 @@ def _operator_partial_class():
 
         def _check_literal_values(self, mapped_kwargs) -> None:
             """What can be checked at parse time is: the partial() arguments with each literal expand()
-            value (an XComArg is only known at run time), through the operator's own parse checks,
-            built outside the DAG (DagContext None, as Airflow's serialization does)."""
+            value, through the operator's own parse checks, built outside the DAG (DagContext None, as
+            Airflow's serialization does). A value from XCom is known only at run time: the others are
+            checked without it when its absence cannot make another argument wrong (INDEPENDENT_ARGUMENTS),
+            else at run time only."""
             from airflow.sdk.definitions._internal.contextmanager import DagContext
 
-            if not all(isinstance(v, (list, tuple)) and v for v in mapped_kwargs.values()):
+            from airflow_gpu.operators.arguments import INDEPENDENT_ARGUMENTS
+
+            literal = {k: v for k, v in mapped_kwargs.items() if isinstance(v, (list, tuple)) and v}
+            if not set(mapped_kwargs) - set(literal) <= INDEPENDENT_ARGUMENTS:
                 return
             fixed = {k: v for k, v in self.kwargs.items() if k not in ("dag", "task_group")}
-            first = {k: v[0] for k, v in mapped_kwargs.items()}
+            first = {k: v[0] for k, v in literal.items()}
+            checks = [(name, i, value) for name, values in literal.items()
+                      for i, value in enumerate(values[:MAPPED_CHECK_LIMIT])] or [(None, 0, None)]
             DagContext.push(None)
             checking = _PARSE_CHECK.set(True)
             try:
-                for name, values in mapped_kwargs.items():
-                    for i, value in enumerate(values[:MAPPED_CHECK_LIMIT]):
-                        try:
-                            self.operator_class(**fixed, **{**first, name: value}, _airflow_from_mapped=True)
-                        except GpuTaskArgumentError as exc:
-                            raise GpuTaskArgumentError(fixed.get("task_id", "?"), exc.argument,
-                                                       f"expand({name}=[...]) item {i}: {exc.detail}") from None
+                for name, i, value in checks:
+                    try:
+                        self.operator_class(**fixed, **({**first, name: value} if name else first),
+                                            _airflow_from_mapped=True)
+                    except GpuTaskArgumentError as exc:
+                        where = f"expand({name}=[...]) item {i}" if name else "partial()"
+                        raise GpuTaskArgumentError(fixed.get("task_id", "?"), exc.argument,
+                                                   f"{where}: {exc.detail}") from None
             finally:
                 _PARSE_CHECK.reset(checking)
                 DagContext.pop()
