@@ -72,3 +72,7 @@ def test_the_base_container_is_found_by_name_not_position():
     assert gang_state([running], expected=1, container="train").phase == "running"
     failed = rank_end(pod({"terminated": {"exitCode": 3, "reason": "Error"}}), "train")
     assert (failed.phase, failed.exit_code, failed.reason) == ("Failed", 3, "Error")
+    # being deleted, the containers end because of it: a disruption, not the application's failure
+    stopping = pod({"terminated": {"exitCode": 143, "reason": "Error"}})
+    stopping["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert gang_state([stopping], expected=1, container="train").phase == "disrupted"

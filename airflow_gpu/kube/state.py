@@ -122,13 +122,15 @@ def _exit_code(terminated: list[dict]) -> int | None:
     return nonzero[0] if nonzero else (codes[0] if codes else None)
 
 
-def base_container_phase(status: dict, container: str | None, phase: str) -> str:
+def base_container_phase(status: dict, container: str | None, phase: str, deleting: bool = False) -> str:
     """The member's phase as its training container says: a pod whose `container` has ended is
     Succeeded or Failed by that container's exit code even while a sidecar keeps the pod Running (as
-    KubernetesPodOperator waits for its base container only). Without `container`: the pod's phase."""
-    if not container or phase not in ("Pending", "Running"):
+    KubernetesPodOperator waits for its base container only). Without `container`, with no other
+    container, or while the pod is being deleted (its containers end because of that): the pod's phase."""
+    statuses = status.get("containerStatuses") or []
+    if not container or phase not in ("Pending", "Running") or deleting or len(statuses) < 2:
         return phase
-    for cs in status.get("containerStatuses") or []:
+    for cs in statuses:
         if cs.get("name") == container:
             term = (cs.get("state") or {}).get("terminated")
             if term and term.get("exitCode") is not None:
@@ -140,7 +142,8 @@ def member_state(pod: Any, live_nodes: Collection[str] | None = None, container:
     """container: the training container (KPO's base container); its end is the member's end."""
     pod = as_dict(pod)
     meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
-    phase = base_container_phase(status, container, status.get("phase") or "Pending")
+    phase = base_container_phase(status, container, status.get("phase") or "Pending",
+                                 deleting=bool(meta.get("deletionTimestamp")))
     node = spec.get("nodeName") or None
     disruption, message = None, ""
     target = disruption_target(pod)
