@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException  # loaded with airflow.sdk
 
 from airflow_gpu import constants as C
 from airflow_gpu.checkpoint.storage.base import uri_problem
@@ -59,23 +60,12 @@ class GpuTaskArgumentError(ValueError):
         super().__init__(f"GpuTrainingOperator(task_id={task_id!r}) argument {argument!r}: {message}")
 
 
-def _mapped_argument_error_class():
+class MappedTaskArgumentError(GpuTaskArgumentError, AirflowFailException):
     """GpuTaskArgumentError that is also Airflow's non-retryable failure: raised when a mapped task is
     unmapped at run time (its expand() values came from XCom, so they are checked only then); a
-    deterministic error must not spend the task's retries. Built on first use: parsing imports no
-    more of Airflow than it needs."""
-    global _MappedArgumentError
-    if _MappedArgumentError is None:
-        from airflow.sdk.exceptions import AirflowFailException
-
-        class MappedArgumentError(GpuTaskArgumentError, AirflowFailException):
-            pass
-
-        _MappedArgumentError = MappedArgumentError
-    return _MappedArgumentError
+    deterministic error must not spend the task's retries."""
 
 
-_MappedArgumentError = None
 NO_RETRY_NOTE = " (an argument error: failing without spending a retry)"
 _PARSE_CHECK = contextvars.ContextVar("gpu_training_parse_check", default=False)  # expand()'s literal check
 
@@ -90,8 +80,7 @@ def _argument_errors_fail_mapped_tasks(init):
         except GpuTaskArgumentError as exc:
             if not getattr(self, "_BaseOperator__from_mapped", False) or _PARSE_CHECK.get():
                 raise
-            raise _mapped_argument_error_class()(kwargs.get("task_id", "?"), exc.argument,
-                                                 exc.detail + NO_RETRY_NOTE) from None
+            raise MappedTaskArgumentError(kwargs.get("task_id", "?"), exc.argument, exc.detail + NO_RETRY_NOTE) from None
     return wrapper
 
 
