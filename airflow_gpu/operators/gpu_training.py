@@ -632,6 +632,23 @@ class GpuTrainingOperator(BaseOperator):
         if skip is not None:
             raise skip
 
+    def _fail_if_refused_as_invalid(self, exc: BaseException, context) -> None:
+        """The API server refused an object of the gang as invalid (a field the cluster does not
+        accept, e.g. a hostPath volume on the local cluster): what was created goes, and the task fails
+        without spending a retry (the same spec would be refused again), with the API's message."""
+        from airflow_gpu.operators import arguments as A
+        from airflow_gpu.operators.cluster import invalid_refusal
+
+        message = invalid_refusal(exc)
+        if message is None:
+            return
+        self._cleanup_quietly(context)
+        argument = self._template_argument() if (self.pod_template_file or self.pod_template_dict
+                                                 or self.full_pod_spec) else "arguments"
+        raise A.fail_without_retry(self.task_id, GpuTaskArgumentError(
+            self.task_id, argument, f"the Kubernetes API refused the gang's objects: {message}; fix the field it "
+                                    "names")) from None
+
     def _defer_for_quota(self, what: str, message: str) -> None:
         """A ResourceQuota refused `what`: defer for poll_interval (the worker slot is freed) and
         submit the same attempt again (what was created is adopted). The run state was saved just
@@ -688,6 +705,7 @@ class GpuTrainingOperator(BaseOperator):
                 raise type(exc)(f"{exc}: the gang {spec.gang_name} never fit its namespace's ResourceQuota; last "
                                 f"refusal: {kube.last_refusal}. Free quota, ask for fewer GPUs or a longer "
                                 "execution_timeout") from exc
+            self._fail_if_refused_as_invalid(exc, context)
             raise
         run["submitted"] = time.time()
         self._save(context, run)
