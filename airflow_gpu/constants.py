@@ -130,6 +130,8 @@ ANNOTATION_DEPLOYMENT_REVISION = "deployment.kubernetes.io/revision"
 ANNOTATION_DEPLOYMENT_DESIRED_REPLICAS = "deployment.kubernetes.io/desired-replicas"
 ANNOTATION_DEPLOYMENT_MAX_REPLICAS = "deployment.kubernetes.io/max-replicas"
 ANNOTATION_RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
+# the container `kubectl logs/exec` use on a pod with sidecars: the gang's training container
+ANNOTATION_DEFAULT_CONTAINER = "kubectl.kubernetes.io/default-container"
 LABEL_JOB_NAME = "batch.kubernetes.io/job-name"
 LABEL_JOB_CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
 LABEL_JOB_NAME_LEGACY = "job-name"

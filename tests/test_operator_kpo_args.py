@@ -17,7 +17,7 @@ import pytest
 from airflow_gpu import constants as C
 from airflow_gpu.operators import GpuTrainingOperator
 from airflow_gpu.operators.gpu_training import GpuTaskArgumentError, new_run
-from tests.test_operator_run import platform  # noqa: F401 - fixture: quotas, namespaces, the GPU scheduler
+from tests.test_operator_run import S3_SECRET, platform  # noqa: F401 - fixture: quotas, namespaces, the GPU scheduler
 
 SEED = Path(__file__).resolve().parent.parent / "examples" / "seed-quotas.yaml"
 BASE = dict(team="nlp", tier="production-training", gpus_per_worker=1, image="python:3.11", config_file=str(SEED))
@@ -215,7 +215,12 @@ def test_kpo_habits_run_on_the_local_cluster(platform, sqlite_airflow_db, kube_c
             return pods[0] if pods else None
         seen["pod"] = kube_cluster.api_client().sanitize_for_serialization(wait_until(pod, timeout=120, what="pod"))
 
-    cmd = [sys.executable, "-c", "import os; print('A=' + os.environ['A'])"]
+    # the base container writes to the /dev/shm volume; a metrics sidecar, listed first, logs and never
+    # ends: the gang ends with the base container and the task log is the base container's
+    # KPO Secrets from the team's S3 Secret: one key as env, the whole Secret as files (never printed)
+    cmd = [sys.executable, "-c", "import os; open('/dev/shm/x', 'w').write('1'); print('A=' + os.environ['A']); "
+           "print('S3_ID set:', bool(os.environ.get('S3_ID')), 'file:', os.path.isfile('/etc/s3/AWS_ACCESS_KEY_ID'))"]
+    sidecar = [sys.executable, "-c", "import time; print('SIDECAR-LINE', flush=True); time.sleep(600)"]
     result, log = run_dag(sqlite_airflow_db, kube_cluster, seaweedfs, "kpo_run", (
         'team="nlp", tier="production-training", gpus_per_worker=1, image="python:3.11", '
         f'cmds={cmd!r}, env_vars=[__import__("kubernetes").client.V1EnvVar(name="A", value="{{{{ 1 + 1 }}}}")], '
@@ -223,14 +228,27 @@ def test_kpo_habits_run_on_the_local_cluster(platform, sqlite_airflow_db, kube_c
         'image_pull_secrets="regcred", image_pull_policy="IfNotPresent", '
         'affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": ['
         '{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}}}, '
-        'pod_template_dict={"spec": {"containers": [{"name": "base", "volumeMounts": [{"name": "shm", '
+        'secrets=[__import__("airflow.providers.cncf.kubernetes.secret", fromlist=["Secret"]).Secret('
+        f'"env", "S3_ID", "{S3_SECRET}", "AWS_ACCESS_KEY_ID"), __import__("airflow.providers.cncf.kubernetes.secret", '
+        f'fromlist=["Secret"]).Secret("volume", "/etc/s3", "{S3_SECRET}")], '
+        f'pod_template_dict={{"spec": {{"containers": [{{"name": "metrics", "image": "python:3.11", "command": {sidecar!r}}}, '
+        '{"name": "base", "volumeMounts": [{"name": "shm", '
         '"mountPath": "/dev/shm"}]}], "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}]}}'),
         timeout=300, during=read_pod)
     ti = result["tis"]["train"]
     assert (result["state"], ti["state"]) == ("success", "success"), log[-6000:]
     spec = seen["pod"]["spec"]
-    base = spec["containers"][0]
+    assert [c["name"] for c in spec["containers"]] == ["metrics", "base"]  # found by name, not position
+    assert seen["pod"]["metadata"]["annotations"][C.ANNOTATION_DEFAULT_CONTAINER] == "base"
+    base = spec["containers"][1]
     assert {e["name"]: e.get("value") for e in base["env"]}["A"] == "2" and "A=2" in log  # templated, as in KPO
+    assert "SIDECAR-LINE" not in log and "exit code 0 (" in log, log[-6000:]
+    assert "S3_ID set: True file: True" in log
+    env = {e["name"]: e for e in base["env"]}
+    assert env["S3_ID"]["valueFrom"] == {"secretKeyRef": {"name": S3_SECRET, "key": "AWS_ACCESS_KEY_ID"}}
+    volume = next(v for v in spec["volumes"] if "secret" in v)
+    assert volume["secret"]["secretName"] == S3_SECRET
+    assert {"name": volume["name"], "mountPath": "/etc/s3", "readOnly": True} in base["volumeMounts"]
     assert base["resources"]["requests"]["cpu"] == "1" and base["imagePullPolicy"] == "IfNotPresent"
     assert spec["imagePullSecrets"] == [{"name": "regcred"}] and spec["affinity"]["nodeAffinity"]
     assert {"name": "shm", "emptyDir": {"medium": "Memory"}} in spec["volumes"], json.dumps(spec)
@@ -243,13 +261,18 @@ def test_skip_on_exit_code(platform, sqlite_airflow_db, kube_cluster, seaweedfs)
 
     from tests.test_operator_run import run_dag
 
-    cmd = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    # a sidecar listed first exits 5: the exit code that counts is the base container's (3)
+    cmd = [sys.executable, "-c", "import sys; print('BASE-LINE'); sys.exit(3)"]
+    sidecar = [sys.executable, "-c", "import sys; print('SIDECAR-LINE'); sys.exit(5)"]
     result, log = run_dag(sqlite_airflow_db, kube_cluster, seaweedfs, "kpo_skip", (
         f'team="nlp", tier="production-training", gpus_per_worker=1, image="python:3.11", retries=1, '
-        f'cmds={cmd!r}, skip_on_exit_code=[3, 4]'), timeout=300)
+        f'cmds={cmd!r}, skip_on_exit_code=[3, 4], base_container_name="train", '
+        f'pod_template_dict={{"spec": {{"containers": [{{"name": "metrics", "image": "python:3.11", '
+        f'"command": {sidecar!r}}}]}}}}'), timeout=300)
     ti = result["tis"]["train"]
     assert (ti["state"], ti["try_number"]) == ("skipped", 1), log[-6000:]
-    assert "(skip_on_exit_code): skipped" in log
+    assert "exited with [3] (skip_on_exit_code): skipped" in log
+    assert "BASE-LINE" in log and "SIDECAR-LINE" not in log, log[-6000:]
 
 
 def test_expand_checks_partial_with_each_literal_value_at_parse():
@@ -267,3 +290,125 @@ def test_expand_checks_partial_with_each_literal_value_at_parse():
     # at run time the task is unmapped with partial()'s derived values: accepted (an author's are not)
     task = mapped.unmap({"env_vars": {"A": "2"}})
     assert (task.pool, task.env_vars) == ("gpu.nlp.guaranteed", {"A": "2"})
+
+
+# -- file:// checkpoints: only on a volume that outlives the pods ------------------------------------
+
+PVC = {"name": "ckpt", "persistentVolumeClaim": {"claimName": "shared-ckpt"}}
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({}, "/ckpt/runs/kpo/t/parse is on no volume of the pods"),
+    ({"volumes": [{"name": "ckpt", "emptyDir": {}}], "volume_mounts": [{"name": "ckpt", "mountPath": "/ckpt"}]},
+     "a emptyDir that ends with its pod"),
+    ({"volumes": [PVC], "volume_mounts": [{"name": "ckpt", "mountPath": "/ckpt", "readOnly": True}]}, "readOnly"),
+    ({"volumes": [PVC], "volume_mounts": [{"name": "ckpt", "mountPath": "/ckpt-other"}]}, "on no volume"),
+])
+def test_a_file_checkpoint_off_a_shared_volume_is_refused_at_parse(kwargs, fragment):
+    error = _error(checkpoint="file:///ckpt/runs", retries=1, **kwargs)
+    assert error.argument == "checkpoint" and fragment in str(error) and "s3://" in str(error), str(error)
+
+
+def test_a_file_checkpoint_on_a_shared_volume_reaches_every_rank():
+    pods = _pods(workers=2, checkpoint="file:///ckpt/runs", retries=1, pod_template_dict={"spec": {
+        "volumes": [PVC], "containers": [{"name": "base", "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}]}]}})
+    for rank, pod in enumerate(pods):
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env[C.ENV_CHECKPOINT_URI] == f"file:///ckpt/runs/kpo/t/r/rank-{rank}"
+
+
+def test_a_templated_file_checkpoint_is_refused_before_creation_without_retry():
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow.sdk import DAG
+
+    with DAG("kpo", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
+        op = GpuTrainingOperator(task_id="t", **BASE, checkpoint="file:///{{ params.dir }}", retries=1)
+    op.checkpoint = "file:///ckpt"  # as rendered
+    with pytest.raises(AirflowFailException, match="argument 'checkpoint'.*on no volume.*without spending a retry"):
+        op.check_before_create()
+
+
+# -- mapped tasks whose expand() values come from XCom -------------------------------------------------
+
+def test_expand_over_a_pool_argument_from_xcom_names_partial():
+    from airflow.sdk import DAG, task
+
+    with DAG("kpo_mapped_xcom", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
+        @task
+        def sizes():
+            return [1, 2]
+
+        with pytest.raises(GpuTaskArgumentError) as info:
+            GpuTrainingOperator.partial(task_id="m", **{k: v for k, v in BASE.items() if k != "gpus_per_worker"}
+                                        ).expand(gpus_per_worker=sizes())
+        assert info.value.argument == "gpus_per_worker" and "partial()" in str(info.value)
+        with pytest.raises(GpuTaskArgumentError) as info:
+            GpuTrainingOperator.partial(task_id="k", **BASE).expand_kwargs([{"cmds": ["a"]}, {"workers": 2}])
+        assert info.value.argument == "workers" and "item 1" in str(info.value) and "partial()" in str(info.value)
+
+
+def test_partial_is_checked_at_parse_when_expand_takes_an_independent_argument_from_xcom():
+    from airflow.sdk import DAG, task
+
+    with DAG("kpo_mapped_partial", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
+        @task
+        def commands():
+            return [["a"], ["b"]]
+
+        with pytest.raises(GpuTaskArgumentError) as info:
+            GpuTrainingOperator.partial(task_id="m", **BASE, labels={"note": "not a label!"}).expand(cmds=commands())
+        assert info.value.argument == "labels" and "partial()" in str(info.value), str(info.value)
+        # the checkpoint from XCom: spot='always' holds only with it, so the rest waits for run time
+        GpuTrainingOperator.partial(task_id="n", **BASE, spot="always", retries=2).expand(checkpoint=commands())
+
+
+def test_an_argument_error_when_unmapped_at_run_time_is_not_retried():
+    """The task built from XCom values at run time (MappedOperator.unmap): the error is Airflow's
+    non-retryable failure, still a GpuTaskArgumentError naming the argument."""
+    from airflow.sdk import DAG, task
+    from airflow.sdk.exceptions import AirflowFailException
+
+    with DAG("kpo_mapped_unmap", schedule=None, start_date=pendulum.datetime(2026, 1, 1)):
+        @task
+        def notes():
+            return [{"note": "not a label!"}]
+
+        mapped = GpuTrainingOperator.partial(task_id="m", **BASE, retries=2).expand(labels=notes())
+    with pytest.raises(AirflowFailException) as info:
+        mapped.unmap({"labels": {"note": "not a label!"}})
+    assert isinstance(info.value, GpuTaskArgumentError) and info.value.argument == "labels"
+    assert "without spending a retry" in str(info.value)
+    assert mapped.unmap({"labels": {"note": "fine"}}).labels == {"note": "fine"}
+
+
+MAPPED_DAG = '''
+import datetime as dt
+import pendulum
+from airflow.sdk import dag, task
+from airflow_gpu.operators import GpuTrainingOperator
+
+@dag(dag_id="{dag_id}", schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False,
+     default_args={{"retry_delay": dt.timedelta(seconds=1)}})
+def build():
+    @task
+    def notes():
+        return [{{"note": "not a label!"}}]
+
+    GpuTrainingOperator.partial(task_id="train", poll_interval=1, team="nlp", tier="production-training",
+                                gpus_per_worker=1, image="python:3.11", retries=2).expand(labels=notes())
+
+build()
+'''
+
+
+@pytest.mark.slow
+def test_mapped_over_xcom_argument_error_fails_try_1_without_retry(sqlite_airflow_db, kube_cluster, seaweedfs):
+    from tests.test_operator_run import run_dag
+
+    result, log = run_dag(sqlite_airflow_db, kube_cluster, seaweedfs, "mapped_bad", "", timeout=240,
+                          source=MAPPED_DAG.format(dag_id="mapped_bad"))
+    ti = result["tis"]["train"]
+    assert (ti["state"], ti["try_number"]) == ("failed", 1), log[-6000:]
+    assert "argument 'labels'" in log and "without spending a retry" in log, log[-6000:]
+    assert b'"mapped_bad"' not in (kube_cluster.state_dir / "store.log").read_bytes()

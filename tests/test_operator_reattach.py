@@ -150,3 +150,22 @@ def test_execution_timeout_while_deferred_deletes_the_gang(cluster):
     with pytest.raises(TaskDeferralTimeout):
         resumed.resume_execution("__fail__", {"error": TriggerFailureReason.TRIGGER_TIMEOUT}, context_for(ti, None))
     wait_until(lambda: not pods_of(cluster, "timeout"), timeout=60, what="the gang deleted")
+
+
+def test_an_object_the_api_refuses_as_invalid_fails_without_retry(cluster):
+    """A spec the cluster refuses at admission (422; here a hostPath volume, which the local cluster
+    does not offer) fails the task without spending a retry, with the API's message; nothing stays."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    op = operator("train", pod_template_dict={"spec": {"volumes": [{"name": "h", "hostPath": {"path": "/tmp"}}],
+                                                       "containers": [{"name": "base", "volumeMounts": [
+                                                           {"name": "h", "mountPath": "/data"}]}]}})
+    ti = FakeTaskInstance("invalid", "train", "manual__1")
+    with pytest.raises(AirflowFailException) as info:
+        op.execute(context_for(ti, DictStateStore()))
+    assert "argument 'pod_template_dict'" in str(info.value) and "hostPath" in str(info.value), str(info.value)
+    assert "without spending a retry" in str(info.value)
+    wait_until(lambda: not pods_of(cluster, "invalid"), timeout=60, what="nothing left")
+    groups = cluster.custom().list_namespaced_custom_object("scheduling.x-k8s.io", "v1alpha1", "team-research",
+                                                            "podgroups", label_selector=f"{C.LABEL_DAG_ID}=invalid")
+    assert groups["items"] == []

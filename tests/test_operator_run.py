@@ -75,10 +75,11 @@ def platform(kube_cluster, seaweedfs, tmp_path_factory):
 
 
 def run_dag(db, kube_cluster, seaweedfs, dag_id: str, args: str, timeout: float = 400, during=None,
-            extra_env: dict[str, str] | None = None) -> tuple[dict, str]:
+            extra_env: dict[str, str] | None = None, source: str | None = None) -> tuple[dict, str]:
+    """source: a whole DAG file instead of DAG with `args` (for DAGs of another shape, e.g. mapped)."""
     folder = db.home / "dags"
     folder.mkdir(exist_ok=True)
-    (folder / f"{dag_id}.py").write_text(DAG.format(dag_id=dag_id, args=args))
+    (folder / f"{dag_id}.py").write_text(source if source is not None else DAG.format(dag_id=dag_id, args=args))
     conn = json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(kube_cluster.kubeconfig)}})
     # dag.test() runs the trigger inline, with no scheduler and no executor: no race to settle for
     env = db.env(AIRFLOW_CONN_KUBERNETES_DEFAULT=conn, AIRFLOW__AIRFLOW_GPU__CONFIG_FILE=str(SEED),

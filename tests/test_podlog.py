@@ -49,3 +49,30 @@ def test_resumed_reads_skip_what_was_copied():
     assert stamp_key("2026-12-06T06:00:00.5Z") == stamp_key("2026-12-06T06:00:00.500000000Z")
     assert stamp_key("2026-12-06T06:00:00.123456789Z") < stamp_key("2026-12-06T06:00:00.12345679Z")
     assert since_seconds("2026-12-06T06:00:00.9Z", 1796536810.0) >= 1
+
+
+def test_the_base_container_is_found_by_name_not_position():
+    """A sidecar listed first, exiting 5 and still running: the training container (KPO's
+    base_container_name) decides the member's end, exit code and termination message."""
+    from airflow_gpu.kube.state import SUCCEEDED, gang_state
+
+    def pod(base_state: dict) -> dict:
+        return {"metadata": {"name": "g-0", "labels": {"airflow-gpu.io/rank": "0"}}, "spec": {"nodeName": "n0"},
+                "status": {"phase": "Running", "containerStatuses": [
+                    {"name": "metrics", "state": {"running": {}},
+                     "lastState": {"terminated": {"exitCode": 5, "message": "sidecar"}}},
+                    {"name": "train", "state": base_state}]}}
+
+    done = pod({"terminated": {"exitCode": 0, "reason": "Completed", "message": '{"loss": 0.1}'}})
+    end = rank_end(done, "train")
+    assert (end.phase, end.exit_code, end.message, end.failed) == ("Succeeded", 0, '{"loss": 0.1}', False)
+    assert gang_state([done], expected=1, container="train").phase == SUCCEEDED
+    assert rank_end(done).exit_code == 5  # no container named: any container (what the fix is about)
+    running = pod({"running": {}})
+    assert gang_state([running], expected=1, container="train").phase == "running"
+    failed = rank_end(pod({"terminated": {"exitCode": 3, "reason": "Error"}}), "train")
+    assert (failed.phase, failed.exit_code, failed.reason) == ("Failed", 3, "Error")
+    # being deleted, the containers end because of it: a disruption, not the application's failure
+    stopping = pod({"terminated": {"exitCode": 143, "reason": "Error"}})
+    stopping["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert gang_state([stopping], expected=1, container="train").phase == "disrupted"

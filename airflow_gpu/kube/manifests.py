@@ -8,6 +8,7 @@ Every object carries the task instance's labels, so `TaskInstanceRef.selector()`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 from airflow_gpu import constants as C
 from airflow_gpu.kube.backends import (
@@ -187,6 +188,9 @@ def build(spec: WorkloadSpec) -> GangManifests:
         if spec.pod_template:
             apply_pod_template(pod, spec.pod_template, spec.container_name,
                                simple_affinity=spec.gang_backend == C.GANG_BACKEND_AIRFLOW_GPU)
+        problem = file_checkpoint_problem(pod["spec"], spec.container_name, spec.checkpoint_uri)
+        if problem:
+            raise WorkloadSpecError(f"checkpoint_uri={spec.checkpoint_uri!r}: {problem}")
         pods.append(pod)
     if not spec.gang:
         return GangManifests(None, None, None, tuple(pods))
@@ -195,6 +199,39 @@ def build(spec: WorkloadSpec) -> GangManifests:
         min_resources=_min_resources(spec), priority_class=spec.priority_class_name, queue=spec.queue,
         schedule_timeout_seconds=spec.schedule_timeout_seconds)
     return GangManifests(group, group_resource(spec.gang_backend), _service(spec, labels), tuple(pods))
+
+
+# volumes that live and die with their pod: a checkpoint there is gone when the attempt ends
+POD_LIFETIME_VOLUMES = frozenset({"emptyDir", "ephemeral", "configMap", "secret", "downwardAPI", "projected"})
+FILE_CHECKPOINT_FIX = ("use an s3:// store (SeaweedFS on the local platform), or mount a volume every rank and "
+                       "every attempt shares at that path (volumes= + volume_mounts=, or the pod template: e.g. a "
+                       "ReadWriteMany persistentVolumeClaim or nfs); the local cluster has no such volume "
+                       "(README, 'Checkpoints on file://')")
+
+
+def file_checkpoint_problem(pod_spec: dict, container_name: str, uri: str | None) -> str | None:
+    """Why a file:// checkpoint store would not survive the attempt, or None. On Kubernetes a path is
+    in the container's own filesystem unless a volume is mounted there: the save "succeeds" and
+    vanishes with the pod, and the next attempt finds nothing to resume. So the store must be under
+    a writable mount of the training container whose volume outlives the pod."""
+    if not uri or not uri.startswith("file://"):
+        return None
+    rest = uri[len("file://"):]
+    path = PurePosixPath("/" + rest[len("localhost/"):] if rest.startswith("localhost/") else rest)
+    container = next((c for c in pod_spec.get("containers") or [] if c.get("name") == container_name), {})
+    mounts = [m for m in container.get("volumeMounts") or []
+              if m.get("mountPath") and (path == PurePosixPath(m["mountPath"]) or PurePosixPath(m["mountPath"]) in path.parents)]
+    if not mounts:
+        return f"{path} is on no volume of the pods (it would be written inside the container and lost with it); " \
+               + FILE_CHECKPOINT_FIX
+    mount = max(mounts, key=lambda m: len(m["mountPath"]))  # the innermost mount holds the path
+    volume = next((v for v in pod_spec.get("volumes") or [] if v.get("name") == mount.get("name")), {})
+    kind = next((k for k in volume if k != "name"), None)
+    if kind in POD_LIFETIME_VOLUMES:
+        return f"{path} is on volume {mount.get('name')!r}, a {kind} that ends with its pod; " + FILE_CHECKPOINT_FIX
+    if mount.get("readOnly"):
+        return f"{path} is on volume {mount.get('name')!r}, mounted readOnly; " + FILE_CHECKPOINT_FIX
+    return None
 
 
 def _min_resources(spec: WorkloadSpec) -> dict[str, str]:

@@ -122,10 +122,28 @@ def _exit_code(terminated: list[dict]) -> int | None:
     return nonzero[0] if nonzero else (codes[0] if codes else None)
 
 
+def base_container_phase(status: dict, container: str | None, phase: str, deleting: bool = False) -> str:
+    """The member's phase as its training container says: a pod whose `container` has ended is
+    Succeeded or Failed by that container's exit code even while a sidecar keeps the pod Running (as
+    KubernetesPodOperator waits for its base container only). Without `container`, with no other
+    container, or while the pod is being deleted (its containers end because of that): the pod's phase."""
+    statuses = status.get("containerStatuses") or []
+    if not container or phase not in ("Pending", "Running") or deleting or len(statuses) < 2:
+        return phase
+    for cs in statuses:
+        if cs.get("name") == container:
+            term = (cs.get("state") or {}).get("terminated")
+            if term and term.get("exitCode") is not None:
+                return "Succeeded" if int(term["exitCode"]) == 0 else "Failed"
+    return phase
+
+
 def member_state(pod: Any, live_nodes: Collection[str] | None = None, container: str | None = None) -> MemberState:
+    """container: the training container (KPO's base container); its end is the member's end."""
     pod = as_dict(pod)
     meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
-    phase = status.get("phase") or "Pending"
+    phase = base_container_phase(status, container, status.get("phase") or "Pending",
+                                 deleting=bool(meta.get("deletionTimestamp")))
     node = spec.get("nodeName") or None
     disruption, message = None, ""
     target = disruption_target(pod)
@@ -182,7 +200,8 @@ def gang_state(pods: Iterable[Any], podgroup: Any = None, *, expected: int | Non
     expected: how many members the gang has (default: expected_names, else the group's
     spec.minMember, else the pods given). expected_names: the member names, to say which are
     missing. live_nodes: names of the nodes that exist, to tell a pod whose node vanished.
-    container: the container whose exit code counts (default: any)."""
+    container: the training container, whose exit code and end count (default: any container, the
+    pod's phase)."""
     wire = [as_dict(p) for p in pods]
     group = as_dict(podgroup) if podgroup is not None else None
     members = tuple(sorted((member_state(p, live_nodes, container) for p in wire),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 
+from airflow_gpu import constants as C
 from airflow_gpu.kube.spec import WorkloadSpecError
 
 # pod fields the gang decides: the scheduler, its priority, the rendezvous DNS names, no restarts
@@ -76,7 +77,7 @@ def apply_pod_template(pod: dict, template: Mapping, container_name: str, simple
         if theirs is None:
             out[key] = value
         elif key == "containers":
-            out[key] = _containers(theirs, value, container_name)
+            out[key] = _containers(theirs, value)
         elif key == "nodeSelector":
             out[key] = _mapping(theirs, value, "spec.nodeSelector")
         elif key in _KEYED_LISTS:
@@ -90,6 +91,8 @@ def apply_pod_template(pod: dict, template: Mapping, container_name: str, simple
             out[key] = value  # the operator's own argument (e.g. service_account_name) wins, as in KPO
     _check_affinity(out, simple_affinity)
     pod["spec"] = out
+    if len(out.get("containers") or []) > 1:  # sidecars: `kubectl logs` without -c reads the training container
+        meta.setdefault("annotations", {}).setdefault(C.ANNOTATION_DEFAULT_CONTAINER, container_name)
     return pod
 
 
@@ -114,15 +117,13 @@ def _keyed(theirs: list, ours: list, path: str, key: str) -> list:
     return list(out.values())
 
 
-def _containers(theirs: list, ours: list, container_name: str) -> list:
-    """The template's container named like ours (KPO's `base`) under ours; its other containers
-    (sidecars) after ours."""
-    by_name = {c.get("name"): c for c in theirs}
-    merged = []
-    for container in ours:
-        base = by_name.pop(container["name"], None)
-        merged.append(_container(base, container) if base else container)
-    return merged + list(by_name.values())
+def _containers(theirs: list, ours: list) -> list:
+    """The template's containers in its order (sidecars may come first: the training container is
+    found by name, never by position), the one named like ours (KPO's `base`) merged under ours;
+    ours first when the template does not name it."""
+    mine = {c["name"]: c for c in ours}
+    merged = [_container(c, mine.pop(c.get("name"))) if c.get("name") in mine else c for c in theirs]
+    return list(mine.values()) + merged
 
 
 def _container(theirs: dict, ours: dict) -> dict:
@@ -145,8 +146,6 @@ def _container(theirs: dict, ours: dict) -> dict:
 
 
 def _resources(theirs: Mapping, ours: Mapping, name: str, part: str) -> dict:
-    from airflow_gpu import constants as C
-
     out = dict(theirs)
     for key in theirs:
         if key.startswith((C.RESOURCE_GPU, C.RESOURCE_MIG_PREFIX)) and ours.get(key) != theirs[key]:

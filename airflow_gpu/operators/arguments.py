@@ -27,6 +27,10 @@ from airflow_gpu.kube.wire import as_dict
 
 # arguments that decide the pool, pool_slots and priority: known when the DAG file is parsed
 POOL_ARGUMENTS = ("config_file", "team", "tier", "workers", "gpus_per_worker", "mig_profile", "gpu_products")
+# arguments whose absence makes no other argument wrong: a mapped task whose expand() takes them from
+# XCom (known at run time) has its other arguments checked at parse time without them
+INDEPENDENT_ARGUMENTS = frozenset({"cmds", "arguments", "env_vars", "labels", "annotations", "env_from",
+                                   "container_resources", "node_selector", "tolerations"})
 # where a rendered value ends up in the pod spec, and so is checked against the secrets masker
 VALUE_ARGUMENTS = ("env_vars", "cmds", "arguments", "labels", "annotations", "pod_template_dict",
                    "full_pod_spec", "init_containers", "env_from")
@@ -246,7 +250,7 @@ def fail_without_retry(task_id: str, problem_or_error: Exception):
     return AirflowFailException(f"{problem_or_error} (an argument error: failing without spending a retry)")
 
 
-__all__ = ["ArgumentProblem", "POOL_ARGUMENTS", "VALUE_ARGUMENTS", "credential_by_value", "exit_codes",
+__all__ = ["ArgumentProblem", "INDEPENDENT_ARGUMENTS", "POOL_ARGUMENTS", "VALUE_ARGUMENTS", "credential_by_value", "exit_codes",
            "fail_without_retry", "skip_exception",
            "image_pull_secrets_list", "kpo_pod_template", "load_template", "resources_dict", "split_env",
            "split_secrets"]

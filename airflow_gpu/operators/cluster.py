@@ -177,6 +177,15 @@ def _json(resp) -> dict:
     return json.loads(resp.data) if hasattr(resp, "data") else resp
 
 
+def invalid_refusal(exc: BaseException) -> str | None:
+    """The API server's message when it refused an object as invalid (422: validation or an admission
+    plugin, e.g. a volume type the cluster does not offer), else None. The same spec is refused again:
+    a deterministic error, not one to retry."""
+    if isinstance(exc, ApiException) and exc.status == 422:
+        return _status_message(exc)
+    return None
+
+
 def _status_message(exc: ApiException) -> str:
     try:
         return json.loads(exc.body).get("message") or exc.reason
@@ -184,4 +193,4 @@ def _status_message(exc: ApiException) -> str:
         return str(exc.body or exc.reason)
 
 
-__all__ = ["ForeignObjectError", "GangClient", "QUOTA_REFUSAL"]
+__all__ = ["ForeignObjectError", "GangClient", "QUOTA_REFUSAL", "invalid_refusal"]

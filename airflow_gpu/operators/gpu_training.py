@@ -12,6 +12,7 @@ does.
 
 from __future__ import annotations
 
+import contextvars
 import datetime as dt
 import functools
 import os
@@ -21,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException  # loaded with airflow.sdk
 
 from airflow_gpu import constants as C
 from airflow_gpu.checkpoint.storage.base import uri_problem
@@ -55,7 +57,32 @@ class GpuTaskArgumentError(ValueError):
 
     def __init__(self, task_id: str, argument: str, message: str):
         self.argument = argument
+        self.detail = message
         super().__init__(f"GpuTrainingOperator(task_id={task_id!r}) argument {argument!r}: {message}")
+
+
+class MappedTaskArgumentError(GpuTaskArgumentError, AirflowFailException):
+    """GpuTaskArgumentError that is also Airflow's non-retryable failure: raised when a mapped task is
+    unmapped at run time (its expand() values came from XCom, so they are checked only then); a
+    deterministic error must not spend the task's retries."""
+
+
+NO_RETRY_NOTE = " (an argument error: failing without spending a retry)"
+_PARSE_CHECK = contextvars.ContextVar("gpu_training_parse_check", default=False)  # expand()'s literal check
+
+
+def _argument_errors_fail_mapped_tasks(init):
+    """__init__ of a task unmapped at run time (expand() over XCom values): its argument errors fail
+    the task without spending a retry, as the run-time checks after rendering do."""
+    @functools.wraps(init)
+    def wrapper(self, **kwargs):
+        try:
+            return init(self, **kwargs)
+        except GpuTaskArgumentError as exc:
+            if not getattr(self, "_BaseOperator__from_mapped", False) or _PARSE_CHECK.get():
+                raise
+            raise MappedTaskArgumentError(kwargs.get("task_id", "?"), exc.argument, exc.detail + NO_RETRY_NOTE) from None
+    return wrapper
 
 
 def resolve_config_file(config_file: str | None) -> str | None:
@@ -162,6 +189,7 @@ class GpuTrainingOperator(BaseOperator):
         partial.__class__ = _operator_partial_class()  # expand() refuses the pool-deciding arguments
         return partial
 
+    @_argument_errors_fail_mapped_tasks
     def __init__(
         self,
         *,
@@ -216,6 +244,7 @@ class GpuTrainingOperator(BaseOperator):
         pod_template_dict: Mapping[str, Any] | None = None,
         full_pod_spec: Any = None,
         skip_on_exit_code: int | Sequence[int] | None = None,
+        base_container_name: str = "base",
         **kwargs: Any,
     ) -> None:
         from airflow_gpu.operators import arguments as A
@@ -264,6 +293,9 @@ class GpuTrainingOperator(BaseOperator):
         self.pod_template_file = pod_template_file
         self.pod_template_dict = pod_template_dict
         self.full_pod_spec = full_pod_spec
+        # KPO's name: the training container among the template's (sidecars'), the one whose logs, exit
+        # code and termination message are the task's
+        self.base_container_name = base_container_name
 
         if checkpoint is not None:
             problem = uri_problem(checkpoint)
@@ -364,6 +396,8 @@ class GpuTrainingOperator(BaseOperator):
                 argument = f"[{CONFIG_SECTION}] {CAPACITY_LABELS_OPTION}"
             if argument == "pod":
                 argument = self._template_argument()
+            if argument == "container_name":
+                argument = "base_container_name"
             raise bad(argument, text) from None
 
     # -- derived values, recomputed from the (cached) config where they decide -------------------
@@ -499,7 +533,8 @@ class GpuTrainingOperator(BaseOperator):
             ref = self._task_instance(context)
             pods = kube.pods(self.namespace, _attempt_selector(ref, run["attempt"]))
             group = kube.group(self.namespace, run["gang"], group_resource(self.gang_backend))
-            state = gang_state(pods, group, expected_names=run.get("pods") or None)
+            state = gang_state(pods, group, expected_names=run.get("pods") or None,
+                               container=self.base_container_name)
         except Exception as exc:  # noqa: BLE001 - the timeout's own message stands
             self.log.info("could not read the gang's state: %s", exc)
             return ""
@@ -566,6 +601,7 @@ class GpuTrainingOperator(BaseOperator):
             restart_overhead_seconds=self.restart_overhead_seconds, checkpoint_seconds=self.checkpoint_seconds,
             gang_backend=self.gang_backend, capacity_labels=capacity_labels_setting(),
             schedule_timeout_seconds=self.schedule_timeout_seconds, pod_template=self._pod_template(),
+            container_name=self.base_container_name,
             # every rank its own store (<uri>/rank-<r>): training code that saves from every rank never
             # races itself; rank 0's store is the gang's progress (status.json) and the XCom result
             checkpoint_per_rank=self.checkpoint is not None)
@@ -577,7 +613,7 @@ class GpuTrainingOperator(BaseOperator):
         from airflow_gpu.operators import arguments as A
 
         kpo = A.kpo_pod_template(
-            container_name="base", env_sources=self.env_sources, env_from=self.env_from,
+            container_name=self.base_container_name, env_sources=self.env_sources, env_from=self.env_from,
             secret_volumes=self.secret_volumes, image_pull_secrets=self.image_pull_secrets,
             image_pull_policy=self.image_pull_policy, affinity=self.affinity, security_context=self.security_context,
             container_security_context=self.container_security_context, init_containers=self.init_containers)
@@ -610,6 +646,23 @@ class GpuTrainingOperator(BaseOperator):
         skip = skip_exception(outcome, self.skip_on_exit_code)
         if skip is not None:
             raise skip
+
+    def _fail_if_refused_as_invalid(self, exc: BaseException, context) -> None:
+        """The API server refused an object of the gang as invalid (a field the cluster does not
+        accept, e.g. a hostPath volume on the local cluster): what was created goes, and the task fails
+        without spending a retry (the same spec would be refused again), with the API's message."""
+        from airflow_gpu.operators import arguments as A
+        from airflow_gpu.operators.cluster import invalid_refusal
+
+        message = invalid_refusal(exc)
+        if message is None:
+            return
+        self._cleanup_quietly(context)
+        argument = self._template_argument() if (self.pod_template_file or self.pod_template_dict
+                                                 or self.full_pod_spec) else "arguments"
+        raise A.fail_without_retry(self.task_id, GpuTaskArgumentError(
+            self.task_id, argument, f"the Kubernetes API refused the gang's objects: {message}; fix the field it "
+                                    "names")) from None
 
     def _defer_for_quota(self, what: str, message: str) -> None:
         """A ResourceQuota refused `what`: defer for poll_interval (the worker slot is freed) and
@@ -667,6 +720,7 @@ class GpuTrainingOperator(BaseOperator):
                 raise type(exc)(f"{exc}: the gang {spec.gang_name} never fit its namespace's ResourceQuota; last "
                                 f"refusal: {kube.last_refusal}. Free quota, ask for fewer GPUs or a longer "
                                 "execution_timeout") from exc
+            self._fail_if_refused_as_invalid(exc, context)
             raise
         run["submitted"] = time.time()
         self._save(context, run)
@@ -688,7 +742,7 @@ class GpuTrainingOperator(BaseOperator):
             cleanup_selector=ref.selector(), cleanup_grace_period=self.termination_grace_period,
             settle_seconds=deferral_settle_setting(), get_logs=self.get_logs,
             logging_interval=self.logging_interval if self.get_logs else None, log_tail_lines=self.log_tail_lines,
-            preemption_record=self._preemption_record())
+            preemption_record=self._preemption_record(), container_name=self.base_container_name)
         timeout = None
         if self.execution_timeout is not None and context["ti"].start_date is not None:
             started = context["ti"].start_date
@@ -870,26 +924,50 @@ def _operator_partial_class():
 
         def _check_literal_values(self, mapped_kwargs) -> None:
             """What can be checked at parse time is: the partial() arguments with each literal expand()
-            value (an XComArg is only known at run time), through the operator's own parse checks,
-            built outside the DAG (DagContext None, as Airflow's serialization does)."""
+            value, through the operator's own parse checks, built outside the DAG (DagContext None, as
+            Airflow's serialization does). A value from XCom is known only at run time: the others are
+            checked without it when its absence cannot make another argument wrong (INDEPENDENT_ARGUMENTS),
+            else at run time only."""
             from airflow.sdk.definitions._internal.contextmanager import DagContext
 
-            if not all(isinstance(v, (list, tuple)) and v for v in mapped_kwargs.values()):
+            from airflow_gpu.operators.arguments import INDEPENDENT_ARGUMENTS
+
+            literal = {k: v for k, v in mapped_kwargs.items() if isinstance(v, (list, tuple)) and v}
+            if not set(mapped_kwargs) - set(literal) <= INDEPENDENT_ARGUMENTS:
                 return
             fixed = {k: v for k, v in self.kwargs.items() if k not in ("dag", "task_group")}
-            first = {k: v[0] for k, v in mapped_kwargs.items()}
+            first = {k: v[0] for k, v in literal.items()}
+            checks = [(name, i, value) for name, values in literal.items()
+                      for i, value in enumerate(values[:MAPPED_CHECK_LIMIT])] or [(None, 0, None)]
             DagContext.push(None)
+            checking = _PARSE_CHECK.set(True)
             try:
-                for name, values in mapped_kwargs.items():
-                    for i, value in enumerate(values[:MAPPED_CHECK_LIMIT]):
-                        try:
-                            self.operator_class(**fixed, **{**first, name: value}, _airflow_from_mapped=True)
-                        except GpuTaskArgumentError as exc:
-                            raise GpuTaskArgumentError(fixed.get("task_id", "?"), exc.argument,
-                                                       f"expand({name}=[...]) item {i}: "
-                                                       + str(exc).split(": ", 1)[1]) from None
+                for name, i, value in checks:
+                    try:
+                        self.operator_class(**fixed, **({**first, name: value} if name else first),
+                                            _airflow_from_mapped=True)
+                    except GpuTaskArgumentError as exc:
+                        where = f"expand({name}=[...]) item {i}" if name else "partial()"
+                        raise GpuTaskArgumentError(fixed.get("task_id", "?"), exc.argument,
+                                                   f"{where}: {exc.detail}") from None
             finally:
+                _PARSE_CHECK.reset(checking)
                 DagContext.pop()
+
+        def expand_kwargs(self, kwargs, *, strict: bool = True):
+            """expand_kwargs() over literal dicts: none may hold a pool-deciding argument (from XCom,
+            their keys are known at run time, where the task's own checks fail it without a retry)."""
+            if isinstance(kwargs, (list, tuple)):
+                from airflow_gpu.operators.arguments import POOL_ARGUMENTS
+
+                for i, item in enumerate(kwargs):
+                    mapped = [n for n in POOL_ARGUMENTS if isinstance(item, Mapping) and n in item]
+                    if mapped:
+                        raise GpuTaskArgumentError(self.kwargs.get("task_id", "?"), mapped[0],
+                                                   f"expand_kwargs([...]) item {i}: decides the task's pool and "
+                                                   "priority, which the scheduler needs before the task is "
+                                                   "expanded" + _MAPPED_HINT)
+            return super().expand_kwargs(kwargs, strict=strict)
 
     return GpuOperatorPartial
 

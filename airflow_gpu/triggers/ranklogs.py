@@ -22,11 +22,13 @@ EVENT_TAIL_BUDGET = 512 * 1024
 SETTLE_MARGIN = 5.0  # seconds past the grace period to wait for disrupted ranks to stop
 
 
-def _ended(pod: dict) -> bool:
+def _ended(pod: dict, container: str | None) -> bool:
+    """The pod ended, or its training container did (a sidecar may still run)."""
     status = pod.get("status") or {}
     if status.get("phase") in ("Succeeded", "Failed"):
         return True
-    states = [cs.get("state") or {} for cs in status.get("containerStatuses") or []]
+    states = [cs.get("state") or {} for cs in status.get("containerStatuses") or []
+              if not container or cs.get("name") == container]
     return bool(states) and all("terminated" in s for s in states)
 
 
@@ -75,7 +77,7 @@ async def rank_ends(core, namespace: str, pods: dict[str, dict], container: str 
         # pod being deleted is gone the moment it stops
         for name, pod in pods.items():
             if rank_end(pod, container).rank == 0:
-                follow = grace + SETTLE_MARGIN if _stopping(pod) and not _ended(pod) else 0.0
+                follow = grace + SETTLE_MARGIN if _stopping(pod) and not _ended(pod, container) else 0.0
                 tails[name] = await _tail(core, namespace, name, container, tail_lines, follow)
         try:
             fresh = await list_pods()
