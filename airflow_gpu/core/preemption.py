@@ -65,6 +65,14 @@ class PreemptionPolicy:
     # tiers whose gangs may seek a plan behind another gang's reservation (core.queue.schedule_cycle)
     preempt_behind_head_tiers: frozenset[str] = frozenset()
 
+    def with_never_preempting(self, tiers: Iterable[str]) -> PreemptionPolicy:
+        """This policy with `tiers` never preempting too: a tier whose PriorityClass says
+        preemptionPolicy: Never, as kube-scheduler honours it."""
+        extra = frozenset(tiers)
+        if extra <= self.never_preempting_tiers:
+            return self
+        return replace(self, never_preempting_tiers=self.never_preempting_tiers | extra)
+
 
 @dataclass(frozen=True)
 class PreemptionPlan:
