@@ -311,3 +311,14 @@ def test_one_world_per_cycle_its_state_counts_plans_once_and_each_gang_is_conver
     assert sorted(rg.gang.name for rg in w.state.running) == [f"team-nlp/r{i}" for i in range(1, 5)]
     # 6 running GPUs, and the plan's 16 less its own-team victim's 1 while the victim still runs
     assert sum(w.state.usage.used["nlp"].values()) == (6 + 16 - 1) * 1000
+
+
+def test_a_victim_of_a_nomination_whose_members_are_all_bound_is_no_candidate_again():
+    victim = pod("r0", 1, node_name="a", phase="Running")
+    other = pod("r1", 1, node_name="a", phase="Running")
+    members = [pod(f"g{i}", 8, group="big", priority=10, node_name="bc"[i], phase="Running") for i in range(2)]
+    w = build_world(_view([victim, other] + members, [podgroup("big", 2)], nodes=("a", "b", "c"),
+                          plans=[_nomination()]), "airflow-gpu", ConversionContext())
+    assert "team-nlp/big" in w.plans and not w.rejected_plans  # every member bound: the loop closes it
+    assert {rg.gang.name for rg in w.running} == {"team-nlp/r0", "team-nlp/r1", "team-nlp/big"}
+    assert {rg.gang.name for rg in w.state.running} == {"team-nlp/r1", "team-nlp/big"}

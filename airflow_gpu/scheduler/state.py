@@ -361,7 +361,7 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
     state = _cycle_state(snap, running, running_units, book, memo)
     plans, plan_ready, rejected = b.recheck_plans(state, records, units, running, running_units, unreadable, nodes,
                                                   now, policy or PreemptionPolicy())
-    closing = _closing_victims(b, records, units, running_units)
+    closing = b.closing_victims(records, units, running_units)
     if closing:  # after the re-checks, which judged every plan with these gangs still candidates
         state.running = [rg for rg in state.running if rg.gang.name not in closing]
     pending.sort(key=lambda ug: (-ug[1].priority, ug[1].created_at, ug[1].name))
@@ -381,16 +381,6 @@ def _cycle_state(snap: Snapshot, running: list[RunningGang], running_units: dict
     ledger = memo.ledger(book, snap.shape.node_product)  # every running gang's quota, kept by deltas
     ledger.sync(running)
     return ledger.cycle_state(snap, candidates)
-
-
-def _closing_victims(b: _Build, records: dict[str, Plan], units: dict[str, Unit],
-                     running_units: dict[str, Unit]) -> set[str]:
-    """The running gangs still stopping for a nomination whose members are all bound (the loop closes
-    it): no preemption candidates again."""
-    pod_unit = {key_of(p): u.key for u in running_units.values() for p in u.pods}
-    return {pod_unit[v] for key, record in records.items()
-            if record.state == PLAN_NOMINATED and not units[key].pending(b.scheduler_name, b.view.assumed)
-            for v in record.victims if v in pod_unit}
 
 
 class _Build:
@@ -522,6 +512,15 @@ class _Build:
             unit.gang = gang
             pending.append((unit, gang))
         return pending, incomplete, unreadable
+
+    def closing_victims(self, records: dict[str, Plan], units: dict[str, Unit],
+                        running_units: dict[str, Unit]) -> set[str]:
+        """The running gangs still stopping for a nomination whose members are all bound (the loop
+        closes it): no preemption candidates again."""
+        pod_unit = {key_of(p): u.key for u in running_units.values() for p in u.pods}
+        return {pod_unit[v] for key, record in records.items()
+                if record.state == PLAN_NOMINATED and not units[key].pending(self.scheduler_name, self.view.assumed)
+                for v in record.victims if v in pod_unit}
 
     def recheck_plans(self, state: CycleState, records: dict[str, Plan], units: dict[str, Unit],
                       running: list[RunningGang], running_units: dict[str, Unit], unreadable: dict[str, str],
