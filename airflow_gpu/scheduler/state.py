@@ -1,10 +1,10 @@
 """One scheduling cycle's picture of the cluster, built once from a cache View (build_world), in
-phases: the nodes; the pods (the running ones held on the Snapshot, kept by deltas in the Memo); the
-units (a PodGroup's pods or a lone pod), each with its running gang and the Gang of its pending
-members; then the cycle's CycleState (capacity, quota, preemption candidates), into which each plan
-found in the scheduler's own namespace (never in annotations: pod owners write those) is counted
-once core.plans has re-checked it against the cluster as it is. Every later step of the cycle reads
-this World: nothing is converted or counted a second time.
+phases: the nodes; the pods, grouped into units (a PodGroup's pods or a lone pod), the running ones
+held on the Snapshot (kept by deltas in the Memo); each unit's running gang and the Gang of its
+pending members; then the cycle's CycleState (capacity, quota, preemption candidates), into which
+each plan found in the scheduler's own namespace (never in annotations: pod owners write those) is
+counted once core.plans has re-checked it against the cluster as it is. Every later step of the
+cycle reads this World: nothing is converted or counted a second time.
 
 Deterministic for a given View (pods sorted by name), so a restarted scheduler rebuilds the same
 picture from the API alone.
@@ -343,11 +343,12 @@ def read_plan_records(view: View, units: dict[str, Unit]) -> tuple[dict[str, Pla
 def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: float | None = None,
                 memo: Memo | None = None, book: QuotaBook | None = None,
                 policy: PreemptionPolicy | None = None) -> World:
-    """The cycle's World, converted in phases: the nodes; the pods (what is bound holds its resources
-    on the snapshot); the units, each with its running gang and the Gang of its pending members;
-    then the cycle's one CycleState, into which every plan record is re-checked (core.plans, with
-    `book` and `policy`: those the scheduler decides with) before it holds anything. Every later
-    step of the cycle reads this World and its state; nothing is converted again."""
+    """The cycle's World, converted in phases: the nodes; the pods, grouped into units first (so that
+    only members that hold resources or wait are read, never a finished pod), the bound ones held on
+    the snapshot; each unit's running gang and the Gang of its pending members; then the cycle's one
+    CycleState, into which every plan record is counted once re-checked (core.plans, with `book` and
+    `policy`: those the scheduler decides with). Every later step of the cycle reads this World and
+    its state; nothing is converted again."""
     now = time.time() if now is None else now
     memo = memo or Memo()
     b = _Build(view, scheduler_name, ctx, memo)
@@ -593,7 +594,7 @@ _MALFORMED = (ValueError, TypeError, KeyError, AttributeError, IndexError, Overf
 
 
 def _malformed(unit: Unit, exc: Exception) -> str:
-    log.warning("gang %s: malformed object skipped", unit.key, exc_info=True)
+    log.warning("gang %s: malformed object skipped", unit.key, exc_info=exc)
     return f"gang {unit.key}: an object of this gang is malformed ({type(exc).__name__}: {str(exc)[:200]}); " \
            f"skipped until it is fixed"
 
