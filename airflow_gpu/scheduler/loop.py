@@ -61,9 +61,9 @@ from airflow_gpu.kube import preemptions, queue_status
 from airflow_gpu.kube.convert import (
     ConversionContext,
     key_of,
-    tiers_never_preempting,
     pod_is_terminating,
     pod_node,
+    tiers_never_preempting,
 )
 from airflow_gpu.scheduler.actions import Api, default_identity, grace_seconds_of
 from airflow_gpu.scheduler.cache import ClusterCache, View
