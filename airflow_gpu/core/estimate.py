@@ -209,7 +209,8 @@ def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRes
         gone = {v.gang.name for v in plan.victims}
         for v in plan.victims:
             base.release(v)
-        ends = [r for r in ends if r.gang.name not in gone]
+        # by name, then the very victim: the admitted rest of a partly bound gang bears its name too
+        ends = [r for r in ends if r.gang.name not in gone or not any(r is v for v in plan.victims)]
         _hold_where_free(base, plan.gang.team, plan.placements)
         ends.append(RunningGang(plan.gang, tuple(plan.placements), now))
     ends.sort(key=lambda r: (math.inf if r.expected_end is None else r.expected_end, r.started_at, r.gang.name))
