@@ -212,3 +212,13 @@ def test_a_mig_profile_counts_the_slices_the_config_declares_everywhere(seed_dat
     node = {"metadata": {"name": "n1", "labels": {C.NODE_GPU_PRODUCT: a100.get("node_label", "x")}}}
     [usage] = ledger.usage_from_pods([pod], {"n1": node}, lambda p: "x", lambda label: "a100-80gb", 1767225700.0, cfg)
     assert usage.gpus == 2 / 7
+    # the scheduler's published queue (core.visibility.gpus_of) counts it by the same rule, passed in
+    from functools import partial
+
+    from airflow_gpu.core.model import PodRequest
+    from airflow_gpu.core.visibility import gpus_of
+
+    member = PodRequest("team-x/p", mig_profile=name)
+    assert gpus_of([member, PodRequest("team-x/q", gpus=1)], partial(mig_gpus, cfg=cfg)) == round(1 + 2 / 7, 3)
+    with pytest.raises(ValueError, match="pass mig_gpus"):
+        gpus_of([member])  # core reads no config and never guesses from the name

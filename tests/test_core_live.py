@@ -134,6 +134,6 @@ def test_the_quota_ledger_kept_by_deltas_counts_as_a_rebuild_with_plans_and_nomi
     # the ledger's own usage is not changed by the cycle's plans, and a demand is served from its cache
     kept.usage.add("a", {("H100", None): 1000})
     assert _usage(ledger.cycle_state(snap, candidates, held=held, nominated=nominated)) == _usage(rebuilt)
-    assert kept.demand(again.placements) is ledger._gangs["r2"][2]
+    assert kept.demand_of(again) is ledger._gangs["r2"][2]
     ledger.sync([])
     assert not any(v for d in ledger.usage.used.values() for v in d.values())

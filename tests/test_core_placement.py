@@ -154,22 +154,24 @@ def test_gpu_packing_prefers_used_shared_gpu_then_used_node_then_empty_node():
     assert scores.tolist() == [100 - 40 // 10, 49, 33 - 4]
 
 
-def test_shape_rows_give_node_indices_once_per_placements_tuple():
+def test_shape_rows_give_node_indices_once_per_gang_and_placements_tuple():
     snap = Snapshot.from_nodes([gpu_node("a", gpus=2), gpu_node("b", gpus=4)])
     placements = (Placement("p", "b", gpu_shares=((1, 300), (3, 1000)), cpu_milli=1000, memory_mib=2048),
                   Placement("q", "gone", gpu_shares=((0, 1000),)), Placement("r", "a", cpu_milli=500))
-    rows = snap.shape.rows(placements)
+    rows = snap.shape.rows(placements, "g")
     assert rows.spots == ((1, ((1, 300), (3, 1000)), 1000, 2048), (0, (), 500, 0))  # unknown node left out
     assert rows.nodes == (1, 0)
     assert rows.flat_spots == (1, 1000, 2048, 0, 500, 0)
     assert rows.flat_shares == (1, 1, 300, 1, 3, 1000)
-    assert snap.shape.rows(placements) is rows  # cached while the tuple lives
-    assert snap.copy().shape.rows(placements) is rows  # copies share the shape
-    assert snap.shape.rows(list(placements)) == rows  # a list is read, not cached
+    assert snap.shape.rows(placements, "g") is rows  # cached by gang name while its tuple is the same
+    assert snap.copy().shape.rows(placements, "g") is rows  # copies share the shape
+    assert snap.shape.rows(placements) == rows and snap.shape.rows(placements) is not rows  # no name: not cached
     gang = Gang("g", "t", "best-effort-training", 0, (PodRequest("p"),))
     other = (Placement("s", "a", gpu_shares=((0, 500),)),)
+    # the same gang moved (a new placements tuple): read again, never the old rows
     assert snap.shape.rows_of([RunningGang(gang, placements, 0.0), RunningGang(gang, other, 0.0)]) == [
         rows, snap.shape.rows(other)]
+    assert snap.shape.rows_of([RunningGang(gang, other, 0.0)])[0] is snap.shape.rows(other, "g")
 
 
 def test_fgd_puts_a_share_where_it_fragments_least():

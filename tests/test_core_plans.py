@@ -106,3 +106,31 @@ def test_may_bind_never_takes_a_team_past_its_ceiling_while_victims_run(quota, b
     if may_bind(state, g, placements, victims_alive=True):
         state.hold(g.team, placements)
         assert not within_limits(book, state.usage), within_limits(book, state.usage)
+
+
+def test_a_half_free_node_holds_what_is_free_of_a_plan_member_and_a_nomination_lapses_after_grace_and_slack():
+    from airflow_gpu.core.model import PodRequest
+    from airflow_gpu.core.plans import hold_member, nomination_lapsed
+
+    snap = Snapshot.from_nodes(cluster(1, gpus=8))
+    snap.assume(Placement("victim", "n0000", tuple((i, 1000) for i in range(5))))
+    member = PodRequest("m", cpu_milli=1000, memory_mib=1024, gpus=4)
+    assert hold_member(snap, "n0000", member) is False  # 3 of its 4 GPUs are free: held, not bound
+    assert int(snap.whole_free_gpus()[0]) == 0 and "m#held" in snap.placements
+    assert hold_member(snap, "gone", member) is False
+    fresh = Snapshot.from_nodes(cluster(1, gpus=8))
+    assert hold_member(fresh, "n0000", member) is True and "m" in fresh.placements
+    assert not nomination_lapsed(100.0, 100.0 + 59, grace=30, slack=30)
+    assert nomination_lapsed(100.0, 100.0 + 60, grace=30, slack=30)
+
+
+def test_a_never_preempting_tier_and_a_foreign_gang_are_policy_of_core():
+    from airflow_gpu.core.preemption import PreemptionPolicy
+    from airflow_gpu.core.tiers import placed_by
+
+    policy = PreemptionPolicy(never_preempting_tiers=frozenset({"a"}))
+    assert policy.with_never_preempting(["a"]) is policy
+    assert policy.with_never_preempting(["b"]).never_preempting_tiers == {"a", "b"}
+    g = gang("g", 1, 1)
+    assert g.preemptible and placed_by(g, ours=True) is g
+    assert placed_by(g, ours=False).preemptible is False  # another scheduler's pods are never victims here

@@ -204,15 +204,20 @@ def test_a_partly_bound_gang_pins_its_pending_members_and_counts_bound_ones_towa
     assert g.pinned == ("a",) and len(g.members) == 3 and g.min_member == 2
 
 
-def test_running_pods_and_nominated_plans_hold_gpus():
-    running = [pod(f"r{i}", 1, node_name="a", phase="Running") for i in range(6)]
-    members = [pod(f"g{i}", 8, group="big", priority=10) for i in range(2)]
+def _nomination() -> Plan:
+    """Gang team-nlp/big's two 8-GPU members on nodes a and b, preempting team-nlp/r0."""
     plan = Plan(PLAN_NOMINATED, {f"team-nlp/g{i}": Placement(f"team-nlp/g{i}", n, tuple((k, 1000) for k in range(8)),
                                                              cpu_milli=500, memory_mib=1024)
                                  for i, n in enumerate("ab")}, 0.0, victims=("team-nlp/r0",))
-    plan = replace(plan, owner_key="team-nlp/big", owner_uid="uid-pg-team-nlp-big",
+    return replace(plan, owner_key="team-nlp/big", owner_uid="uid-pg-team-nlp-big",
                    pod_uids={f"team-nlp/g{i}": f"uid-team-nlp-g{i}" for i in range(2)},
                    victim_uids={"team-nlp/r0": "uid-team-nlp-r0"})
+
+
+def test_running_pods_and_nominated_plans_hold_gpus():
+    running = [pod(f"r{i}", 1, node_name="a", phase="Running") for i in range(6)]
+    members = [pod(f"g{i}", 8, group="big", priority=10) for i in range(2)]
+    plan = _nomination()
     pg = podgroup("big", 2)
     w = build_world(_view(running + members, [pg], plans=[plan]), "airflow-gpu", ConversionContext())
     assert len(w.running) == 6 and not w.pending
@@ -279,3 +284,41 @@ def test_a_memo_keeps_the_running_snapshot_by_deltas_and_equals_a_fresh_build():
         # the kept snapshot holds the running pods only (the plan's holds are on the cycle's copy)
         assert set(memo.live.placements) == {f"team-nlp/{p['metadata']['name']}" for p in pods}
     assert int(memo.live.whole_free_gpus()[2]) == 8 - 2  # c: the moved 2-GPU pod only, "new" ended
+
+
+def test_one_world_per_cycle_its_state_counts_plans_once_and_each_gang_is_converted_once(monkeypatch):
+    """The World carries the cycle's CycleState: the world's snapshot with the plan held, every
+    running gang's quota plus the nomination's charge (its own-team victim counted once), and as
+    preemption candidates neither the nomination's victim nor a terminating gang. Each unit's gang
+    is converted once, and the plan's unit carries it."""
+    from airflow_gpu.core.quota import QuotaBook, TeamQuota
+    from airflow_gpu.scheduler import state as S
+
+    running = [pod(f"r{i}", 1, node_name="a", phase="Running") for i in range(6)]
+    running[5]["metadata"]["deletionTimestamp"] = "2026-12-01T10:05:00Z"  # terminating: holds GPUs until gone
+    members = [pod(f"g{i}", 8, group="big", priority=10) for i in range(2)]
+    plan = _nomination()
+    book = QuotaBook({"nlp": TeamQuota.from_gpus("nlp", {"NVIDIA-A100-SXM4-80GB": 32})})
+    calls = []
+    convert = S.gang_from_k8s
+    monkeypatch.setattr(S, "gang_from_k8s", lambda key, *a, **k: calls.append(key) or convert(key, *a, **k))
+    ctx = ConversionContext(team_by_namespace={"team-nlp": "nlp"})
+    w = build_world(_view(running + members + [pod("lone", 2)], [podgroup("big", 2)], plans=[plan]),
+                    "airflow-gpu", ctx, book=book)
+    assert sorted(calls) == ["team-nlp/big", "team-nlp/lone"]  # running gangs: running_gang_from_k8s
+    assert w.units["team-nlp/big"].gang.name == "team-nlp/big" and "team-nlp/big" in w.plans
+    assert w.state.snap is w.snapshot and int(w.snapshot.whole_free_gpus().sum()) == 0
+    assert sorted(rg.gang.name for rg in w.state.running) == [f"team-nlp/r{i}" for i in range(1, 5)]
+    # 6 running GPUs, and the plan's 16 less its own-team victim's 1 while the victim still runs
+    assert sum(w.state.usage.used["nlp"].values()) == (6 + 16 - 1) * 1000
+
+
+def test_a_victim_of_a_nomination_whose_members_are_all_bound_is_no_candidate_again():
+    victim = pod("r0", 1, node_name="a", phase="Running")
+    other = pod("r1", 1, node_name="a", phase="Running")
+    members = [pod(f"g{i}", 8, group="big", priority=10, node_name="bc"[i], phase="Running") for i in range(2)]
+    w = build_world(_view([victim, other] + members, [podgroup("big", 2)], nodes=("a", "b", "c"),
+                          plans=[_nomination()]), "airflow-gpu", ConversionContext())
+    assert "team-nlp/big" in w.plans and not w.rejected_plans  # every member bound: the loop closes it
+    assert {rg.gang.name for rg in w.running} == {"team-nlp/r0", "team-nlp/r1", "team-nlp/big"}
+    assert {rg.gang.name for rg in w.state.running} == {"team-nlp/r1", "team-nlp/big"}

@@ -176,7 +176,6 @@ def test_the_queue_shows_the_namespace_team_and_the_priority_class_tier(cfg):
     labelled team=nlp, tier=interactive is vision's, at its PriorityClass's tier."""
     from test_scheduler_convert import _view, pod as k8s_pod, podgroup
 
-    from airflow_gpu.core.cycle import CycleState
     from airflow_gpu.core.policies import make_profile
     from airflow_gpu.core.queue import schedule_cycle
     from airflow_gpu.kube.convert import ConversionContext
@@ -190,7 +189,7 @@ def test_the_queue_shows_the_namespace_team_and_the_priority_class_tier(cfg):
         p["metadata"]["labels"].update(liar)
     ctx = ConversionContext.from_config(cfg)
     world = build_world(_view(pods, [podgroup("big", 2, ns="team-vision")]), C.DEFAULT_SCHEDULER_NAME, ctx, T0)
-    state = CycleState.build(world.snapshot, world.running)
+    state = world.state  # the cycle's one state, built with the World
     profile = make_profile("bestfit")
     result = schedule_cycle(state, [g for _, g in world.pending], profile, T0)
     doc = document(world, state, result, profile, "bestfit", C.DEFAULT_SCHEDULER_NAME, 1, T0, 5.0, [], {}, ctx)

@@ -19,6 +19,7 @@ API (stable; the scheduler, the simulator and the replay build on it):
                                                # until they are gone
     state.without(victims)      # a copy with those gangs gone (what preemption asks)
     state.demand(placements)    # quota demand of placed pods
+    state.demand_of(running_gang)  # the same, computed once per gang (by name, while its placements stay)
 `build` expects `snap` to hold every placement passed in already (the scheduler's World does);
 `CycleState.from_running(nodes_snap, running, ...)` is the shortcut when only running gangs exist.
 """
@@ -54,9 +55,10 @@ class CycleState:
     usage: QuotaUsage | None = None
     running: list[RunningGang] = field(default_factory=list)
     node_product: dict[str, str | None] = field(default_factory=dict)
-    # quota demand per running gang's placements, shared by copies: preemption planning releases
-    # the same gangs from many what-if copies (keyed by id, the tuple kept alive with its demand)
-    _demands: dict[int, tuple] = field(default_factory=dict, repr=False)
+    # quota demand per running gang, shared by copies: preemption planning releases the same gangs
+    # from many what-if copies. Gang name -> (its placements tuple, demand): valid while the gang's
+    # placements are that tuple (a gang that moved is a new RunningGang with a new tuple)
+    demands: dict[str, tuple] = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, snap: Snapshot, running: Iterable[RunningGang] = (), book: QuotaBook | None = None,
@@ -71,10 +73,10 @@ class CycleState:
         state = cls(snap, book, QuotaUsage() if book is not None else None, running, node_product)
         if book is not None:
             for rg in running + list(terminating):
-                state.usage.add(rg.gang.team, state.demand(rg.placements))
+                state.usage.add(rg.gang.team, state.demand_of(rg))
             for team, placements, victims in nominated:
                 for v in victims:
-                    state.usage.add(v.gang.team, state.demand(v.placements))
+                    state.usage.add(v.gang.team, state.demand_of(v))
             state.count_plans(held, nominated)
         return state
 
@@ -92,7 +94,7 @@ class CycleState:
 
     def copy(self) -> CycleState:
         return CycleState(self.snap.copy(), self.book, self.usage.copy() if self.usage is not None else None,
-                          list(self.running), self.node_product, self._demands)
+                          list(self.running), self.node_product, self.demands)
 
     def speed(self, placements: Iterable[Placement]) -> float:
         """Relative speed of the GPU product `placements` run on (core.quota.placement_speed)."""
@@ -100,14 +102,16 @@ class CycleState:
 
     # --- quota views ------------------------------------------------------------------------
     def demand(self, placements: Iterable[Placement]) -> Demand:
-        if isinstance(placements, tuple):  # a RunningGang's (immutable): computed once per cycle
-            hit = self._demands.get(id(placements))
-            if hit is not None and hit[0] is placements:
-                return hit[1]
-            demand = demand_of_placements(placements, self.node_product, self.book)
-            self._demands[id(placements)] = (placements, demand)
-            return demand
         return demand_of_placements(placements, self.node_product, self.book)
+
+    def demand_of(self, rg: RunningGang) -> Demand:
+        """A running gang's quota demand: computed once per gang and placements (demands)."""
+        hit = self.demands.get(rg.gang.name)
+        if hit is not None and hit[0] is rg.placements:
+            return hit[1]
+        demand = demand_of_placements(rg.placements, self.node_product, self.book)
+        self.demands[rg.gang.name] = (rg.placements, demand)
+        return demand
 
     def check(self, team: str, demand: Demand) -> QuotaVerdict:
         """May `team` take `demand` now? Always fits without a quota book."""
@@ -133,7 +137,7 @@ class CycleState:
             if p.pod in self.snap.placements:  # a pod the snapshot does not hold frees nothing
                 self.snap.forget(p.pod)
         if self.usage is not None:
-            self.usage.remove(rg.gang.team, self.demand(rg.placements))
+            self.usage.remove(rg.gang.team, self.demand_of(rg))
 
     def hold(self, team: str, placements: Sequence[Placement], assume: bool = True) -> None:
         """A plan's placements count from now on. assume=False: their capacity is held by other
@@ -151,8 +155,8 @@ class CycleState:
         preempted gangs stop) and are no candidates again. Its nodes are reserved by the caller (the
         victims still run on them)."""
         victims = list(victims)
-        gone = {id(v) for v in victims}
-        self.running = [r for r in self.running if id(r) not in gone]
+        gone = {v.gang.name for v in victims}
+        self.running = [r for r in self.running if r.gang.name not in gone]
         if self.usage is not None:
             self.usage.add(team, self.nomination_charge(team, placements, victims))
 
@@ -164,7 +168,7 @@ class CycleState:
         own: dict = {}
         for v in victims:
             if v.gang.team == team:
-                for key, amount in self.demand(v.placements).items():
+                for key, amount in self.demand_of(v).items():
                     own[key] = own.get(key, 0) + amount
         return {key: amount - own.get(key, 0) for key, amount in self.demand(placements).items()
                 if amount > own.get(key, 0)}
@@ -173,7 +177,7 @@ class CycleState:
         """A copy of capacity and quota only (no preemption candidates): what admission what-ifs
         read, without copying the list of every running gang."""
         return CycleState(self.snap.copy(), self.book, self.usage.copy() if self.usage is not None else None,
-                          [], self.node_product, self._demands)
+                          [], self.node_product, self.demands)
 
     def release(self, rg: RunningGang) -> None:
         """Free a gang's capacity and quota (a what-if: `running` is left alone)."""
@@ -185,13 +189,13 @@ class CycleState:
             if p.pod not in self.snap.placements:
                 self.snap.assume(p)
         if self.usage is not None:
-            self.usage.add(rg.gang.team, self.demand(rg.placements))
+            self.usage.add(rg.gang.team, self.demand_of(rg))
 
     def without(self, victims: Iterable[RunningGang]) -> CycleState:
         work = self.copy()
         gone = set()
         for v in victims:
             work._release(v)
-            gone.add(id(v))
-        work.running = [r for r in work.running if id(r) not in gone]
+            gone.add(v.gang.name)
+        work.running = [r for r in work.running if r.gang.name not in gone]
         return work

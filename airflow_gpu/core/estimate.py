@@ -206,10 +206,11 @@ def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRes
         base.hold(d.gang.team, d.placements)
         ends.append(RunningGang(d.gang, d.placements, now, borrowed=d.borrowed))
     for plan in result.preemptions:  # its victims leave now and it takes their place
-        gone = {id(v) for v in plan.victims}
+        gone = {v.gang.name for v in plan.victims}
         for v in plan.victims:
             base.release(v)
-        ends = [r for r in ends if id(r) not in gone]
+        # by name, then the very victim: the admitted rest of a partly bound gang bears its name too
+        ends = [r for r in ends if r.gang.name not in gone or not any(r is v for v in plan.victims)]
         _hold_where_free(base, plan.gang.team, plan.placements)
         ends.append(RunningGang(plan.gang, tuple(plan.placements), now))
     ends.sort(key=lambda r: (math.inf if r.expected_end is None else r.expected_end, r.started_at, r.gang.name))
@@ -281,7 +282,7 @@ def _estimate_one(base: CycleState, ends: Sequence[RunningGang], ahead: Sequence
             k += 1
             worth = tracker.release(r) or worth
             if work.usage is not None:
-                work.usage.remove(r.gang.team, work.demand(r.placements))
+                work.usage.remove(r.gang.team, work.demand_of(r))
                 worth = worth or _cohort_of(base, r.gang.team) == cohort
         worth = worth or any(a.end == t for a in ahead)
         if not worth or not room.holds(tracker.fit):

@@ -38,7 +38,7 @@ class QuotaLedger:
         self.book, self.node_product = book, node_product
         self.usage = QuotaUsage()
         self._gangs: dict[str, tuple[str, tuple[Placement, ...], Demand]] = {}  # name -> (team, placements, demand)
-        self._by_id: dict[int, tuple] = {}  # CycleState's demand cache: id(placements) -> (placements, demand)
+        self._demands: dict[str, tuple] = {}  # CycleState.demands: gang name -> (placements, demand)
 
     def __contains__(self, name: str) -> bool:
         return name in self._gangs
@@ -49,19 +49,19 @@ class QuotaLedger:
         placements = placements if isinstance(placements, tuple) else tuple(placements)
         demand = demand_of_placements(placements, self.node_product, self.book)
         self._gangs[name] = (team, placements, demand)
-        self._by_id[id(placements)] = (placements, demand)
+        self._demands[name] = (placements, demand)
         self.usage.add(team, demand)
         return demand
 
     def remove(self, name: str) -> None:
-        team, placements, demand = self._gangs.pop(name)
-        self._by_id.pop(id(placements), None)
+        team, _, demand = self._gangs.pop(name)
+        self._demands.pop(name, None)
         self.usage.remove(team, demand)
 
     def sync(self, gangs: Iterable[RunningGang]) -> None:
         """Count exactly `gangs` (by name): gone ones removed, new or changed ones (team or
         placements) counted again, the rest untouched. A gang's RunningGang may be a new object
-        every cycle: its placements tuple is kept, so CycleState's demand cache finds it."""
+        every cycle: its placements tuple is kept, so CycleState.demand_of finds its demand."""
         seen = set()
         for rg in gangs:
             name = rg.gang.name
@@ -69,9 +69,8 @@ class QuotaLedger:
             held = self._gangs.get(name)
             if held is not None and held[0] == rg.gang.team and held[1] == rg.placements:
                 if held[1] is not rg.placements:
-                    self._by_id.pop(id(held[1]), None)
                     self._gangs[name] = (held[0], rg.placements, held[2])
-                    self._by_id[id(rg.placements)] = (rg.placements, held[2])
+                    self._demands[name] = (rg.placements, held[2])
                 continue
             if held is not None:
                 self.remove(name)
@@ -79,9 +78,9 @@ class QuotaLedger:
         for name in [n for n in self._gangs if n not in seen]:
             self.remove(name)
 
-    def demand_cache(self) -> dict[int, tuple]:
-        """CycleState's demand cache (id of a placements tuple -> (tuple, demand)) for the counted gangs."""
-        return dict(self._by_id)
+    def demand_cache(self) -> dict[str, tuple]:
+        """CycleState.demands (gang name -> (placements tuple, demand)) of the counted gangs."""
+        return dict(self._demands)
 
     def cycle_state(self, snap: Snapshot, running: Iterable[RunningGang], held: Held = (),
                     nominated: Nominated = ()) -> CycleState:

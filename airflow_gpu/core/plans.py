@@ -18,9 +18,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from airflow_gpu.core.cycle import CycleState
-from airflow_gpu.core.model import Gang, Placement, RunningGang
+from airflow_gpu.core.model import GPU_MILLI, Gang, Placement, PodRequest, RunningGang
 from airflow_gpu.core.plugins.filters import CapacityType, GpuProduct, NodeSelector, TaintToleration
 from airflow_gpu.core.preemption import PreemptionPolicy, candidates
+from airflow_gpu.core.snapshot import OverCommitError, Snapshot
 
 STATIC_FILTERS = (NodeSelector(), TaintToleration(), CapacityType(), GpuProduct())
 
@@ -77,3 +78,42 @@ def may_bind(state: CycleState, gang: Gang, placements: Sequence[Placement], vic
     otherwise hold its preempted gangs and the preemptor at once, above its guarantee. `state`
     counts every gang still holding GPUs (terminating victims too) and not this plan."""
     return not victims_alive or state.check(gang.team, state.demand(placements)).fits
+
+
+def hold_member(snap: Snapshot, node: str, req: PodRequest) -> bool:
+    """Reserve a plan's member `req` on `node`; True if it fits whole. Which GPUs of the node does not
+    matter on Kubernetes (the device plugin picks them), so the plan's GPU indices are not replayed:
+    after a restart the running pods' indices are re-chosen and could collide with them. If it does
+    not fit whole (victims still terminating), what is free of it is held under a hold name (whole
+    free GPUs first, or one GPU's free share), so nobody else takes the GPUs as they are freed."""
+    try:
+        i = snap.node_index(node)
+    except KeyError:
+        return False  # node gone
+    try:
+        snap.assume(snap.placement_for(req, i))
+        return True
+    except OverCommitError:
+        pass
+    free = snap.gpu_free[i]
+    if req.gpus:
+        shares = tuple((int(g), GPU_MILLI) for g in np.flatnonzero(free == GPU_MILLI)[: req.gpus])
+    elif req.gpu_milli:
+        shares = tuple((int(g), int(min(free[g], req.gpu_milli))) for g in np.flatnonzero(free > 0)[:1])
+    else:
+        shares = ()
+    partial = Placement(pod=f"{req.name}#held", node=node, gpu_shares=shares,
+                        cpu_milli=min(req.cpu_milli, int(snap.cpu_free[i])),
+                        memory_mib=min(req.memory_mib, int(snap.mem_free[i])))
+    try:
+        snap.assume(partial)
+    except OverCommitError:
+        pass
+    return False
+
+
+def nomination_lapsed(made_at: float, now: float, grace: float, slack: float) -> bool:
+    """A nomination holds its GPUs while its victims stop: at most their longest grace period
+    (`grace`, seconds) plus `slack` after it was made; past that it is dropped (or its bound part
+    rolled back) and the gang queues again."""
+    return now - made_at >= grace + slack

@@ -85,6 +85,14 @@ def protected(rg: RunningGang, now: float, policy: PreemptionPolicy, reclaim: bo
     young = now - rg.started_at < policy.min_runtime_of(rg.gang.tier)
     return young and not (reclaim and rg.gang.tier in policy.reclaim_ignores_min_runtime_tiers)
 
+    def with_never_preempting(self, tiers: Iterable[str]) -> PreemptionPolicy:
+        """This policy with `tiers` never preempting too: a tier whose PriorityClass says
+        preemptionPolicy: Never, as kube-scheduler honours it."""
+        extra = frozenset(tiers)
+        if extra <= self.never_preempting_tiers:
+            return self
+        return replace(self, never_preempting_tiers=self.never_preempting_tiers | extra)
+
 
 @dataclass(frozen=True)
 class PreemptionPlan:
@@ -281,7 +289,7 @@ def valid_order(state: CycleState, gang: Gang, victims: Iterable[RunningGang],
             if not borrowing(state.book, usage, v.gang.team, keys):
                 continue
             # only other teams' usage is read again (the preemptor's own gangs are always valid)
-            usage.remove(v.gang.team, state.demand(v.placements))
+            usage.remove(v.gang.team, state.demand_of(v))
         out.append(v)
     return out
 
@@ -514,14 +522,14 @@ def _without_spares(chosen: list[RunningGang], decision: GangDecision, ok) -> li
     that still lets the gang in (quota may need more victims than capacity does). The caller's
     one-by-one pass then makes the set minimal."""
     used = {p.node for p in decision.placements}
-    on_used = {id(v) for v in chosen if any(p.node in used for p in v.placements)}
-    others = [v for v in chosen if id(v) not in on_used]
+    on_used = {v.gang.name for v in chosen if any(p.node in used for p in v.placements)}
+    others = [v for v in chosen if v.gang.name not in on_used]
     if not others:
         return chosen
 
     def with_prefix(k: int) -> list[RunningGang]:
-        keep = on_used | {id(v) for v in others[:k]}
-        return [v for v in chosen if id(v) in keep]
+        keep = on_used | {v.gang.name for v in others[:k]}
+        return [v for v in chosen if v.gang.name in keep]
 
     lo, hi = 0, len(others)  # with_prefix(hi) is chosen itself
     while lo < hi:

@@ -127,7 +127,7 @@ class ClusterShape:
     mig_profiles: tuple[str, ...]  # distinct MIG profiles over all nodes
     mig_cap: np.ndarray  # [N, P] int
     _mask_cache: dict = field(default_factory=dict)
-    _rows: dict = field(default_factory=dict)  # id(placements tuple) -> (the tuple, PlacementRows)
+    _rows: dict = field(default_factory=dict)  # gang name -> (its placements tuple, PlacementRows)
 
     @classmethod
     def from_nodes(cls, nodes) -> ClusterShape:
@@ -188,31 +188,32 @@ class ClusterShape:
         ids = [self.products.index(p) for p in products if p in self.products]
         return self.cached_mask(("product", products), lambda: np.isin(self.product_id, ids))
 
-    def rows(self, placements: tuple[Placement, ...]) -> PlacementRows:
-        """`placements` (a RunningGang's tuple: immutable, so cached by identity while it lives)
-        as node-index rows; placements on nodes the shape does not know are left out."""
-        cacheable = isinstance(placements, tuple)
-        hit = self._rows.get(id(placements)) if cacheable else None
-        if hit is not None and hit[0] is placements:
-            return hit[1]
+    def rows(self, placements: Sequence[Placement], gang: str | None = None) -> PlacementRows:
+        """`placements` as node-index rows; placements on nodes the shape does not know are left out.
+        With `gang` (a running gang's name) they are cached under it while they are the same tuple
+        (a RunningGang's placements are immutable; a gang that moved has a new tuple)."""
+        if gang is not None:
+            hit = self._rows.get(gang)
+            if hit is not None and hit[0] is placements:
+                return hit[1]
         index = self.index
         spots = tuple((index[p.node], p.gpu_shares, p.cpu_milli, p.memory_mib) for p in placements if p.node in index)
         rows = PlacementRows(spots, tuple(s[0] for s in spots), tuple(x for s in spots for x in (s[0], s[2], s[3])),
                              tuple(x for s in spots for g, milli in s[1] for x in (s[0], g, milli)))
-        if cacheable:
+        if gang is not None and isinstance(placements, tuple):
             if len(self._rows) >= 250_000:  # gangs come and go: start again rather than grow without bound
                 self._rows.clear()
-            self._rows[id(placements)] = (placements, rows)
+            self._rows[gang] = (placements, rows)
         return rows
 
     def rows_of(self, gangs) -> list[PlacementRows]:
-        """rows() of each gang's placements (RunningGang), in order: preemption asks it of every
-        candidate (thousands), so the cache is read inline."""
+        """rows() of each running gang's placements (RunningGang), in order, cached by gang name:
+        preemption asks it of every candidate (thousands), so the cache is read inline."""
         get, out = self._rows.get, []
         for g in gangs:
-            placements = g.placements
-            hit = get(id(placements))
-            out.append(hit[1] if hit is not None and hit[0] is placements else self.rows(placements))
+            placements, name = g.placements, g.gang.name
+            hit = get(name)
+            out.append(hit[1] if hit is not None and hit[0] is placements else self.rows(placements, name))
         return out
 
     @cached_property

@@ -7,12 +7,12 @@ to `TierPolicy` values by `airflow_gpu.config.QuotaConfig.tier_policies()`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
 from airflow_gpu.constants import DEFAULT_RESTART_OVERHEAD_SECONDS, LABEL_TEAM, LABEL_TIER, TIER_INTERACTIVE
 from airflow_gpu.core.capacity import confine_to_eligible_capacity, is_spot_eligible
-from airflow_gpu.core.model import PodRequest
+from airflow_gpu.core.model import Gang, PodRequest
 
 DEFAULT_TIER = "default"  # the tier of a gang that names none
 PRIORITY_CLASS_PREFIX = "airflow-gpu-"  # PriorityClass of tier T is `airflow-gpu-T` (pools render-k8s)
@@ -105,6 +105,12 @@ def restart_overhead_of(policy: TierPolicy | None, own: float | None = None) -> 
     if own is not None:
         return own
     return policy.restart_overhead_seconds if policy is not None else DEFAULT_RESTART_OVERHEAD_SECONDS
+
+
+def placed_by(gang: Gang, ours: bool) -> Gang:
+    """A running gang as preemption sees it: one whose pods another scheduler placed is never a
+    victim here, whatever its tier (only this scheduler's placements are its to undo)."""
+    return gang if ours or not gang.preemptible else replace(gang, preemptible=False)
 
 
 def resolve_tier(priority_classes: Iterable[str | None], tiers: Mapping[str, TierPolicy]) -> str:

@@ -8,7 +8,7 @@ held by a plan, MIG slices, allocation and FGD fragmentation. Pure: the schedule
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +21,6 @@ from airflow_gpu.core.estimate import ESTIMATE_LIMIT, estimate_starts
 from airflow_gpu.core.queue import CycleResult, queue_order
 from airflow_gpu.core.snapshot import Snapshot
 
-MIG_COMPUTE_SLICES = 7  # a MIG profile "<k>g.<mem>" takes k of a GPU's 7 compute slices (A100/H100)
 REASON_NOT_TRIED = "not tried by the scheduler yet"
 
 
@@ -53,23 +52,31 @@ class WaitingEntry:
                 "nodes": list(self.nodes), "expected_products": list(self.expected_products)}
 
 
-def gpus_of(members: Iterable[PodRequest]) -> float:
-    """Whole GPUs asked; a MIG slice counts by its compute slices (1g = 1/7), as the pools do."""
-    return round(sum(m.gpus + m.gpu_milli / GPU_MILLI
-                     + (int(m.mig_profile.split("g")[0]) / MIG_COMPUTE_SLICES if m.mig_profile else 0)
-                     for m in members), 3)
+def gpus_of(members: Iterable[PodRequest], mig_gpus: Callable[[str], float] | None = None) -> float:
+    """Whole GPUs asked; a MIG slice counts `mig_gpus(profile)`: the config's rule (its `slices`,
+    config.core.mig_gpus), which the caller passes in, as core reads no config."""
+    def one(m: PodRequest) -> float:
+        if not m.mig_profile:
+            return m.gpus + m.gpu_milli / GPU_MILLI
+        if mig_gpus is None:
+            raise ValueError(f"pod {m.name} asks for MIG {m.mig_profile}: pass mig_gpus, the config's rule for "
+                             f"what one slice counts (airflow_gpu.config.core.mig_gpus)")
+        return m.gpus + m.gpu_milli / GPU_MILLI + mig_gpus(m.mig_profile)
+
+    return round(sum(one(m) for m in members), 3)
 
 
 def waiting_entries(state: CycleState, pending: Sequence[Gang], result: CycleResult, profile: Profile,
                     now: float, nominated: Sequence[tuple[Gang, Sequence[str]]] = (),
                     reasons: Mapping[str, str] | None = None,
-                    limit: int = ESTIMATE_LIMIT) -> list[WaitingEntry]:
+                    limit: int = ESTIMATE_LIMIT,
+                    mig_gpus: Callable[[str], float] | None = None) -> list[WaitingEntry]:
     """Every gang of `pending` the cycle of `result` did not admit, and every gang of `nominated`
     ((gang, its nodes): a held preemption plan waiting for its victims, not pending any more), in
     queue order.
     Reason: `reasons` where given (the scheduler passes the reason it last wrote for a gang the
     cycle skipped in back-off, or one that preempts), else the cycle's. `state`: the cycle's state
-    before the cycle."""
+    before the cycle. `mig_gpus`: what a MIG slice counts in GPUs (gpus_of)."""
     reasons = reasons or {}
     admitted = {d.gang.name for d in result.admitted}
     waiting = queue_order([g for g in pending if g.name not in admitted] + [g for g, _ in nominated])
@@ -83,7 +90,7 @@ def waiting_entries(state: CycleState, pending: Sequence[Gang], result: CycleRes
         est = starts[gang.name]
         reason = reasons.get(gang.name) or result.waiting.get(gang.name) or REASON_NOT_TRIED
         out.append(WaitingEntry(
-            gang.name, gang.team, gang.tier, gang.priority, gpus_of(gang.members),
+            gang.name, gang.team, gang.tier, gang.priority, gpus_of(gang.members, mig_gpus),
             tuple(sorted({p for m in gang.members for p in m.gpu_products})), gang.created_at, i,
             per_team[gang.team], reason, est.start, est.note, est.nodes,
             tuple(sorted({product.get(n) or "" for n in est.nodes} - {""}))))

@@ -39,6 +39,7 @@ from airflow_gpu.core.tiers import (  # noqa: F401
     TierPolicy,
     decide,
     identity,
+    placed_by,
     resolve_tier,
     tier_of_priority_class,
 )
@@ -320,6 +321,12 @@ def schedule_timeout(podgroup: Mapping | None) -> int | None:
     return value
 
 
+def tiers_never_preempting(priorityclasses: Mapping[str, Mapping]) -> frozenset[str]:
+    """The tiers whose PriorityClass (name -> object) says preemptionPolicy: Never."""
+    return frozenset(tier_of_priority_class(name) for name, pc in priorityclasses.items()
+                     if pc.get("preemptionPolicy") == "Never")
+
+
 @dataclass
 class ConversionContext:
     """What a Kubernetes object does not say by itself: which team owns a namespace, what a tier allows."""
@@ -491,9 +498,7 @@ def running_gang_from_k8s(
     A running gang always counts (capacity, quota, preemption): user-written hints that are invalid
     are ignored, their problems appended to `hints`."""
     hints = [] if hints is None else hints
-    gang = gang_from_k8s(key, podgroup, pods, ctx, members, hints=hints)
-    if not ours:
-        gang = replace(gang, preemptible=False)
+    gang = placed_by(gang_from_k8s(key, podgroup, pods, ctx, members, hints=hints), ours)
     starts = []
     for p in pods:
         status = p.get("status") or {}

@@ -39,31 +39,31 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from airflow_gpu import constants as C
-from airflow_gpu.config.core import preemption_policy_from_config, quota_book_from_config
+from airflow_gpu.config.core import mig_gpus, preemption_policy_from_config, quota_book_from_config
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import GangDecision
-from airflow_gpu.core.live import QuotaLedger
-from airflow_gpu.core.model import Placement, RunningGang
+from airflow_gpu.core.model import Placement
+from airflow_gpu.core.plans import nomination_lapsed
 from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, make_profile
-from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy
+from airflow_gpu.core.preemption import PreemptionPlan
 from airflow_gpu.core.backoff import Backoff
 from airflow_gpu.core.estimate import ReservationHold
 from airflow_gpu.core.queue import Queue
 from airflow_gpu.kube import preemptions, queue_status
 from airflow_gpu.kube.convert import (
     ConversionContext,
-    gang_from_k8s,
     key_of,
     pod_is_terminating,
     pod_node,
-    tier_of_priority_class,
+    tiers_never_preempting,
 )
 from airflow_gpu.scheduler.actions import Api, default_identity, grace_seconds_of
 from airflow_gpu.scheduler.cache import ClusterCache, View
@@ -130,6 +130,7 @@ class Scheduler:
         self.ctx = ConversionContext.from_config(quota_config)
         self.book = quota_book_from_config(quota_config)
         self.policy = preemption_policy_from_config(quota_config)
+        self.mig_gpus = partial(mig_gpus, cfg=quota_config)  # what a MIG slice counts, by the config's rule
         profile: Profile = make_profile(self.settings.policy) if self.settings.policy not in LEARNING \
             else make_profile("bestfit")  # until there are pods to learn the workload's typical shapes from
         self._pool = ThreadPoolExecutor(max_workers=self.settings.bind_workers, thread_name_prefix="bind")
@@ -137,8 +138,7 @@ class Scheduler:
         self._written: dict[str, tuple] = {}  # owner key -> last annotations/status written (dedup only)
         self._ignored: dict[str, tuple[str, ...]] = {}  # unit key -> this cycle's ignored hints (wait reasons)
         self.cycles = 0
-        self._memo = Memo()
-        self._quota: QuotaLedger | None = None  # quota usage of the running gangs, kept by deltas
+        self._memo = Memo()  # conversions, the running snapshot and quota kept between cycles
         self._was_leader = False
         # the same bound on a reservation of unknown start as the replay measures (config `scheduling`)
         hold = (quota_config.scheduling.reservation_hold_seconds if quota_config is not None
@@ -196,7 +196,7 @@ class Scheduler:
         started = time.perf_counter()
         now = time.time()
         view = self.cache.view()
-        policy = self._policy_with(view)
+        policy = self.policy.with_never_preempting(tiers_never_preempting(view.priorityclasses))
         world = build_world(view, self.settings.scheduler_name, self.ctx, now, self._memo, self.book, policy)
         if self.cycles % 50 == 0:
             self._memo.prune(view)
@@ -220,7 +220,7 @@ class Scheduler:
         units = {g.name: u for u, g in world.pending}
         if self._room.changed(world):
             self.queue.reset()
-        state = self._cycle_state(world, view)
+        state = world.state
         result = self.queue.cycle(state, pending, now, policy)
         if self._room.head_moved(result.reservation):
             self.queue.reset()
@@ -253,14 +253,14 @@ class Scheduler:
             | frozenset(k for k, plan in world.plans.items() if plan.state == PLAN_NOMINATED)
         if not self.publisher.due(waiting) or not self.is_leader():
             return
-        nominated = nominated_gangs(world, self.settings.scheduler_name, view.assumed, self._gang_of)
+        nominated = nominated_gangs(world)
         units = {g.name: u for u, g in world.pending} | {g.name: u for u, g in nominated}
         tried = set(result.waiting) - {p.gang.name for p in result.preemptions}
         reasons = {name: self._written.get(("reason", u.key)) or u.annotation(C.ANNOTATION_WAIT_REASON) or ""
                    for name, u in units.items() if name not in tried}
         doc = publish_document(world, state, result, self.profile, self.settings.policy, self.settings.scheduler_name,
                                self.cycles, now, self.settings.publish_interval, nominated,
-                               {k: v for k, v in reasons.items() if v}, self.ctx)
+                               {k: v for k, v in reasons.items() if v}, self.ctx, self.mig_gpus)
         try:
             blob = queue_status.encode(doc)
             self.api.write_queue_status(queue_status.manifest(self.settings.state_namespace,
@@ -271,81 +271,12 @@ class Scheduler:
             return
         self.publisher.done(waiting)
 
-    def _gang_of(self, unit: Unit, pods: list[dict]):
-        """The gang of `pods` (a unit's pending members); None when they cannot be read."""
-        try:
-            return gang_from_k8s(unit.key, unit.podgroup, pods, self.ctx, hints=[])
-        except ValueError:
-            return None
-
-    def _policy_with(self, view: View) -> PreemptionPolicy:
-        """The configured policy, plus: a tier whose PriorityClass says preemptionPolicy: Never never
-        preempts, as kube-scheduler honours it."""
-        never = {tier_of_priority_class(k) for k, pc in view.priorityclasses.items()
-                 if pc.get("preemptionPolicy") == "Never"}
-        if never <= self.policy.never_preempting_tiers:
-            return self.policy
-        return replace(self.policy, never_preempting_tiers=self.policy.never_preempting_tiers | frozenset(never))
-
     def _learn_profile(self) -> None:
         """FGD-based policies score against the workload's typical pods: learnt from the pods seen
         (pending and running), refreshed every 50 cycles, as the simulator learns them from a trace."""
         if self.settings.policy not in LEARNING or not self._memo.pods:
             return
         self.profile = make_profile(self.settings.policy, typical=TypicalPods.from_pods(self._memo.pods.values()))
-
-    def _cycle_state(self, world: World, view: View) -> CycleState:
-        """Capacity and quota of everything that holds GPUs: running gangs (the preemption
-        candidates), terminating ones (until their GPUs are free) and held plans (binding, nominated):
-        a plan counts against its team's quota exactly as a running gang does. A nomination's victims
-        keep their GPUs and their quota until they are gone (CycleState.nominate) and are no
-        candidates again."""
-        victim_of = {v: key for key, plan in world.plans.items() if plan.state == PLAN_NOMINATED
-                     for v in plan.victims}
-        running, terminating = [], []
-        victims: dict[str, list[RunningGang]] = {}
-        for rg in world.running:
-            unit = world.running_units.get(rg.gang.name)
-            plans = {victim_of.get(key_of(p)) for p in unit.pods} if unit is not None and victim_of else {None}
-            if None not in plans:  # every pod of it is a nomination's victim
-                victims.setdefault(min(plans), []).append(rg)
-                continue
-            (terminating if self._terminating(world, rg) else running).append(rg)
-        held, nominated = [], []
-        for key, plan in world.plans.items():
-            unit = world.units[key]
-            pending = unit.pending(self.settings.scheduler_name, view.assumed)
-            placements = [plan.placements[key_of(p)] for p in pending if key_of(p) in plan.placements]
-            if not placements:
-                continue
-            team = self._team_of(unit, pending)
-            if plan.state == PLAN_NOMINATED:
-                nominated.append((team, placements, victims.pop(key, [])))
-            else:
-                held.append((team, placements))
-        terminating += [rg for gangs in victims.values() for rg in gangs]  # a plan that places nothing more
-        if self.book is None:
-            return CycleState.build(world.snapshot, running, None, held=held, terminating=terminating,
-                                    nominated=nominated)
-        # every gang of world.running is counted (running, terminating or a nomination's victim):
-        # the ledger keeps their quota by deltas instead of summing every gang each cycle
-        node_product = world.snapshot.shape.node_product
-        if self._quota is None or self._quota.node_product is not node_product:  # new node list
-            self._quota = QuotaLedger(self.book, node_product)
-        self._quota.sync(world.running)
-        return self._quota.cycle_state(world.snapshot, running, held=held, nominated=nominated)
-
-    def _team_of(self, unit: Unit, pods: list[dict]) -> str:
-        gang = self._gang_of(unit, pods)
-        if gang is not None:
-            return gang.team
-        namespace = unit.key.partition("/")[0]  # unreadable members: the plan is reported and dropped elsewhere
-        return self.ctx.team_by_namespace.get(namespace, namespace)
-
-    @staticmethod
-    def _terminating(world: World, rg: RunningGang) -> bool:
-        unit = world.running_units.get(rg.gang.name)
-        return unit is not None and any(pod_is_terminating(p) for p in unit.pods)
 
     # --- admission: plan, bind every member, finish ----------------------------------------
     def _admit(self, unit: Unit, decision: GangDecision, now: float) -> None:
@@ -499,14 +430,14 @@ class Scheduler:
                 continue
             todo = [plan.placements[key_of(p)] for p in pending if key_of(p) in plan.placements]
             if world.plan_ready.get(key) and todo:
-                g = gang_from_k8s(unit.key, unit.podgroup, [by_pod[p.pod] for p in todo], self.ctx, hints=[])
+                g = unit.gang  # converted once, by build_world
                 self._bind_all(unit, todo, by_pod, g.created_at, g, borrowed=plan.borrowed,
                                recovered=plan.state == PLAN_BINDING and bound_before > 0)
                 continue
             alive = [v for v in plan.victims if v in view.pods]
-            waited = now - plan.at
             grace = max((grace_seconds_of(view.pods[v]) or 30 for v in alive), default=0)
-            if plan.state == PLAN_NOMINATED and alive and waited < grace + self.settings.nomination_slack:
+            if plan.state == PLAN_NOMINATED and alive and not nomination_lapsed(plan.at, now, grace,
+                                                                                self.settings.nomination_slack):
                 for v in alive:
                     if not pod_is_terminating(view.pods[v]):  # a restart between plan and Eviction
                         self._evict(v, view.pods[v], f"preempted for gang {unit.key}")

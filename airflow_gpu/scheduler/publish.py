@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from airflow_gpu import constants as C
+from airflow_gpu.config.core import mig_gpus as config_mig_gpus
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.queue import CycleResult
@@ -52,18 +53,20 @@ class Publisher:
 
 def document(world: World, state: CycleState, result: CycleResult, profile: Profile, profile_name: str,
              scheduler_name: str, cycle: int, now: float, interval: float,
-             nominated: list, reasons: dict[str, str], ctx: ConversionContext | None = None) -> dict:
+             nominated: list, reasons: dict[str, str], ctx: ConversionContext | None = None,
+             mig_gpus: Callable[[str], float] = config_mig_gpus) -> dict:
     """The published queue of one cycle. `state`: the cycle's state before schedule_cycle;
     `nominated`: [(unit, gang)] of held preemption plans still waiting for their victims; `reasons`:
     gang name -> the last wait reason written, for gangs the cycle did not try (back-off) or that
     preempt. `ctx`: the scheduler's conversion context, for the team (the namespace's) and tier (the
-    PriorityClass's) of gangs not read yet: never their labels."""
+    PriorityClass's) of gangs not read yet: never their labels. `mig_gpus`: GPUs of one MIG slice by
+    the scheduler's config (config.core.mig_gpus)."""
     ctx = ctx or ConversionContext()
     units = {g.name: u for u, g in world.pending} | {g.name: u for u, g in nominated}
     pending = [g for _, g in world.pending]
     entries = waiting_entries(state, pending, result, profile, now,
                               nominated=[(g, sorted({p.node for p in world.plans[u.key].placements.values()}))
-                                         for u, g in nominated], reasons=reasons)
+                                         for u, g in nominated], reasons=reasons, mig_gpus=mig_gpus)
     waiting = []
     for e in entries:
         unit = units[e.gang]
@@ -86,7 +89,7 @@ def document(world: World, state: CycleState, result: CycleResult, profile: Prof
                              "capacity_type": known.capacity_type if known else "unknown"})
         interruptions, preemptions = Q.relaunches(unit.pods)
         running.append({"gang": unit.key, "namespace": unit.key.partition("/")[0], "team": rg.gang.team,
-                        "tier": rg.gang.tier, "gpus": gpus_of(rg.gang.members), "pods": pods,
+                        "tier": rg.gang.tier, "gpus": gpus_of(rg.gang.members, mig_gpus), "pods": pods,
                         "started_at": rg.started_at or None,
                         "last_checkpoint_at": Q.last_checkpoint_at(unit.annotation(C.ANNOTATION_LAST_CHECKPOINT_TIME)),
                         "interruptions": interruptions, "preemptions": preemptions,
@@ -98,16 +101,8 @@ def document(world: World, state: CycleState, result: CycleResult, profile: Prof
             "running": running, "cluster": cluster_picture(world.snapshot, held, typical)}
 
 
-def nominated_gangs(world: World, scheduler_name: str, assumed: dict, gang_of) -> list:
-    """[(unit, gang)] of the held preemption plans whose gang still waits for its victims;
-    gang_of(unit, pending pods) converts (None: unreadable, left out)."""
-    out = []
-    for key, plan in world.plans.items():
-        if plan.state != PLAN_NOMINATED:
-            continue
-        unit = world.units[key]
-        pods = unit.pending(scheduler_name, assumed)
-        gang = gang_of(unit, pods) if pods else None
-        if gang is not None:
-            out.append((unit, gang))
-    return out
+def nominated_gangs(world: World) -> list:
+    """[(unit, gang)] of the held preemption plans whose gang still waits for its victims (its
+    pending members, as build_world converted them; unreadable ones are left out)."""
+    return [(world.units[key], world.units[key].gang) for key, plan in world.plans.items()
+            if plan.state == PLAN_NOMINATED and world.units[key].gang is not None]

@@ -1,7 +1,10 @@
-"""One scheduling cycle's picture of the cluster, built from a cache View: the Snapshot with every
-running pod and every held plan reserved, the pending gangs in queue order, the running gangs
-(preemption candidates, quota usage) and the plans found in the scheduler's own namespace (never in
-annotations: pod owners write those), each re-checked by core.plans against the cluster as it is.
+"""One scheduling cycle's picture of the cluster, built once from a cache View (build_world), in
+phases: the nodes; the pods, grouped into units (a PodGroup's pods or a lone pod), the running ones
+held on the Snapshot (kept by deltas in the Memo); each unit's running gang and the Gang of its
+pending members; then the cycle's CycleState (capacity, quota, preemption candidates), into which
+each plan found in the scheduler's own namespace (never in annotations: pod owners write those) is
+counted once core.plans has re-checked it against the cluster as it is. Every later step of the
+cycle reads this World: nothing is converted or counted a second time.
 
 Deterministic for a given View (pods sorted by name), so a restarted scheduler rebuilds the same
 picture from the API alone.
@@ -15,12 +18,11 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-import numpy as np
-
 from airflow_gpu import constants as C
 from airflow_gpu.core.cycle import CycleState
-from airflow_gpu.core.model import GPU_MILLI, Gang, Node, Placement, PodRequest, RunningGang
-from airflow_gpu.core.plans import may_bind, recheck_plan
+from airflow_gpu.core.live import QuotaLedger
+from airflow_gpu.core.model import Gang, Node, Placement, PodRequest, RunningGang
+from airflow_gpu.core.plans import hold_member, may_bind, recheck_plan
 from airflow_gpu.core.preemption import PreemptionPolicy
 from airflow_gpu.core.quota import QuotaBook, placement_speed
 from airflow_gpu.core.snapshot import OverCommitError, Snapshot
@@ -152,11 +154,14 @@ def _uid(obj: dict | None) -> str:
 
 @dataclass
 class Unit:
-    """An admission unit: a PodGroup's pods, or one pod without a group."""
+    """An admission unit: a PodGroup's pods, or one pod without a group. `gang`: its pending members
+    as this cycle converted them (build_world), read by every later step; None when none is pending
+    or they cannot be read."""
 
     key: str
     podgroup: dict | None
     pods: list[dict] = field(default_factory=list)
+    gang: Gang | None = None
 
     @property
     def min_member(self) -> int:
@@ -186,7 +191,9 @@ class Unit:
 
 @dataclass
 class World:
-    snapshot: Snapshot  # running pods and held plans reserved
+    """One cycle's picture of the cluster, converted once (build_world) and read by every later step."""
+
+    snapshot: Snapshot  # running pods and held plans reserved (the same object as state.snap)
     units: dict[str, Unit]
     pending: list[tuple[Unit, Gang]]  # complete gangs waiting, queue order (priority, then age)
     incomplete: list[tuple[Unit, str]]  # gangs whose members do not all exist yet, with the reason
@@ -201,6 +208,9 @@ class World:
     rejected_plans: list[tuple[Unit, Plan, str]] = field(default_factory=list)  # failed the re-check now
     stale_plans: list[tuple[str, str]] = field(default_factory=list)  # plan record key -> why it goes
     records: dict[str, Plan] = field(default_factory=dict)  # unit key -> its plan record, as read
+    # capacity and quota of everything holding GPUs, the held plans counted, the preemption candidates:
+    # what schedule_cycle decides on (built once, with the plans' re-check)
+    state: CycleState | None = None
 
 
 def group_units(view: View) -> dict[str, Unit]:
@@ -214,42 +224,6 @@ def group_units(view: View) -> dict[str, Unit]:
         else:
             units.setdefault(gkey, Unit(gkey, None)).pods.append(pod)
     return units
-
-
-def _hold(snap: Snapshot, node: str, req: PodRequest) -> bool:
-    """Reserve `req` on `node` for a plan; True if it fits whole. Which GPUs of the node does not
-    matter on Kubernetes (the device plugin picks them), so the plan's GPU indices are not replayed:
-    after a restart the running pods' indices are re-chosen and could collide with them. If it does
-    not fit whole (victims still terminating), what is free of it is held under a hold name, so
-    nobody else takes the GPUs as they are freed."""
-    try:
-        i = snap.node_index(node)
-    except KeyError:
-        return False  # node gone
-    try:
-        snap.assume(snap.placement_for(req, i))
-        return True
-    except OverCommitError:
-        pass
-    free = snap.gpu_free[i]
-    if req.gpus:
-        shares = tuple((int(g), GPU_MILLI) for g in np.flatnonzero(free == GPU_MILLI)[: req.gpus])
-    elif req.gpu_milli:
-        shares = tuple((int(g), int(min(free[g], req.gpu_milli))) for g in np.flatnonzero(free > 0)[:1])
-    else:
-        shares = ()
-    partial = Placement(
-        pod=f"{req.name}#held",
-        node=node,
-        gpu_shares=shares,
-        cpu_milli=min(req.cpu_milli, int(snap.cpu_free[i])),
-        memory_mib=min(req.memory_mib, int(snap.mem_free[i])),
-    )
-    try:
-        snap.assume(partial)
-    except OverCommitError:
-        pass
-    return False
 
 
 def _assume_running(snap: Snapshot, key: str, req: PodRequest, node: str) -> Placement | None:
@@ -281,6 +255,13 @@ class Memo:
         self.empty: tuple[tuple, Snapshot] | None = None
         self.live: Snapshot | None = None  # the running pods held, on the node list of `empty`
         self.held: dict[str, tuple[tuple, Placement]] = {}  # pod key -> ((uid, node, request), placement)
+        self.quota: QuotaLedger | None = None  # quota usage of the running gangs, kept by deltas
+
+    def ledger(self, book: QuotaBook, node_product: dict) -> QuotaLedger:
+        """The quota ledger of the running gangs, started again for a new book or node list."""
+        if self.quota is None or self.quota.book is not book or self.quota.node_product is not node_product:
+            self.quota = QuotaLedger(book, node_product)
+        return self.quota
 
     @staticmethod
     def _version(obj: dict) -> tuple:
@@ -362,181 +343,249 @@ def read_plan_records(view: View, units: dict[str, Unit]) -> tuple[dict[str, Pla
 def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: float | None = None,
                 memo: Memo | None = None, book: QuotaBook | None = None,
                 policy: PreemptionPolicy | None = None) -> World:
-    """`book` and `policy` are those the scheduler decides with: a held plan is re-checked against
-    them (core.plans.recheck_plan) before it holds anything."""
+    """The cycle's World, converted in phases: the nodes; the pods, grouped into units first (so that
+    only members that hold resources or wait are read, never a finished pod), the bound ones held on
+    the snapshot; each unit's running gang and the Gang of its pending members; then the cycle's one
+    CycleState, into which every plan record is counted once re-checked (core.plans, with `book` and
+    `policy`: those the scheduler decides with). Every later step of the cycle reads this World and
+    its state; nothing is converted again."""
     now = time.time() if now is None else now
     memo = memo or Memo()
-    policy = policy or PreemptionPolicy()
-    nodes: dict[str, Node] = {}
-    for name, obj in sorted(view.nodes.items()):
-        try:
-            nodes[name] = memo.node(obj)
-        except _MALFORMED as exc:  # a node the scheduler cannot read takes no pods; the others do
-            log.warning("node %s skipped: %s", name, exc)
+    b = _Build(view, scheduler_name, ctx, memo)
+    nodes = b.read_nodes()
     units = group_units(view)
     records, stale_plans = read_plan_records(view, units)
-    running: list[RunningGang] = []
-    running_units: dict[str, Unit] = {}
-    invalid: list[tuple[Unit, str]] = []
-    ignored_hints: list[tuple[Unit, str]] = []
-    requests: dict[str, PodRequest] = {}
+    snap, bound_units = b.read_bound(units, nodes)
+    running, running_units = b.running_gangs(bound_units, records, snap, book)
+    planned = {key for key, record in records.items() if record.state != PLAN_ADMITTED}
+    pending, incomplete, unreadable = b.pending_gangs(units, planned)
+    state = _cycle_state(snap, running, running_units, book, memo)
+    plans, plan_ready, rejected = b.recheck_plans(state, records, units, running, running_units, unreadable, nodes,
+                                                  now, policy or PreemptionPolicy())
+    closing = b.closing_victims(records, units, running_units)
+    if closing:  # after the re-checks, which judged every plan with these gangs still candidates
+        state.running = [rg for rg in state.running if rg.gang.name not in closing]
+    pending.sort(key=lambda ug: (-ug[1].priority, ug[1].created_at, ug[1].name))
+    return World(snap, units, pending, incomplete, running, running_units, plans, plan_ready, b.invalid, nodes,
+                 b.ignored_hints, rejected, stale_plans, records, state)
 
-    # 1. what runs holds its resources: the live snapshot takes this cycle's deltas, the cycle a copy
-    bound_units: list[tuple[Unit, list[dict], list[str]]] = []
-    bound: dict[str, tuple[tuple, PodRequest, str]] = {}
-    for unit in units.values():
-        held = unit.bound(view.assumed)
-        if not held:
-            continue
-        keys = []
-        for pod in held:
-            key = key_of(pod)
+
+def _cycle_state(snap: Snapshot, running: list[RunningGang], running_units: dict[str, Unit], book: QuotaBook | None,
+                 memo: Memo) -> CycleState:
+    """Capacity and quota of every running gang (terminating ones too, until their GPUs are free);
+    the preemption candidates are those not terminating. Held plans are counted into it as they
+    pass their re-check (_Build.recheck_plans)."""
+    going = {name for name, unit in running_units.items() if any(pod_is_terminating(p) for p in unit.pods)}
+    candidates = [rg for rg in running if rg.gang.name not in going]
+    if book is None:
+        return CycleState.build(snap, candidates)
+    ledger = memo.ledger(book, snap.shape.node_product)  # every running gang's quota, kept by deltas
+    ledger.sync(running)
+    return ledger.cycle_state(snap, candidates)
+
+
+class _Build:
+    """The phases of build_world, sharing what they collect: each pod's request, the units that
+    cannot be read, the hints ignored."""
+
+    def __init__(self, view: View, scheduler_name: str, ctx: ConversionContext, memo: Memo):
+        self.view, self.scheduler_name, self.ctx, self.memo = view, scheduler_name, ctx, memo
+        self.requests: dict[str, PodRequest] = {}  # pod key -> request, for bound and pending pods
+        self.invalid: list[tuple[Unit, str]] = []
+        self.ignored_hints: list[tuple[Unit, str]] = []
+
+    def refuse(self, unit: Unit, exc: Exception) -> None:
+        """`unit` cannot be read this cycle: it waits with the problem named (one odd object must
+        never stop the cycle for every gang)."""
+        self.invalid.append((unit, str(exc) if isinstance(exc, ConversionError) else _malformed(unit, exc)))
+
+    def read_nodes(self) -> dict[str, Node]:
+        nodes: dict[str, Node] = {}
+        for name, obj in sorted(self.view.nodes.items()):
             try:
-                req = requests[key] = memo.pod(pod, ctx)
-            except ConversionError as exc:
-                invalid.append((unit, str(exc)))
+                nodes[name] = self.memo.node(obj)
+            except _MALFORMED as exc:  # a node the scheduler cannot read takes no pods; the others do
+                log.warning("node %s skipped: %s", name, exc)
+        return nodes
+
+    def read_bound(self, units: dict[str, Unit], nodes: dict[str, Node]
+                   ) -> tuple[Snapshot, list[tuple[Unit, list[dict], list[str]]]]:
+        """What runs holds its resources: the live snapshot takes this cycle's deltas, the cycle a
+        copy. Returns it and, per unit with bound pods, (unit, bound pods, keys of those read)."""
+        view, memo = self.view, self.memo
+        bound_units: list[tuple[Unit, list[dict], list[str]]] = []
+        bound: dict[str, tuple[tuple, PodRequest, str]] = {}
+        for unit in units.values():
+            held = unit.bound(view.assumed)
+            if not held:
                 continue
-            except _MALFORMED as exc:
-                invalid.append((unit, _malformed(unit, exc)))
+            keys = []
+            for pod in held:
+                key = key_of(pod)
+                try:
+                    req = self.requests[key] = memo.pod(pod, self.ctx)
+                except _MALFORMED as exc:
+                    self.refuse(unit, exc)
+                    continue
+                node = (pod.get("spec") or {}).get("nodeName") or view.assumed.get(key)
+                bound[key] = ((_uid(pod), node, req), req, node)
+                keys.append(key)
+            bound_units.append((unit, held, keys))
+        memo.running_snapshot(list(nodes.values()), bound)
+        return memo.live.copy(), bound_units
+
+    def running_gangs(self, bound_units: list[tuple[Unit, list[dict], list[str]]], records: dict[str, Plan],
+                      snap: Snapshot, book: QuotaBook | None) -> tuple[list[RunningGang], dict[str, Unit]]:
+        running: list[RunningGang] = []
+        running_units: dict[str, Unit] = {}
+        for unit, held, keys in bound_units:
+            placements = [self.memo.held[k][1] for k in keys if k in self.memo.held]
+            if not placements:
                 continue
-            node = (pod.get("spec") or {}).get("nodeName") or view.assumed.get(key)
-            bound[key] = ((_uid(pod), node, req), req, node)
-            keys.append(key)
-        bound_units.append((unit, held, keys))
-    memo.running_snapshot(list(nodes.values()), bound)
-    snap = memo.live.copy()
-    for unit, held, keys in bound_units:
-        placements = [memo.held[k][1] for k in keys if k in memo.held]
-        if placements:
-            ours = all((p.get("spec") or {}).get("schedulerName") == scheduler_name for p in held)
+            ours = all((p.get("spec") or {}).get("schedulerName") == self.scheduler_name for p in held)
             hints: list[str] = []
             record = records.get(unit.key)
             # borrowed quota is the scheduler's own record, never the user-writable annotation
             borrowed = bool(record and record.borrowed and any(record.pod_uids.get(key_of(p)) == _uid(p) for p in held))
             try:
-                rg = running_gang_from_k8s(unit.key, unit.podgroup, held, ctx, tuple(placements), ours=ours,
-                                           members=[requests[key_of(p)] for p in held if key_of(p) in requests],
+                rg = running_gang_from_k8s(unit.key, unit.podgroup, held, self.ctx, tuple(placements), ours=ours,
+                                           members=[self.requests[key_of(p)] for p in held if key_of(p) in self.requests],
                                            hints=hints, borrowed=borrowed)
-            except ConversionError as exc:
-                invalid.append((unit, str(exc)))
-                continue
-            except _MALFORMED as exc:  # one odd object must never stop the cycle for every gang
-                invalid.append((unit, _malformed(unit, exc)))
+            except _MALFORMED as exc:
+                self.refuse(unit, exc)
                 continue
             finally:
-                ignored_hints += [(unit, h) for h in hints]
+                self.ignored_hints += [(unit, h) for h in hints]
             if book is not None and book.speeds:  # its expected end on the product it runs on
                 rg = replace(rg, speed=placement_speed(rg.placements, snap.shape.node_product, book))
             running.append(rg)
             running_units[rg.gang.name] = unit
+        return running, running_units
 
-    # 2. plans hold their GPUs (bind in progress, or victims being evicted), once re-checked
-    plans: dict[str, Plan] = {}
-    plan_ready: dict[str, bool] = {}
-    rejected: list[tuple[Unit, Plan, str]] = []
-    check_state: CycleState | None = None
-    pod_unit = {key_of(p): u for u in running_units.values() for p in u.pods}
-    by_unit = {rg.gang.name: rg for rg in running}
-    for key, record in records.items():
-        if record.state == PLAN_ADMITTED:
-            continue
-        unit = units[key]
-        pending = {key_of(p): p for p in unit.pending(scheduler_name, view.assumed)}
-        if not pending:
-            plans[key] = record  # every member is bound: the loop closes the plan
-            continue
-        try:
-            for pkey, pod in pending.items():
-                if pkey not in requests:
-                    requests[pkey] = memo.pod(pod, ctx)
-            placements = record.for_members(pending, requests)
-            gang = gang_from_k8s(unit.key, unit.podgroup, list(pending.values()), ctx,
-                                 [requests[k] for k in pending], hints=[])
-        except _MALFORMED as exc:
-            rejected.append((unit, record, f"its pending members cannot be read: {exc}"))
-            continue
-        alive = [v for v in record.victims if v in view.pods and _uid(view.pods[v]) == record.victim_uids.get(v)]
-        to_stop: dict[str, RunningGang] = {}
-        leaving: dict[str, RunningGang] = {}  # victims already terminating: they hold GPUs and quota until gone
-        for v in alive:
-            rg = by_unit.get(pod_unit[v].key) if v in pod_unit else None
-            if pod_is_terminating(view.pods[v]):
-                if rg is not None:
-                    leaving[rg.gang.name] = rg
-                continue  # already going, whatever happens next
-            if rg is None:
-                break
-            to_stop[rg.gang.name] = rg
-        else:
-            if check_state is None:
-                going = {rg.gang.name for rg in running
-                         if any(pod_is_terminating(p) for p in running_units[rg.gang.name].pods)}
-                check_state = CycleState.build(snap.copy(), [rg for rg in running if rg.gang.name not in going], book,
-                                               terminating=[rg for rg in running if rg.gang.name in going])
-            leaving_gangs = [rg for name, rg in leaving.items() if name not in to_stop]
-            reason = recheck_plan(check_state, gang, list(placements.values()), list(to_stop.values()),
-                                  now=now, policy=policy, leaving=leaving_gangs)
-            if reason is None:
-                bindable = may_bind(check_state, gang, list(placements.values()), bool(alive))
-                if record.state == PLAN_NOMINATED:
-                    check_state.nominate(gang.team, list(placements.values()), [*to_stop.values(), *leaving_gangs])
-                else:
-                    check_state.hold(gang.team, list(placements.values()), assume=False)
-                plan = replace(record, placements=placements, victims=tuple(alive))
-                plans[key] = plan
-                ready = bindable
-                for pkey in sorted(pending):
-                    placement = placements.get(pkey)
-                    if placement is None or placement.node not in nodes:
-                        ready = False
-                        continue
-                    ready = _hold(snap, placement.node, requests[pkey]) and ready
-                plan_ready[key] = ready
+    def pending_gangs(self, units: dict[str, Unit], planned: set[str]
+                      ) -> tuple[list[tuple[Unit, Gang]], list[tuple[Unit, str]], dict[str, str]]:
+        """Each unit's pending members as its Gang (unit.gang). A unit with a plan record has the gang
+        its plan places (re-checked later, never queued this cycle: a rejected plan is closed first);
+        the others are complete gangs that queue, or incomplete or invalid ones. Returns the queue
+        (unsorted), the incomplete units, and why a planned unit's members cannot be read."""
+        view, memo, ctx = self.view, self.memo, self.ctx
+        pending: list[tuple[Unit, Gang]] = []
+        incomplete: list[tuple[Unit, str]] = []
+        unreadable: dict[str, str] = {}
+        for unit in units.values():
+            waiting = unit.pending(self.scheduler_name, view.assumed)
+            if not waiting:
                 continue
-            rejected.append((unit, record, reason))
-            continue
-        rejected.append((unit, record, "a pod it would preempt is no running gang of this scheduler's view"))
+            if unit.key in planned:
+                try:
+                    for pod in waiting:
+                        key = key_of(pod)
+                        if key not in self.requests:
+                            self.requests[key] = memo.pod(pod, ctx)
+                    unit.gang = gang_from_k8s(unit.key, unit.podgroup, waiting, ctx,
+                                              [self.requests[key_of(p)] for p in waiting], hints=[])
+                except _MALFORMED as exc:
+                    unreadable[unit.key] = str(exc)
+                continue
+            if unit.podgroup is None and gang_key_of_pod(waiting[0]) is not None:
+                incomplete.append((unit, f"waiting for PodGroup {unit.key} to be created"))
+                continue
+            try:
+                need = unit.min_member
+            except ConversionError as exc:
+                self.refuse(unit, exc)
+                continue
+            bound = unit.bound(view.assumed)
+            alive = len(waiting) + len(bound)
+            if alive < need:
+                incomplete.append((unit, f"gang has {alive} of {need} pods; waiting for the rest to be created"))
+                continue
+            try:
+                # minMember counts bound members too: the rest must place at least what is missing
+                bound_nodes = [(p.get("spec") or {}).get("nodeName") or view.assumed.get(key_of(p)) for p in bound]
+                gang = gang_from_k8s(unit.key, unit.podgroup, waiting, ctx, [memo.pod(p, ctx) for p in waiting],
+                                     pinned=[n for n in bound_nodes if n], min_member=max(1, need - len(bound)))
+                # invalid hints stop a pending gang (above); labels that contradict its team or tier never do
+                self.ignored_hints += [(unit, h) for h in gang_identity(unit.key, unit.podgroup, waiting, ctx).ignored]
+            except _MALFORMED as exc:
+                self.refuse(unit, exc)
+                continue
+            unit.gang = gang
+            pending.append((unit, gang))
+        return pending, incomplete, unreadable
 
-    # 3. complete gangs wait in priority order, then oldest first
-    pending: list[tuple[Unit, Gang]] = []
-    incomplete: list[tuple[Unit, str]] = []
-    rejected_keys = {u.key for u, _, _ in rejected}
-    for unit in units.values():
-        if unit.key in plans or unit.key in rejected_keys:
-            continue  # a rejected plan is closed (or rolled back) first; the gang queues next cycle
-        waiting = unit.pending(scheduler_name, view.assumed)
-        if not waiting:
-            continue
-        if unit.podgroup is None and gang_key_of_pod(waiting[0]) is not None:
-            incomplete.append((unit, f"waiting for PodGroup {unit.key} to be created"))
-            continue
-        try:
-            need = unit.min_member
-        except ConversionError as exc:
-            invalid.append((unit, str(exc)))
-            continue
-        bound = unit.bound(view.assumed)
-        alive = len(waiting) + len(bound)
-        if alive < need:
-            incomplete.append((unit, f"gang has {alive} of {need} pods; waiting for the rest to be created"))
-            continue
-        try:
-            # minMember counts bound members too: the rest must place at least what is missing
-            bound_nodes = [(p.get("spec") or {}).get("nodeName") or view.assumed.get(key_of(p)) for p in bound]
-            gang = gang_from_k8s(unit.key, unit.podgroup, waiting, ctx, [memo.pod(p, ctx) for p in waiting],
-                                 pinned=[n for n in bound_nodes if n], min_member=max(1, need - len(bound)))
-            # invalid hints stop a pending gang (above); labels that contradict its team or tier never do
-            ignored_hints += [(unit, h) for h in gang_identity(unit.key, unit.podgroup, waiting, ctx).ignored]
-        except ConversionError as exc:
-            invalid.append((unit, str(exc)))
-            continue
-        except _MALFORMED as exc:
-            invalid.append((unit, _malformed(unit, exc)))
-            continue
-        pending.append((unit, gang))
-    pending.sort(key=lambda ug: (-ug[1].priority, ug[1].created_at, ug[1].name))
-    return World(snap, units, pending, incomplete, running, running_units, plans, plan_ready, invalid, nodes,
-                 ignored_hints, rejected, stale_plans, records)
+    def closing_victims(self, records: dict[str, Plan], units: dict[str, Unit],
+                        running_units: dict[str, Unit]) -> set[str]:
+        """The running gangs still stopping for a nomination whose members are all bound (the loop
+        closes it): no preemption candidates again."""
+        pod_unit = {key_of(p): u.key for u in running_units.values() for p in u.pods}
+        return {pod_unit[v] for key, record in records.items()
+                if record.state == PLAN_NOMINATED and not units[key].pending(self.scheduler_name, self.view.assumed)
+                for v in record.victims if v in pod_unit}
+
+    def recheck_plans(self, state: CycleState, records: dict[str, Plan], units: dict[str, Unit],
+                      running: list[RunningGang], running_units: dict[str, Unit], unreadable: dict[str, str],
+                      nodes: dict[str, Node], now: float, policy: PreemptionPolicy
+                      ) -> tuple[dict[str, Plan], dict[str, bool], list[tuple[Unit, Plan, str]]]:
+        """Plans hold their GPUs (bind in progress, or victims being evicted) once re-checked against
+        `state`, which holds every gang but them and, plan by plan, the plans kept before: a kept
+        plan is counted into it (quota; its nominated victims are no candidates again) and its
+        members are held on its snapshot (core.plans.hold_member)."""
+        view = self.view
+        plans: dict[str, Plan] = {}
+        plan_ready: dict[str, bool] = {}
+        rejected: list[tuple[Unit, Plan, str]] = []
+        pod_unit = {key_of(p): u for u in running_units.values() for p in u.pods}
+        by_unit = {rg.gang.name: rg for rg in running}
+        for key, record in records.items():
+            if record.state == PLAN_ADMITTED:
+                continue
+            unit = units[key]
+            pending = {key_of(p): p for p in unit.pending(self.scheduler_name, view.assumed)}
+            if not pending:
+                plans[key] = record  # every member is bound: the loop closes the plan
+                continue
+            gang = unit.gang
+            if gang is None:
+                rejected.append((unit, record, f"its pending members cannot be read: {unreadable.get(key, '')}"))
+                continue
+            placements = record.for_members(pending, self.requests)
+            alive = [v for v in record.victims if v in view.pods and _uid(view.pods[v]) == record.victim_uids.get(v)]
+            to_stop: dict[str, RunningGang] = {}
+            leaving: dict[str, RunningGang] = {}  # victims already terminating: they hold GPUs and quota until gone
+            for v in alive:
+                rg = by_unit.get(pod_unit[v].key) if v in pod_unit else None
+                if pod_is_terminating(view.pods[v]):
+                    if rg is not None:
+                        leaving[rg.gang.name] = rg
+                    continue  # already going, whatever happens next
+                if rg is None:
+                    break
+                to_stop[rg.gang.name] = rg
+            else:
+                leaving_gangs = [rg for name, rg in leaving.items() if name not in to_stop]
+                reason = recheck_plan(state, gang, list(placements.values()), list(to_stop.values()),
+                                      now=now, policy=policy, leaving=leaving_gangs)
+                if reason is None:
+                    bindable = may_bind(state, gang, list(placements.values()), bool(alive))
+                    if record.state == PLAN_NOMINATED:
+                        state.nominate(gang.team, list(placements.values()), [*to_stop.values(), *leaving_gangs])
+                    else:
+                        state.hold(gang.team, list(placements.values()), assume=False)
+                    plans[key] = replace(record, placements=placements, victims=tuple(alive))
+                    ready = bindable
+                    for pkey in sorted(pending):
+                        placement = placements.get(pkey)
+                        if placement is None or placement.node not in nodes:
+                            ready = False
+                            continue
+                        ready = hold_member(state.snap, placement.node, self.requests[pkey]) and ready
+                    plan_ready[key] = ready
+                    continue
+                rejected.append((unit, record, reason))
+                continue
+            rejected.append((unit, record, "a pod it would preempt is no running gang of this scheduler's view"))
+        return plans, plan_ready, rejected
 
 
 # What reading a malformed object can raise beyond ConversionError (a list where a map belongs, a
@@ -545,7 +594,7 @@ _MALFORMED = (ValueError, TypeError, KeyError, AttributeError, IndexError, Overf
 
 
 def _malformed(unit: Unit, exc: Exception) -> str:
-    log.warning("gang %s: malformed object skipped", unit.key, exc_info=True)
+    log.warning("gang %s: malformed object skipped", unit.key, exc_info=exc)
     return f"gang {unit.key}: an object of this gang is malformed ({type(exc).__name__}: {str(exc)[:200]}); " \
            f"skipped until it is fixed"
 
