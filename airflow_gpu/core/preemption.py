@@ -78,13 +78,6 @@ class PreemptionPolicy:
                 return seconds
         return 0.0
 
-
-def protected(rg: RunningGang, now: float, policy: PreemptionPolicy, reclaim: bool = False) -> bool:
-    """Younger than its tier's minimum runtime: not a victim, unless `reclaim` (another team takes
-    back its guarantee from this borrower) and the tier lets reclaim ignore the minimum runtime."""
-    young = now - rg.started_at < policy.min_runtime_of(rg.gang.tier)
-    return young and not (reclaim and rg.gang.tier in policy.reclaim_ignores_min_runtime_tiers)
-
     def with_never_preempting(self, tiers: Iterable[str]) -> PreemptionPolicy:
         """This policy with `tiers` never preempting too: a tier whose PriorityClass says
         preemptionPolicy: Never, as kube-scheduler honours it."""
@@ -92,6 +85,13 @@ def protected(rg: RunningGang, now: float, policy: PreemptionPolicy, reclaim: bo
         if extra <= self.never_preempting_tiers:
             return self
         return replace(self, never_preempting_tiers=self.never_preempting_tiers | extra)
+
+
+def protected(rg: RunningGang, now: float, policy: PreemptionPolicy, reclaim: bool = False) -> bool:
+    """Younger than its tier's minimum runtime: not a victim, unless `reclaim` (another team takes
+    back its guarantee from this borrower) and the tier lets reclaim ignore the minimum runtime."""
+    young = now - rg.started_at < policy.min_runtime_of(rg.gang.tier)
+    return young and not (reclaim and rg.gang.tier in policy.reclaim_ignores_min_runtime_tiers)
 
 
 @dataclass(frozen=True)
