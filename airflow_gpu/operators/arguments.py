@@ -26,7 +26,8 @@ from typing import Any
 from airflow_gpu.kube.wire import as_dict
 
 # arguments that decide the pool, pool_slots and priority: known when the DAG file is parsed
-POOL_ARGUMENTS = ("config_file", "team", "tier", "workers", "gpus_per_worker", "mig_profile", "gpu_products")
+POOL_ARGUMENTS = ("config_file", "team", "tier", "workers", "gpus_per_worker", "mig_profile", "gpu_products",
+                  "pod_sets")
 # where a rendered value ends up in the pod spec, and so is checked against the secrets masker
 VALUE_ARGUMENTS = ("env_vars", "cmds", "arguments", "labels", "annotations", "pod_template_dict",
                    "full_pod_spec", "init_containers", "env_from")
