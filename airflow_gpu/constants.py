@@ -59,6 +59,10 @@ ANNOTATION_GPU_PRODUCTS = f"{DOMAIN}/gpu-products"  # accepted products, prefere
 # "true": the gang's GPU pods may straddle products (Gang.products_mixed); rarely wanted: a
 # data-parallel job runs at its slowest GPU's pace, across NVLink domains, on mixed memory sizes
 ANNOTATION_GPU_PRODUCTS_MIXED = f"{DOMAIN}/gpu-products-mixed"
+# written by the scheduler on a gang's group object when it binds it: the GPU product (the quota file's
+# name) its GPU pods were bound on; the operator reports it (XCom gpu_product, chargeback) for a gang
+# that accepted several
+ANNOTATION_GPU_PRODUCT = f"{DOMAIN}/gpu-product"
 ANNOTATION_SIM_DURATION = f"{DOMAIN}/sim-duration-seconds"  # local cluster: simulated container run time
 ANNOTATION_SIM_EXIT_CODE = f"{DOMAIN}/sim-exit-code"  # local cluster: simulated container exit code
 ANNOTATION_MANAGED_POOL = f"{DOMAIN}/managed"

@@ -179,3 +179,18 @@ def test_launcher_reaches_two_8_gpu_workers_by_service_name(kube_cluster, sqlite
 def xcom_gang(workers: list[dict]) -> str:
     """The gang of the first worker's DNS name <pod>.<gang>.<namespace>.svc."""
     return workers[0]["name"].split(".")[1]
+
+
+def test_the_product_the_scheduler_bound_on_reaches_the_outcome():
+    """The scheduler annotates the group object with the product it bound the gang's GPU pods on; the
+    trigger's outcome carries it to the operator (XCom gpu_product, the chargeback's product)."""
+    from airflow_gpu.kube.outcome import outcome_of
+    from airflow_gpu.kube.state import gang_state
+
+    spec = WorkloadSpec(team="recsys", namespace="team-recsys", tier="production-training", image="python:3.11",
+                        name="job", gpu_products=("h100-80gb", "a100-80gb"), pod_sets=[LAUNCHER, WORKER])
+    m = build(spec)
+    pods = [{**p, "spec": {**p["spec"], "nodeName": "n"}, "status": {"phase": "Succeeded"}} for p in m.pods]
+    group = {**m.group, "metadata": {**m.group["metadata"], "annotations": {C.ANNOTATION_GPU_PRODUCT: "a100-80gb"}}}
+    assert outcome_of(gang_state(pods, group), "team-recsys", "job", 1, 0.0).gpu_product == "a100-80gb"
+    assert outcome_of(gang_state(pods, m.group), "team-recsys", "job", 1, 0.0).gpu_product == ""

@@ -431,6 +431,8 @@ class GpuTrainingOperator(BaseOperator):
         ref = self._task_instance(context)
         run = dict(run or (context.get("task_state_store").get(STATE_KEY) if context.get("task_state_store") else {}))
         outcome = GangOutcome.from_payload(event or {})
+        if outcome.gpu_product:  # where the scheduler bound it (a gang accepting several products)
+            run["gpu_product"] = outcome.gpu_product
         lost_before = run.get("lost_gpu_seconds", 0.0)
         self._account(run, outcome)
         self._emit_metrics(run, outcome, run.get("lost_gpu_seconds", 0.0) - lost_before)
