@@ -3,7 +3,8 @@
 A real cluster gives every pod a kubelet-managed /etc/hosts (localhost, the pod's own IP and
 hostname) and resolves Service names through the cluster DNS (CoreDNS). Here pods are processes on
 one machine, each with its own IP in 127.0.0.0/8 (nodeagent.PodIPs), so the kubelet writes each
-pod's hosts file with the pod's own line and the records the cluster DNS would serve for the
+pod's hosts file with the machine's entries (what the image's copy of /etc/hosts had: localhost and
+the machine's name, which gethostname() answers in every pod), the pod's own line and the records the cluster DNS would serve for the
 headless Services of the pod's namespace: for a pod with `hostname` and `subdomain` matching a
 headless Service that selects it, `<hostname>.<subdomain>.<namespace>.svc.cluster.local` (and the
 shorter forms a pod's DNS search path resolves: `<hostname>.<subdomain>.<namespace>.svc`,
@@ -30,8 +31,21 @@ CLUSTER_DOMAIN = "cluster.local"
 HOSTS_FILE = "etc-hosts"  # in the pod's directory; the container's /etc/hosts links to it
 FLUSH_DELAY = 0.05  # a burst of pod updates (a gang starting) is one rewrite
 HEADER = ("# Kubernetes-managed hosts file (the local cluster's kubelet: also the cluster DNS records\n"
-          "# of this namespace's headless Services).\n"
-          "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+          "# of this namespace's headless Services).\n")
+
+
+def _machine_hosts() -> str:
+    """The machine's own /etc/hosts (what containers had before): localhost, and the machine's name,
+    which gethostname() answers in every pod here (no UTS namespace)."""
+    try:
+        with open("/etc/hosts", encoding="utf-8", errors="replace") as fh:
+            text = fh.read(65536)
+    except OSError:
+        text = ""
+    return text if text.endswith("\n") or not text else text + "\n"
+
+
+MACHINE_HOSTS = _machine_hosts() or "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 
 
 def _matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
@@ -77,13 +91,12 @@ def own_line(pod: Mapping) -> str:
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     ip = (pod.get("status") or {}).get("podIP") or "127.0.0.1"
     host = spec.get("hostname") or meta.get("name", "")
-    if spec.get("subdomain"):
-        return f"{ip}\t{host}.{spec['subdomain']}.{meta.get('namespace')}.svc.{CLUSTER_DOMAIN}\t{host}\n"
-    return f"{ip}\t{host}\n"
+    names = [f"{host}.{spec['subdomain']}.{meta.get('namespace')}.svc.{CLUSTER_DOMAIN}"] if spec.get("subdomain") else []
+    return f"{ip}\t{' '.join(names + [host])}\n"
 
 
 def hosts_text(pod: Mapping, records: list[tuple[str, str]]) -> str:
-    return HEADER + own_line(pod) + "".join(f"{ip}\t{names}\n" for ip, names in records)
+    return HEADER + MACHINE_HOSTS + own_line(pod) + "".join(f"{ip}\t{names}\n" for ip, names in records)
 
 
 class ClusterHosts:
