@@ -195,3 +195,21 @@ def test_the_product_the_scheduler_bound_on_reaches_the_outcome():
     group = {**m.group, "metadata": {**m.group["metadata"], "annotations": {C.ANNOTATION_GPU_PRODUCT: "a100-80gb"}}}
     assert outcome_of(gang_state(pods, group), "team-recsys", "job", 1, 0.0).gpu_product == "a100-80gb"
     assert outcome_of(gang_state(pods, m.group), "team-recsys", "job", 1, 0.0).gpu_product == ""
+
+
+def test_mig_pod_sets_count_slices_per_profile_against_the_mig_quota():
+    from airflow_gpu.config import load_config
+    from airflow_gpu.config.workload import WorkloadError, plan_pod_set_task
+    from airflow_gpu.kube.spec import PodSetSpec
+
+    cfg = load_config(SEED)
+    sets = [PodSetSpec("router"), PodSetSpec("shard", replicas=4, mig_profile="1g.10gb"),
+            PodSetSpec("big", mig_profile="3g.40gb")]
+    plan = plan_pod_set_task(cfg, team="serving", tier="inference", pod_sets=sets)
+    assert (plan.workers, plan.pool_slots, plan.products) == (6, 4 * 1 + 3, ("a100-80gb",))
+    with pytest.raises(WorkloadError) as exc:  # serving's mig_quota has 22 x 1g.10gb
+        plan_pod_set_task(cfg, team="serving", tier="inference",
+                          pod_sets=[PodSetSpec("shard", replicas=12, mig_profile="1g.10gb"),
+                                    PodSetSpec("more", replicas=11, mig_profile="1g.10gb")])
+    assert exc.value.argument == "pod_sets[0].replicas" and "the pod sets together: the gang needs 23 x 1g.10gb" \
+        in str(exc.value) and "fewer replicas" in str(exc.value)

@@ -155,7 +155,8 @@ def plan_pod_set_task(cfg: QuotaConfig, *, team: str, tier: str, pod_sets, gpu_p
         field = {"workers": "replicas", "gpus_per_worker": "gpus", "mig_profile": "mig_profile"}.get(exc.argument)
         if field == "replicas" and pod_sets[i].replicas == 1 and pod_sets[i].gpus:
             field = "gpus"  # one pod asking too many GPUs
-        message = str(exc).split(": ", 1)[1].replace("fewer workers or GPUs per worker", "fewer replicas or GPUs per pod")
+        message = str(exc).split(": ", 1)[1].replace("GPUs per worker", "GPUs per pod").replace("fewer workers",
+                                                                                               "fewer replicas")
         return WorkloadError(f"pod_sets[{i}].{field}" if field else exc.argument, prefix + message)
 
     gpu_sets = [(i, ps) for i, ps in enumerate(pod_sets) if ps.gpus or ps.mig_profile is not None]
