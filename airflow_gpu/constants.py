@@ -13,6 +13,7 @@ LABEL_TIER = f"{DOMAIN}/tier"
 LABEL_TIER_CLASS = f"{DOMAIN}/tier-class"  # guaranteed | preemptible (ResourceQuotas per tier class)
 LABEL_GANG = f"{DOMAIN}/gang"  # name of the PodGroup a pod belongs to
 LABEL_GANG_RANK = f"{DOMAIN}/rank"
+LABEL_POD_SET = f"{DOMAIN}/pod-set"  # the pod set (launcher, worker...) a member belongs to
 LABEL_DAG_ID = f"{DOMAIN}/dag-id"
 LABEL_TASK_ID = f"{DOMAIN}/task-id"
 LABEL_RUN_ID = f"{DOMAIN}/run-id"
@@ -58,6 +59,10 @@ ANNOTATION_GPU_PRODUCTS = f"{DOMAIN}/gpu-products"  # accepted products, prefere
 # "true": the gang's GPU pods may straddle products (Gang.products_mixed); rarely wanted: a
 # data-parallel job runs at its slowest GPU's pace, across NVLink domains, on mixed memory sizes
 ANNOTATION_GPU_PRODUCTS_MIXED = f"{DOMAIN}/gpu-products-mixed"
+# written by the scheduler on a gang's group object when it binds it: the GPU product (the quota file's
+# name) its GPU pods were bound on; the operator reports it (XCom gpu_product, chargeback) for a gang
+# that accepted several
+ANNOTATION_GPU_PRODUCT = f"{DOMAIN}/gpu-product"
 ANNOTATION_SIM_DURATION = f"{DOMAIN}/sim-duration-seconds"  # local cluster: simulated container run time
 ANNOTATION_SIM_EXIT_CODE = f"{DOMAIN}/sim-exit-code"  # local cluster: simulated container exit code
 ANNOTATION_MANAGED_POOL = f"{DOMAIN}/managed"
@@ -188,6 +193,10 @@ ENV_WORLD_SIZE = "WORLD_SIZE"
 ENV_RANK = "RANK"
 ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 DEFAULT_MASTER_PORT = 29500
+# a gang of pod sets (launcher + workers): each pod's set, and per set its pods' DNS names (the
+# headless Service's records), comma-separated: AIRFLOW_GPU_HOSTS_WORKER for the set "worker"
+ENV_POD_SET = "AIRFLOW_GPU_POD_SET"
+ENV_HOSTS_PREFIX = "AIRFLOW_GPU_HOSTS_"
 EXIT_CODE_STOPPED = 143  # training saved a checkpoint on SIGTERM and stopped: NOT a success
 # the checkpoint store stayed unreachable past AIRFLOW_GPU_S3_OUTAGE_SECONDS (EX_TEMPFAIL): an
 # infrastructure failure, relaunched as the next attempt of the same try (as a Job's podFailurePolicy

@@ -49,7 +49,8 @@ DAGS = REPO_ROOT / "dags"
 BUCKET = "airflow-gpu-demo-{team}"  # one bucket per team, and an S3 identity limited to it
 S3_SECRET = "s3-credentials"
 ABLATION, FINETUNE, SWEEP = "nlp_ablation", "finetune_pipeline", "sweep_best_effort"
-DEMO_DAGS = (ABLATION, FINETUNE, SWEEP)
+RECSYS = "recsys_two_generations"  # accepts H100 or A100: the report says on which it ran
+DEMO_DAGS = (ABLATION, FINETUNE, SWEEP, RECSYS)
 TERMINAL_RUN_STATES = ("success", "failed")
 
 
@@ -78,6 +79,7 @@ class PodRecord:
     bound: float | None = None
     node: str = ""
     capacity: str = ""
+    product: str = ""  # the quota file's name of its node's GPU product ("" on a CPU node)
     disruption: str | None = None  # the DisruptionTarget condition's reason
     gone: float | None = None
 
@@ -158,7 +160,9 @@ class ClusterWatch:
                     node = pod["spec"].get("nodeName")
                     if node and rec.bound is None:
                         rec.bound, rec.node = now, node
-                        rec.capacity = capacity_type_of((nodes.get(node, {}).get("metadata") or {}).get("labels") or {})
+                        node_labels = (nodes.get(node, {}).get("metadata") or {}).get("labels") or {}
+                        rec.capacity = capacity_type_of(node_labels)
+                        rec.product = self.product_name(node_labels.get(C.NODE_GPU_PRODUCT) or "")
                         newly_bound.append(rec)
                     reason = disruption_reason(pod)
                     if reason and rec.disruption is None:
@@ -193,11 +197,30 @@ class ClusterWatch:
             return
         mates = [r for r in self.pods.values() if r.gang == rec.gang]
         if all(r.bound for r in mates) and rec is max(mates, key=lambda r: r.bound):
-            where = ", ".join(sorted({f"{r.node} ({r.capacity})" for r in mates}))
+            where = ", ".join(sorted({f"{r.node} ({', '.join(x for x in (r.product, r.capacity) if x)})" for r in mates}))
             self._say(f"[green]gang bound[/green] {rec.dag_id}.{rec.task_id} attempt {rec.attempt} ({rec.team}, "
                       f"{rec.tier}, {sum(r.gpus for r in mates):g} GPUs) on {where}, {waited:.1f}s after submit")
 
+    def product_name(self, label: str) -> str:
+        """The quota file's product for a node's gpu.product label (the label itself if unnamed)."""
+        names = {v: k for k, v in (self.ctx.product_labels if self.ctx else {}).items()}
+        return names.get(label, label)
+
     # -- figures for the report ------------------------------------------------------------------
+
+    def where_ran(self) -> dict[str, dict]:
+        """Per GPU task (dag.task): the GPU products and nodes its gangs' GPU pods were bound to, over
+        every attempt, and per gang the products (one each: a gang's GPU pods keep to one product)."""
+        out: dict[str, dict] = {}
+        for r in self.pods.values():
+            if r.bound is None or not r.gpus:
+                continue
+            task = out.setdefault(f"{r.dag_id}.{r.task_id}", {"products": set(), "nodes": set(), "gangs": {}})
+            task["products"].add(r.product)
+            task["nodes"].add(r.node)
+            task["gangs"].setdefault(r.gang, set()).add(r.product)
+        return {k: {"products": sorted(v["products"]), "nodes": sorted(v["nodes"]),
+                    "gangs": {g: sorted(p) for g, p in sorted(v["gangs"].items())}} for k, v in sorted(out.items())}
 
     def queue_waits(self) -> dict[str, dict[str, float]]:
         """Per tier: pod created (creationTimestamp, 1 s resolution) -> seen bound (0.5 s polls), per pod."""
@@ -407,6 +430,8 @@ class Demo:
         self.step("1. Best-effort work on spot (team nlp's ablation, 2 x 4 GPUs; team research's sweep, 3 x 2 GPUs)")
         self.trigger(ABLATION, "nlp, best-effort-training, 2 workers x 4 GPUs, checkpointed every epoch, spot")
         self.trigger(SWEEP, "research, best-effort-training, 3 mapped gangs x 2 GPUs, spot")
+        self.trigger(RECSYS, "recsys, production-training, 2 x 4 GPUs accepting H100 or A100 (H100 first): both "
+                             "workers on ONE product")
         self.pump(until=lambda: self.gang_bound(ABLATION, "ablation", 2) and self.rank0_step(ABLATION, "ablation") > 0,
                   what="the ablation bound and past its first checkpoint", timeout=240)
 
@@ -508,6 +533,7 @@ class Demo:
                                           "from the first DAG run's trigger to the last run's end",
             "gpus_total": self.gpus_total,
             "mig_pods": sum(r.mig and r.bound is not None for r in pods),
+            "where_ran": self.watch.where_ran(),
             "chargeback": chargeback,
             "chargeback_rows": rows,
             "cluster_allocation_ratio_at_end": queue["cluster"]["allocation_ratio"],
@@ -531,6 +557,10 @@ class Demo:
                 t.add_row(key, ti["state"], str(ti["try_number"]), str(r["attempts"]), str(r["interruptions"]),
                           str(r["preemptions"]), str(r["resumed_from_step"] if r["resumed_from_step"] is not None else "-"),
                           f"{r['gpu_seconds']:.0f}", f"{r['lost_gpu_seconds']:.0f}")
+        self.console.print(t)
+        t = Table("task", "GPU products", "nodes", title="Where the GPU tasks ran (every attempt)")
+        for key, where in report["where_ran"].items():
+            t.add_row(key, ", ".join(where["products"]), ", ".join(where["nodes"]))
         self.console.print(t)
         t = Table("tier", "pods", "mean s", "p95 s", title="Queue wait (submitted -> bound)")
         for tier, q in report["queue_wait_seconds"].items():
@@ -557,6 +587,11 @@ class Demo:
             problems.append("no preemption")
         if report["mig_pods"] < 1:
             problems.append("no pod ran on a MIG slice")
+        straddling = [g for w in report["where_ran"].values() for g, p in w["gangs"].items() if len(p) > 1]
+        if straddling:
+            problems.append(f"gangs bound across GPU products: {straddling}")
+        if not report["where_ran"].get(f"{RECSYS}.train"):
+            problems.append(f"{RECSYS}.train never ran")
         if report["orphaned_objects"]:
             problems.append(f"objects left behind: {report['orphaned']}")
         return problems

@@ -117,3 +117,21 @@ def test_a_quota_blocked_gang_ahead_of_the_head_is_kept_off_the_heads_reserved_n
     assert est["b-head"].start == 2000.0 and set(est["b-head"].nodes) == set(result.reservation.nodes)
     # not on the head's nodes while it runs (2000-2100; the third node frees at 4000): after it, at 2100
     assert est["a-next"].start == 2100.0
+
+
+def test_a_gang_accepting_two_products_is_published_with_the_product_it_is_expected_to_start_on():
+    """Issue 29: the queue says on which product a waiting multi-product gang is expected to start (the
+    product of the nodes of its estimate: its pod sets stay on one product)."""
+    snap = Snapshot.from_nodes(cluster(1, gpus=8, product="H100", prefix="h")
+                               + cluster(1, gpus=8, product="A100", prefix="a"))
+    on_h100 = start(snap, timed(gang("h-run", 1, 8, created_at=1, products=("H100",)), 4000), profile(), at=NOW)
+    on_a100 = start(snap, timed(gang("a-run", 1, 8, created_at=2, products=("A100",)), 1000), profile(), at=NOW)
+    both = timed(gang("both", 1, 8, created_at=10, products=("H100", "A100")), 500)  # H100 preferred
+    only_h100 = timed(gang("only-h100", 1, 8, created_at=11, products=("H100",)), 500)
+    state, result = cycle(snap, [on_h100, on_a100], [both, only_h100])
+    rows = {r.gang: r for r in waiting_entries(state, [both, only_h100], result, profile(), NOW)}
+    # the A100 node frees first (2000): the gang that accepts both starts there, not on its first product
+    assert (rows["both"].estimated_start, rows["both"].expected_products) == (2000.0, ("A100",))
+    assert rows["both"].products == ("A100", "H100")
+    assert (rows["only-h100"].estimated_start, rows["only-h100"].expected_products) == (5000.0, ("H100",))
+    assert rows["both"].as_dict()["expected_products"] == ["A100"]

@@ -21,7 +21,11 @@ def test_demo_runs_the_seed_scenario_through_airflow(tmp_path):
     report = json.loads(report_path.read_text())
     assert result.returncode == 0 and report["problems"] == [], tail
     assert report["dag_runs"] == {"nlp_ablation": "success", "finetune_pipeline": "success",
-                                  "sweep_best_effort": "success"}
+                                  "sweep_best_effort": "success", "recsys_two_generations": "success"}
+    # two generations (issue 29): the gang accepting H100 and A100 ran on one of them, and the report says which
+    recsys = report["where_ran"]["recsys_two_generations.train"]
+    assert recsys["products"] in (["h100-80gb"], ["a100-80gb"]) and all(len(p) == 1 for p in recsys["gangs"].values())
+    assert "Where the GPU tasks ran" in result.stdout
     # the interrupted ablation resumed from its checkpoint within try 1, then was preempted by production
     ablation = report["resumed_from_step"]["nlp_ablation.ablation"]
     assert ablation["step"] > 0 and ablation["try_number"] == 1

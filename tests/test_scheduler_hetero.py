@@ -56,6 +56,11 @@ def test_a_gang_accepting_h100_and_a100_binds_both_pods_on_one_product(kube_clus
         products = {core.read_node(n).metadata.labels[C.NODE_GPU_PRODUCT] for n in nodes.values()}
         assert products == {A100}, f"both pods on one product, the one with room for both: {nodes}"
         assert sorted(nodes.values()) == ["a100-0", "a100-1"]
+        # the scheduler says on the PodGroup which product it bound the gang on (no quota config here:
+        # the node label); the operator reports it for a gang that accepted several
+        group = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            C.PODGROUP_GROUP, C.PODGROUP_VERSION, ns, C.PODGROUP_PLURAL, "train")
+        assert group["metadata"]["annotations"][C.ANNOTATION_GPU_PRODUCT] == A100
     finally:
         sched.stop()
         core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)

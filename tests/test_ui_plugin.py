@@ -302,6 +302,10 @@ def test_page_in_airflow_ui_headless_chromium(stack, tmp_path):
             assert link.get_attribute("href").endswith(DB_TASK_LINK) and link.get_attribute("target") == "_top"
             assert DB_RUN_ID in text and "vision_batch.score" in text
             assert NOTE_IN_AIRFLOW in text and "as of " in text and "published by the scheduler" in text
+            # the product each waiting gang is expected to start on, as published (issue 29)
+            expected = {", ".join(e["expected_products"]) for e in pub["waiting"] if e["expected_products"]}
+            shown_waiting = frame.inner_text("#waiting")
+            assert expected and all(f"on {p}" in shown_waiting for p in expected), (expected, shown_waiting)
             assert "STALE" not in text
             # GPUs first in the pools, slots in brackets: nlp's preemptible pool has 8 GPUs (56 slots) queued
             assert "8 (56)" in frame.inner_text("#teams")

@@ -130,3 +130,21 @@ def test_ui_and_the_queue_cli_load_no_placement_module():
     loaded = out.stdout.split()
     assert "airflow_gpu.ui.service" in loaded
     assert [m for m in loaded if m.startswith(PLACEMENT) and not m.startswith(ALLOWED) and m != "airflow_gpu.scheduler"] == []
+
+
+def test_the_queue_says_on_which_product_a_gang_is_expected_to_start(capsys):
+    """Issue 29: the scheduler publishes the product of the nodes a waiting gang is expected to start
+    on (core.visibility); the page and `airflow-gpu queue` show it, deciding nothing."""
+    from airflow_gpu.cli.queue import print_queue
+
+    both = {**entry(0), "products": ["NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3"],
+            "expected_products": ["NVIDIA-H100-80GB-HBM3"], "estimated_start": 1960.0}
+    pub = {"version": 1, "generated_at": 1900.0, "cycle": 3, "scheduler": "s", "profile": "fgd-lookahead",
+           "publish_interval": 5.0, "waiting": [both], "incomplete": [], "running": [], "cluster": queue.EMPTY_CLUSTER}
+    data = queue.build(queue.Inputs([], [], pub), now=1900.0)
+    assert data["waiting"][0]["expected_products"] == ["NVIDIA-H100-80GB-HBM3"]
+    print_queue(data)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "in 60 s on NVIDIA-H100-80GB-HBM3" in out, out
+    page = (UI / "static" / "index.html").read_text()
+    assert "w.expected_products" in page and "onProduct(w)" in page  # the page's estimate column shows it

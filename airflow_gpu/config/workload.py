@@ -143,3 +143,54 @@ def _products(cfg: QuotaConfig, team: Team, asked, mig_profile: str | None) -> t
                 raise WorkloadError("mig_profile", f"product {p!r} has no MIG profile {mig_profile!r}; "
                                                    f"its profiles: {', '.join(offered) or 'none'}")
     return tuple(asked)
+
+
+def plan_pod_set_task(cfg: QuotaConfig, *, team: str, tier: str, pod_sets, gpu_products=None) -> GpuTaskPlan:
+    """A gang of pod sets (launcher + workers; each set has `replicas`, `gpus` and `mig_profile`, as
+    kube.spec.PodSetSpec): each GPU set is checked as plan_gpu_task checks a gang of its replicas
+    (errors name `pod_sets[i].replicas`, `.gpus`, `.mig_profile`), then all sets together, whole GPUs
+    summed and MIG slices per profile, against the quota: the gang starts whole or not at all, so it
+    must fit at once. CPU-only sets ask no GPU. `workers` of the plan: every pod of every set."""
+    def renamed(i: int, exc: WorkloadError, prefix: str = "") -> WorkloadError:
+        field = {"workers": "replicas", "gpus_per_worker": "gpus", "mig_profile": "mig_profile"}.get(exc.argument)
+        if field == "replicas" and pod_sets[i].replicas == 1 and pod_sets[i].gpus:
+            field = "gpus"  # one pod asking too many GPUs
+        message = str(exc).split(": ", 1)[1].replace("GPUs per worker", "GPUs per pod").replace("fewer workers",
+                                                                                               "fewer replicas")
+        return WorkloadError(f"pod_sets[{i}].{field}" if field else exc.argument, prefix + message)
+
+    gpu_sets = [(i, ps) for i, ps in enumerate(pod_sets) if ps.gpus or ps.mig_profile is not None]
+    if not gpu_sets:
+        raise WorkloadError("pod_sets", "no set asks for GPUs (gpus or mig_profile); a gang of CPU-only pods is not "
+                                        "GPU work")
+    products = None
+    for i, ps in gpu_sets:
+        try:
+            plan = plan_gpu_task(cfg, team=team, tier=tier, workers=ps.replicas, gpus_per_worker=ps.gpus or None,
+                                 mig_profile=ps.mig_profile, gpu_products=gpu_products)
+        except WorkloadError as exc:
+            raise renamed(i, exc) from None
+        products = plan.products if products is None else tuple(p for p in products if p in plan.products)
+    # together: one ask of all whole GPUs, one per MIG profile; an error names the largest set's replicas
+    asks: dict[str | None, list[tuple[int, object]]] = {}
+    for i, ps in gpu_sets:
+        asks.setdefault(ps.mig_profile, []).append((i, ps))
+    slots = 0
+    for profile, members in asks.items():
+        largest = max(members, key=lambda m: m[1].replicas * (m[1].gpus or 1))[0]
+        try:
+            if profile is None:
+                plan = plan_gpu_task(cfg, team=team, tier=tier, workers=1, gpus_per_worker=sum(
+                    ps.replicas * ps.gpus for _, ps in members), gpu_products=gpu_products)
+            else:
+                plan = plan_gpu_task(cfg, team=team, tier=tier, workers=sum(ps.replicas for _, ps in members),
+                                     mig_profile=profile, gpu_products=gpu_products)
+        except WorkloadError as exc:
+            raise renamed(largest, exc, "the pod sets together: ") from None
+        products = tuple(p for p in products if p in plan.products)
+        slots += plan.pool_slots
+    if not products:
+        raise WorkloadError("gpu_products", "no GPU product has quota for every pod set of the gang at once; "
+                                            "ask for fewer GPUs or name the products to use")
+    return GpuTaskPlan(cfg.team(team), cfg.tier(tier), cfg.tier_class(tier), sum(ps.replicas for ps in pod_sets), 0, None,
+                       products, slots)

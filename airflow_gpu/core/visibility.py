@@ -42,7 +42,9 @@ class WaitingEntry:
     estimated_start: float | None
     estimate_note: str
     nodes: tuple[str, ...]
-    expected_products: tuple[str, ...]  # GPU products of `nodes`
+    # GPU products of `nodes`: where a gang that accepts several products is expected to start (one:
+    # its GPU pod sets keep to one product); the queue page and `airflow-gpu queue` show it
+    expected_products: tuple[str, ...]
 
     def as_dict(self) -> dict:
         return {"gang": self.gang, "team": self.team, "tier": self.tier, "priority": self.priority,

@@ -1,5 +1,6 @@
 """WorkloadSpec -> the Kubernetes objects of one attempt of a gang: W pods with rank and checkpoint
-env, a headless Service for rank discovery, and the backend's group object.
+env (or the pods of its pod sets: a launcher and its workers, each set its own container), a
+headless Service for rank discovery, and the backend's group object.
 
 Every object carries the task instance's labels, so `TaskInstanceRef.selector()` finds all of them
 (cleanup on every path), and the attempt's label, so one attempt's objects are told from another's.
@@ -21,7 +22,7 @@ from airflow_gpu.kube.backends import (
 )
 from airflow_gpu.kube.names import member_name
 from airflow_gpu.kube.podlog import RESULT_PATH
-from airflow_gpu.kube.spec import WorkloadSpec, WorkloadSpecError
+from airflow_gpu.kube.spec import PodSetSpec, WorkloadSpec, WorkloadSpecError
 from airflow_gpu.kube.template import apply_pod_template
 
 
@@ -97,15 +98,41 @@ def _node_selector(spec: WorkloadSpec, capacity: dict[str, str]) -> dict[str, st
     return selector
 
 
+def member_address(spec: WorkloadSpec, rank: int) -> str:
+    """The stable DNS name of member `rank`: its record in the gang's headless Service."""
+    name = spec.gang_name
+    return f"{member_name(name, rank)}.{name}.{spec.namespace}.svc"
+
+
 def rank_env(spec: WorkloadSpec, rank: int) -> list[dict]:
     """torch.distributed env:// rendezvous: rank 0's stable DNS name through the headless Service."""
-    name = spec.gang_name
-    master = f"{member_name(name, 0)}.{name}.{spec.namespace}.svc"
-    return [{"name": C.ENV_MASTER_ADDR, "value": master},
+    if spec.pod_sets:
+        return pod_set_env(spec, rank)
+    return [{"name": C.ENV_MASTER_ADDR, "value": member_address(spec, 0)},
             {"name": C.ENV_MASTER_PORT, "value": str(spec.master_port)},
             {"name": C.ENV_WORLD_SIZE, "value": str(spec.workers)},
             {"name": C.ENV_RANK, "value": str(rank)},
             {"name": C.ENV_LOCAL_WORLD_SIZE, "value": str(spec.processes_per_worker)}]
+
+
+def pod_set_env(spec: WorkloadSpec, rank: int) -> list[dict]:
+    """A gang of pod sets (launcher + workers): MASTER_ADDR is the first set's first pod (the
+    launcher: put it first); RANK and WORLD_SIZE count the pods of the pod's own set (the workers are
+    ranks 0..W-1 of a world of W, the launcher is not one of them); LOCAL_WORLD_SIZE its GPUs (or 1);
+    AIRFLOW_GPU_POD_SET its set, and AIRFLOW_GPU_HOSTS_<SET> for every set the DNS names of its pods
+    (an MPI launcher's host list)."""
+    members = spec.members()
+    _, own, index = members[rank]
+    env = [{"name": C.ENV_MASTER_ADDR, "value": member_address(spec, 0)},
+           {"name": C.ENV_MASTER_PORT, "value": str(spec.master_port)},
+           {"name": C.ENV_WORLD_SIZE, "value": str(own.replicas)},
+           {"name": C.ENV_RANK, "value": str(index)},
+           {"name": C.ENV_LOCAL_WORLD_SIZE, "value": str(own.gpus or 1)},
+           {"name": C.ENV_POD_SET, "value": own.name}]
+    for ps in spec.pod_sets:
+        hosts = [member_address(spec, r) for r, s, _ in members if s is ps]
+        env.append({"name": ps.hosts_env, "value": ",".join(hosts)})
+    return env
 
 
 def checkpoint_env(spec: WorkloadSpec, rank: int) -> list[dict]:
@@ -119,25 +146,33 @@ def checkpoint_env(spec: WorkloadSpec, rank: int) -> list[dict]:
     return env
 
 
-def _container(spec: WorkloadSpec, rank: int) -> dict:
+def _container(spec: WorkloadSpec, rank: int, pod_set: PodSetSpec | None = None) -> dict:
     env = (rank_env(spec, rank) if spec.gang else []) + checkpoint_env(spec, rank)
-    env += [{"name": k, "value": v} for k, v in sorted(spec.env_vars.items())]
+    own_env = {**spec.env_vars, **pod_set.env_vars} if pod_set is not None else spec.env_vars
+    env += [{"name": k, "value": v} for k, v in sorted(own_env.items())]
     env += [{"name": s.env, "valueFrom": {"secretKeyRef": {"name": s.secret, "key": s.key}}}
             for s in spec.secrets if s.env]
     env_from = [{"secretRef": {"name": s.secret}} for s in spec.secrets if not s.env]
     if spec.s3_secret:
         env_from.append({"secretRef": {"name": spec.s3_secret}})
-    resources = {part: dict(spec.container_resources.get(part) or {}) for part in ("requests", "limits")}
-    resources["limits"].update(spec.gpu_limits())
+    own_resources = (pod_set.container_resources if pod_set is not None and pod_set.container_resources
+                     else spec.container_resources)
+    resources = {part: dict(own_resources.get(part) or {}) for part in ("requests", "limits")}
+    resources["limits"].update(spec.gpu_limits() if pod_set is None else pod_set.gpu_limits())
     # the training code's result: the kubelet keeps this file as the termination message (rank 0's is read)
     env.append({"name": C.ENV_RESULT_PATH, "value": RESULT_PATH})
-    container: dict = {"name": spec.container_name, "image": spec.image, "env": env,
+    image, cmds, arguments = spec.image, spec.cmds, spec.arguments
+    if pod_set is not None:  # the set's own container, where it gives one
+        image = pod_set.image or image
+        cmds = pod_set.cmds if pod_set.cmds is not None else cmds
+        arguments = pod_set.arguments if pod_set.arguments is not None else arguments
+    container: dict = {"name": spec.container_name, "image": image, "env": env,
                        "resources": {k: v for k, v in resources.items() if v},
                        "terminationMessagePath": RESULT_PATH, "terminationMessagePolicy": "File"}
-    if spec.cmds:
-        container["command"] = list(spec.cmds)
-    if spec.arguments:
-        container["args"] = list(spec.arguments)
+    if cmds:
+        container["command"] = list(cmds)
+    if arguments:
+        container["args"] = list(arguments)
     if env_from:
         container["envFrom"] = env_from
     if spec.volume_mounts:
@@ -155,17 +190,19 @@ def build(spec: WorkloadSpec) -> GangManifests:
     member = (membership(spec.gang_backend, name, spec.workers, spec.queue) if spec.gang
               else Membership(scheduler_name=DEFAULT_SCHEDULER[spec.gang_backend]))  # lone pod: no gang labels
     pods = []
-    for rank in range(spec.workers):
+    for rank, pod_set, _ in spec.members():
         pod_name = member_name(name, rank) if spec.gang else name
         pod_labels = {**spec.labels, **labels, **member.labels}
         if spec.gang:
             pod_labels[C.LABEL_GANG_RANK] = str(rank)
+        if pod_set is not None:
+            pod_labels[C.LABEL_POD_SET] = pod_set.name
         pod_spec: dict = {
             "schedulerName": spec.scheduler_name or member.scheduler_name,
             "restartPolicy": "Never",  # a relaunch is a new attempt with new pods, never a restart in place
             "priorityClassName": spec.priority_class_name,
             "enableServiceLinks": False,
-            "containers": [_container(spec, rank)],
+            "containers": [_container(spec, rank, pod_set)],
         }
         if spec.gang:
             pod_spec["hostname"] = pod_name
@@ -235,7 +272,13 @@ def file_checkpoint_problem(pod_spec: dict, container_name: str, uri: str | None
 
 
 def _min_resources(spec: WorkloadSpec) -> dict[str, str]:
-    return {res: str(int(qty) * spec.workers) for res, qty in spec.gpu_limits().items()}
+    if not spec.pod_sets:
+        return {res: str(int(qty) * spec.workers) for res, qty in spec.gpu_limits().items()}
+    total: dict[str, int] = {}
+    for ps in spec.pod_sets:
+        for res, qty in ps.gpu_limits().items():
+            total[res] = total.get(res, 0) + int(qty) * ps.replicas
+    return {res: str(n) for res, n in total.items()}
 
 
 def _service(spec: WorkloadSpec, labels: dict[str, str]) -> dict:

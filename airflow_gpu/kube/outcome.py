@@ -45,6 +45,7 @@ class GangOutcome:
     # the ranks the task log shows (failed ranks and rank 0), read when the attempt ended: {pod, rank,
     # node, phase, exit_code, reason, message (rank 0: its return.json), tail, cut} (triggers/ranklogs.py)
     ranks: list[dict] = field(default_factory=list)
+    gpu_product: str = ""  # the product the scheduler bound the GPU pods on ("" unknown: another backend)
 
     def to_payload(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,7 +89,7 @@ def outcome_of(state: S.GangState, namespace: str, gang: str, attempt: int, fini
         disrupted_pods=seen if state.phase == S.DISRUPTED else {}, missing_pods=list(state.missing),
         started_at=min(starts) if starts else None, finished_at=finished_at,
         last_checkpoint_step=checkpoint[0] if checkpoint else None,
-        last_checkpoint_time=checkpoint[1] if checkpoint else None,
+        last_checkpoint_time=checkpoint[1] if checkpoint else None, gpu_product=state.gpu_product,
     )
 
 

@@ -34,7 +34,7 @@ CHECKPOINT_SCHEMES = ("s3://", "file://")
 RESERVED_ENV = frozenset({
     C.ENV_MASTER_ADDR, C.ENV_MASTER_PORT, C.ENV_WORLD_SIZE, C.ENV_RANK, C.ENV_LOCAL_WORLD_SIZE,
     C.ENV_CHECKPOINT_URI, C.ENV_RESUME_URI, C.ENV_ATTEMPT, C.ENV_INTERRUPTIONS, C.ENV_DEADLINE,
-    C.ENV_CHECKPOINT_KEEP_LAST, C.ENV_CHECKPOINT_KEEP_EVERY,
+    C.ENV_CHECKPOINT_KEEP_LAST, C.ENV_CHECKPOINT_KEEP_EVERY, C.ENV_POD_SET,
 })
 # names that hold credentials: only from a Secret (secretKeyRef / envFrom), never a literal in the pod spec
 _CREDENTIAL_NAME = re.compile(r"SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|ACCESS_KEY|PRIVATE_KEY|API_KEY", re.I)
@@ -116,6 +116,111 @@ def _positive_int(value: Any, what: str, minimum: int = 1) -> None:
         raise WorkloadSpecError(f"{what}={value!r}: must be an integer >= {minimum}")
 
 
+POD_SET_FIELDS = ("name", "replicas", "gpus", "mig_profile", "image", "cmds", "arguments", "env_vars",
+                  "container_resources")
+
+
+@dataclass(frozen=True)
+class PodSetSpec:
+    """One pod set of a gang (a launcher, the workers; Kueue's podSets, JobSet's replicatedJobs):
+    `replicas` alike pods with `gpus` whole GPUs each, or one `mig_profile` slice each, or neither (a
+    CPU-only pod, e.g. an MPI launcher or a rendezvous server), each set with its own container:
+    image, cmds, arguments (None: the gang's), env_vars (over the gang's), container_resources (empty:
+    the gang's). Authors may give a dict with these keys (`PodSetSpec.of`)."""
+
+    name: str
+    replicas: int = 1
+    gpus: int = 0
+    mig_profile: str | None = None
+    image: str | None = None
+    cmds: tuple[str, ...] | None = None
+    arguments: tuple[str, ...] | None = None
+    env_vars: Mapping[str, str] = field(default_factory=dict)
+    container_resources: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        setter = object.__setattr__
+        for what in ("cmds", "arguments"):
+            value = getattr(self, what)
+            if value is not None:
+                if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+                    raise WorkloadSpecError(f"{what}: must be a list of strings (got {value!r})")
+                setter(self, what, tuple(str(v) for v in value))
+        setter(self, "env_vars", _frozen_map(self.env_vars, "env_vars"))
+        setter(self, "container_resources", MappingProxyType(dict(as_dict(self.container_resources or {}))))
+
+    @classmethod
+    def of(cls, value: Any) -> "PodSetSpec":
+        if isinstance(value, PodSetSpec):
+            return value
+        if not isinstance(value, Mapping):
+            raise WorkloadSpecError(f": give a dict with {', '.join(POD_SET_FIELDS)} (or a PodSetSpec), got "
+                                    f"{type(value).__name__}")
+        unknown = sorted(set(value) - set(POD_SET_FIELDS))
+        if unknown:
+            raise WorkloadSpecError(f".{unknown[0]}: unknown field; a pod set has {', '.join(POD_SET_FIELDS)}")
+        if "name" not in value:
+            raise WorkloadSpecError(".name: every pod set needs a name (e.g. 'launcher', 'worker')")
+        return cls(**value)
+
+    @property
+    def uses_gpu(self) -> bool:
+        return bool(self.gpus) or self.mig_profile is not None
+
+    def check(self, where: str) -> None:
+        """Raise WorkloadSpecError naming `where`.field (e.g. pod_sets[1].replicas)."""
+        if not is_dns_label(self.name, 20):
+            raise WorkloadSpecError(f"{where}.name={self.name!r}: must be a lowercase DNS label of at most 20 "
+                                    "characters (it names the set's env AIRFLOW_GPU_HOSTS_<NAME> and label)")
+        _positive_int(self.replicas, f"{where}.replicas")
+        _positive_int(self.gpus, f"{where}.gpus", 0)
+        if self.gpus and self.mig_profile is not None:
+            raise WorkloadSpecError(f"{where}.mig_profile: give gpus (whole GPUs per pod) or mig_profile (one MIG "
+                                    "slice per pod), not both; neither: a CPU-only pod")
+        if self.mig_profile is not None and (not isinstance(self.mig_profile, str)
+                                             or not _MIG_PROFILE.match(self.mig_profile)):
+            raise WorkloadSpecError(f"{where}.mig_profile={self.mig_profile!r}: must look like '1g.10gb'")
+        if self.image is not None and (not isinstance(self.image, str) or not self.image):
+            raise WorkloadSpecError(f"{where}.image: give the container image, e.g. 'python:3.11', or leave it "
+                                    "out for the gang's")
+        _check_env(self.env_vars, f"{where}.env_vars")
+        _check_resources(self.container_resources, f"{where}.container_resources")
+
+    def gpu_limits(self) -> dict[str, str]:
+        if self.mig_profile is not None:
+            return {f"{C.RESOURCE_MIG_PREFIX}{self.mig_profile}": "1"}
+        return {C.RESOURCE_GPU: str(self.gpus)} if self.gpus else {}
+
+    @property
+    def hosts_env(self) -> str:
+        """The env var listing the set's pods' DNS names: AIRFLOW_GPU_HOSTS_<NAME>."""
+        return C.ENV_HOSTS_PREFIX + self.name.upper().replace("-", "_")
+
+
+def _check_env(env_vars: Mapping[str, str], what: str) -> None:
+    for name in env_vars:
+        if not _ENV_NAME.match(name):
+            raise WorkloadSpecError(f"{what}[{name!r}]: not a valid environment variable name")
+        if name in RESERVED_ENV or name.startswith(C.ENV_HOSTS_PREFIX):
+            raise WorkloadSpecError(f"{what}[{name!r}]: set by airflow-gpu for every pod (rank and "
+                                    f"checkpoint contract); remove it")
+        if _CREDENTIAL_NAME.search(name):
+            raise WorkloadSpecError(f"{what}[{name!r}]: looks like a credential; put it in a Kubernetes "
+                                    f"Secret and pass secrets=[SecretEnv(secret=..., key=..., env={name!r})]")
+
+
+def _check_resources(res: Mapping[str, Any], what: str) -> None:
+    unknown = set(res) - {"requests", "limits"}
+    if unknown:
+        raise WorkloadSpecError(f"{what}: unknown keys {sorted(unknown)}; use "
+                                f"{{'requests': {{'cpu': '4', 'memory': '16Gi'}}, 'limits': {{...}}}}")
+    for part in ("requests", "limits"):
+        for resource in (res.get(part) or {}):
+            if resource.startswith(_GPU_RESOURCES):
+                raise WorkloadSpecError(f"{what}.{part}[{resource}]: GPUs come from "
+                                        f"gpus_per_worker or mig_profile, not container_resources")
+
+
 @dataclass(frozen=True)
 class WorkloadSpec:
     """One attempt of a gang of `workers` pods (or, with gang=False, one lone pod)."""
@@ -169,6 +274,9 @@ class WorkloadSpec:
     schedule_timeout_seconds: int | None = None
     gang: bool = True  # False: one lone pod, no PodGroup, Service or gang labels (inference)
     pod_template: Mapping[str, Any] | None = None  # a Pod (wire dict) under every member (kube/template.py)
+    # launcher + workers: the gang's pods by set, in this order (workers is then their total, and
+    # gpus_per_worker / mig_profile are per set); empty: `workers` alike pods
+    pod_sets: tuple[PodSetSpec, ...] = ()
 
     def __post_init__(self) -> None:
         setter = object.__setattr__  # frozen: normalise inputs once, here
@@ -184,6 +292,7 @@ class WorkloadSpec:
         setter(self, "volume_mounts", _wire_list(self.volume_mounts, "volume_mounts"))
         setter(self, "tolerations", _wire_list(self.tolerations, "tolerations"))
         setter(self, "container_resources", MappingProxyType(dict(as_dict(self.container_resources or {}))))
+        self._normalise_pod_sets()
         if self.pod_template is not None:
             template = as_dict(self.pod_template)
             if not isinstance(template, dict) or not isinstance(template.get("spec", {}), dict):
@@ -200,6 +309,8 @@ class WorkloadSpec:
                                         f"(a-z, 0-9, '-', starting with a letter, at most 63)")
         if not self.image or not isinstance(self.image, str):
             raise WorkloadSpecError("image: give the container image, e.g. 'python:3.11'")
+        if self.pod_sets:  # first: `workers` is their total
+            self._validate_pod_sets()
         _positive_int(self.workers, "workers")
         self._validate_gpus()
         if self.name is None and self.task_instance is None:
@@ -235,26 +346,50 @@ class WorkloadSpec:
         if not is_dns_label(self.container_name):
             raise WorkloadSpecError(f"container_name={self.container_name!r}: must be a lowercase DNS label")
 
+    def _normalise_pod_sets(self) -> None:
+        if isinstance(self.pod_sets, (str, bytes, Mapping)) or not isinstance(self.pod_sets, Sequence):
+            raise WorkloadSpecError(f"pod_sets: must be a list of pod sets (got {type(self.pod_sets).__name__})")
+        sets = []
+        for i, value in enumerate(self.pod_sets):
+            try:
+                sets.append(PodSetSpec.of(value))
+            except (WorkloadSpecError, TypeError) as exc:
+                text = str(exc)
+                raise WorkloadSpecError(f"pod_sets[{i}]{text if text.startswith(('.', ':')) else ': ' + text}") from None
+        object.__setattr__(self, "pod_sets", tuple(sets))
+        if sets:
+            if self.gpus_per_worker is not None or self.mig_profile is not None:
+                raise WorkloadSpecError("pod_sets: give pod_sets (GPUs per set) or gpus_per_worker / mig_profile, "
+                                        "not both")
+            if all(isinstance(ps.replicas, int) and not isinstance(ps.replicas, bool) for ps in sets):
+                object.__setattr__(self, "workers", sum(ps.replicas for ps in sets))
+
+    def _validate_pod_sets(self) -> None:
+        names = []
+        for i, ps in enumerate(self.pod_sets):
+            ps.check(f"pod_sets[{i}]")
+            if ps.name in names:
+                raise WorkloadSpecError(f"pod_sets[{i}].name={ps.name!r}: two pod sets have this name")
+            names.append(ps.name)
+        if not any(ps.uses_gpu for ps in self.pod_sets):
+            raise WorkloadSpecError("pod_sets: no set asks for GPUs (gpus or mig_profile); a gang of CPU-only pods "
+                                    "is not GPU work")
+        if not self.gang:
+            raise WorkloadSpecError("pod_sets: a lone pod (gang=False) has no pod sets")
+
     def _validate_gpus(self) -> None:
-        if (self.gpus_per_worker is None) == (self.mig_profile is None):
+        if self.pod_sets:
+            pass  # per set (_validate_pod_sets)
+        elif (self.gpus_per_worker is None) == (self.mig_profile is None):
             raise WorkloadSpecError("gpus_per_worker / mig_profile: give exactly one (whole GPUs per worker, "
                                     "or one MIG slice per worker such as '1g.10gb')")
-        if self.gpus_per_worker is not None:
+        elif self.gpus_per_worker is not None:
             _positive_int(self.gpus_per_worker, "gpus_per_worker")
         elif not isinstance(self.mig_profile, str) or not _MIG_PROFILE.match(self.mig_profile):
             raise WorkloadSpecError(f"mig_profile={self.mig_profile!r}: must look like '1g.10gb'")
         if not all(isinstance(p, str) and p and "," not in p for p in self.gpu_products):
             raise WorkloadSpecError(f"gpu_products={self.gpu_products!r}: product names, no commas")
-        res = self.container_resources
-        unknown = set(res) - {"requests", "limits"}
-        if unknown:
-            raise WorkloadSpecError(f"container_resources: unknown keys {sorted(unknown)}; use "
-                                    f"{{'requests': {{'cpu': '4', 'memory': '16Gi'}}, 'limits': {{...}}}}")
-        for part in ("requests", "limits"):
-            for resource in (res.get(part) or {}):
-                if resource.startswith(_GPU_RESOURCES):
-                    raise WorkloadSpecError(f"container_resources.{part}[{resource}]: GPUs come from "
-                                            f"gpus_per_worker or mig_profile, not container_resources")
+        _check_resources(self.container_resources, "container_resources")
 
     def _validate_capacity(self) -> None:
         if self.capacity_type not in (None, C.CAPACITY_SPOT, C.CAPACITY_ON_DEMAND):
@@ -279,15 +414,7 @@ class WorkloadSpec:
                 _positive_int(getattr(self, what), what)
 
     def _validate_env(self) -> None:
-        for name in self.env_vars:
-            if not _ENV_NAME.match(name):
-                raise WorkloadSpecError(f"env_vars[{name!r}]: not a valid environment variable name")
-            if name in RESERVED_ENV:
-                raise WorkloadSpecError(f"env_vars[{name!r}]: set by airflow-gpu for every pod (rank and "
-                                        f"checkpoint contract); remove it")
-            if _CREDENTIAL_NAME.search(name):
-                raise WorkloadSpecError(f"env_vars[{name!r}]: looks like a credential; put it in a Kubernetes "
-                                        f"Secret and pass secrets=[SecretEnv(secret=..., key=..., env={name!r})]")
+        _check_env(self.env_vars, "env_vars")
         envs = [s.env for s in self.secrets if s.env]
         clash = sorted({e for e in envs if envs.count(e) > 1 or e in self.env_vars or e in RESERVED_ENV})
         if clash:
@@ -343,3 +470,15 @@ class WorkloadSpec:
     def processes_per_worker(self) -> int:
         """LOCAL_WORLD_SIZE: one process per whole GPU, one per MIG slice."""
         return self.gpus_per_worker or 1
+
+    def members(self) -> list[tuple[int, PodSetSpec | None, int]]:
+        """(rank, its pod set or None, its index in the set) of each pod, in rank order: the pod sets'
+        pods follow each other in the order given (the first set's first pod is rank 0, MASTER_ADDR)."""
+        if not self.pod_sets:
+            return [(rank, None, rank) for rank in range(self.workers)]
+        out = []
+        for ps in self.pod_sets:
+            for i in range(ps.replicas):
+                out.append((len(out), ps, i))
+        return out
+

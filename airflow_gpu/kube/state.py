@@ -71,6 +71,7 @@ class GangState:
     phase: str
     reason: str = ""  # why (disruption reason, wait reason, failed members' exit codes)
     wait_reason: str = ""  # the scheduler's, from the group object (empty when not waiting)
+    gpu_product: str = ""  # the product the scheduler bound its GPU pods on (the group object's annotation)
     members: tuple[MemberState, ...] = ()
     expected: int = 0
     missing: tuple[str, ...] = ()  # expected member names with no pod (when names are known)
@@ -217,7 +218,9 @@ def gang_state(pods: Iterable[Any], podgroup: Any = None, *, expected: int | Non
     missing = tuple(sorted(set(expected_names or ()) - present))
     lost = len(missing) if expected_names is not None else max(0, expected - len(members))
     exit_codes = {m.name: m.exit_code for m in members if m.exit_code is not None}
-    base = dict(members=members, expected=expected, missing=missing, exit_codes=exit_codes)
+    base = dict(members=members, expected=expected, missing=missing, exit_codes=exit_codes,
+                gpu_product=(((group or {}).get("metadata") or {}).get("annotations") or {}).get(
+                    C.ANNOTATION_GPU_PRODUCT) or "")
 
     disrupted = [m for m in members if m.disruption is not None]
     if disrupted:

@@ -25,6 +25,7 @@ from airflow_gpu.localcluster import errors, seccomp, security
 from airflow_gpu.localcluster.containerlog import LogReader, LogWriter
 from airflow_gpu.localcluster.events import Recorder
 from airflow_gpu.localcluster import isolation
+from airflow_gpu.localcluster.clusterdns import ClusterHosts
 from airflow_gpu.localcluster.isolation import ImageRoot, MountPlan, image_root, probe
 from airflow_gpu.localcluster.nodeagent import Devices, PodIPs, admit
 from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
@@ -172,6 +173,8 @@ class Kubelet:
         self._pending: set[tuple[str, str]] = set()
         self._closed = False
         self.pod_ips = PodIPs()
+        # confined containers get a kubelet-managed /etc/hosts with the namespace's Service records
+        self.hosts = ClusterHosts(store) if self.image is not None else None
         store.listeners.append(self._on_event)
 
     # --- reconcile ---------------------------------------------------------------------------
@@ -327,6 +330,8 @@ class Kubelet:
             run.terminated.set()
             run.ended.set()
             self._release(run)
+            if self.hosts is not None:
+                self.hosts.remove(run.namespace, run.name)
             pod = self.store.get(POD_KEY, run.namespace, run.name)
             if pod is None or pod["metadata"]["uid"] != run.uid:
                 self.runs.pop(run.uid, None)
@@ -401,7 +406,22 @@ class Kubelet:
                          binds, shm_is_volume=any(b.target.rstrip("/") == "/dev/shm" for b in binds),
                          read_only_root=who.read_only_root)
         plan.prepare()
+        self._link_hosts(run, plan)
         return plan
+
+    def _link_hosts(self, run: PodRun, plan: MountPlan) -> None:
+        """The container's /etc/hosts: a link to the pod's kubelet-managed hosts file (clusterdns.py)."""
+        pod = self.store.get(POD_KEY, run.namespace, run.name)
+        if self.hosts is None or pod is None:
+            return
+        target = self.hosts.add(pod, run.workdir)
+        link = plan.rootfs / "upper" / "etc" / "hosts"
+        try:
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if not link.is_symlink():
+                link.symlink_to(target)
+        except OSError as exc:
+            log.warning("kubelet: pod %s/%s gets the image's /etc/hosts: %s", run.namespace, run.name, exc)
 
     async def _config_error(self, run: PodRun, c: ContainerRun, pod: dict, message: str) -> None:
         """A container the kubelet will not create (CreateContainerConfigError): it waits, the pod stays

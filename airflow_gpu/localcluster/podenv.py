@@ -29,6 +29,8 @@ class PodEnv:
             "KUBERNETES_SERVICE_HOST": self.api_address.split(":")[0],
             "KUBERNETES_SERVICE_PORT": self.api_address.split(":")[1],
         }
+        if os.environ.get("PYTHONPATH"):  # the "image" is this project's Python: its import path as the cluster's
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         if run.gpus:
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(run.gpus)
         for src in c.spec.get("envFrom") or []:

@@ -26,7 +26,8 @@ from typing import Any
 from airflow_gpu.kube.wire import as_dict
 
 # arguments that decide the pool, pool_slots and priority: known when the DAG file is parsed
-POOL_ARGUMENTS = ("config_file", "team", "tier", "workers", "gpus_per_worker", "mig_profile", "gpu_products")
+POOL_ARGUMENTS = ("config_file", "team", "tier", "workers", "gpus_per_worker", "mig_profile", "gpu_products",
+                  "pod_sets")
 # arguments whose absence makes no other argument wrong: a mapped task whose expand() takes them from
 # XCom (known at run time) has its other arguments checked at parse time without them
 INDEPENDENT_ARGUMENTS = frozenset({"cmds", "arguments", "env_vars", "labels", "annotations", "env_from",

@@ -27,7 +27,7 @@ from airflow.sdk.exceptions import AirflowFailException  # loaded with airflow.s
 from airflow_gpu import constants as C
 from airflow_gpu.checkpoint.storage.base import uri_problem
 from airflow_gpu.config import ConfigError, load_config_cached
-from airflow_gpu.config.workload import GpuTaskPlan, WorkloadError, plan_gpu_task
+from airflow_gpu.config.workload import GpuTaskPlan, WorkloadError, plan_gpu_task, plan_pod_set_task
 from airflow_gpu.core.capacity import choose_capacity, spot_request_problem
 from airflow_gpu.core.chargeback import CAPACITY_UNKNOWN, CAUSE_INTERRUPTION, CAUSE_PREEMPTION, CAUSE_RESTART
 from airflow_gpu.core.model import gpu_seconds_lost, restart_lost_gpu_seconds
@@ -134,9 +134,11 @@ def deferral_settle_setting() -> float:
     return value
 
 
-def plan_arguments(task_id: str, config_file, team, tier, workers, gpus_per_worker, mig_profile, gpu_products):
+def plan_arguments(task_id: str, config_file, team, tier, workers, gpus_per_worker, mig_profile, gpu_products,
+                   pod_sets=None):
     """(plan, config path, derived BaseOperator arguments) for the arguments that decide the pool, or
-    GpuTaskArgumentError naming the bad one."""
+    GpuTaskArgumentError naming the bad one. `pod_sets`: parsed (operators/pod_sets.py), instead of
+    workers / gpus_per_worker / mig_profile."""
     def bad(argument: str, message: str) -> GpuTaskArgumentError:
         return GpuTaskArgumentError(task_id, argument, message)
 
@@ -149,10 +151,13 @@ def plan_arguments(task_id: str, config_file, team, tier, workers, gpus_per_work
         cfg = load_config_cached(path)
     except ConfigError as exc:
         raise bad("config_file", f"{exc}{CONFIG_FILE_NOTE}") from None
+    products = list(gpu_products) if isinstance(gpu_products, (list, tuple)) else gpu_products
     try:
-        plan = plan_gpu_task(cfg, team=team, tier=tier, workers=workers, gpus_per_worker=gpus_per_worker,
-                             mig_profile=mig_profile,
-                             gpu_products=list(gpu_products) if isinstance(gpu_products, (list, tuple)) else gpu_products)
+        if pod_sets:
+            plan = plan_pod_set_task(cfg, team=team, tier=tier, pod_sets=pod_sets, gpu_products=products)
+        else:
+            plan = plan_gpu_task(cfg, team=team, tier=tier, workers=1 if workers is None else workers,
+                                 gpus_per_worker=gpus_per_worker, mig_profile=mig_profile, gpu_products=products)
     except WorkloadError as exc:
         raise bad(exc.argument, str(exc).split(": ", 1)[1]) from None
     derived = {"pool": pool_name(plan.team.name, plan.tier_class), "pool_slots": plan.pool_slots,
@@ -181,8 +186,9 @@ class GpuTrainingOperator(BaseOperator):
                 raise GpuTaskArgumentError(task_id, name, DERIVED_MESSAGE)
         try:
             _, _, derived = plan_arguments(task_id, kwargs.get("config_file"), kwargs.get("team"), kwargs.get("tier"),
-                                           kwargs.get("workers", 1), kwargs.get("gpus_per_worker"),
-                                           kwargs.get("mig_profile"), kwargs.get("gpu_products"))
+                                           kwargs.get("workers"), kwargs.get("gpus_per_worker"),
+                                           kwargs.get("mig_profile"), kwargs.get("gpu_products"),
+                                           pod_sets=_parsed_pod_sets(task_id, kwargs))
         except GpuTaskArgumentError as exc:
             raise GpuTaskArgumentError(task_id, exc.argument, str(exc).split(": ", 1)[1] + _MAPPED_HINT) from None
         partial = super().partial(**kwargs, **derived)
@@ -196,9 +202,10 @@ class GpuTrainingOperator(BaseOperator):
         team: str,
         tier: str,
         image: str,
-        workers: int = 1,
+        workers: int | None = None,  # default 1; None tells "not given" from 1 (pod_sets excludes it)
         gpus_per_worker: int | None = None,
         mig_profile: str | None = None,
+        pod_sets: Sequence[Any] | None = None,
         gpu_products: Sequence[str] | None = None,
         checkpoint: str | None = None,
         spot: str = "auto",
@@ -254,8 +261,10 @@ class GpuTrainingOperator(BaseOperator):
         def bad(argument: str, message: str) -> GpuTaskArgumentError:
             return GpuTaskArgumentError(task_id, argument, message)
 
+        sets = _parsed_pod_sets(task_id, {"pod_sets": pod_sets, "workers": workers, "gpus_per_worker": gpus_per_worker,
+                                          "mig_profile": mig_profile})
         plan, path, derived = plan_arguments(task_id, config_file, team, tier, workers, gpus_per_worker, mig_profile,
-                                             gpu_products)
+                                             gpu_products, pod_sets=sets)
         # set by BaseOperator's apply_defaults for a task unmapped from partial()/expand()
         from_mapped = getattr(self, "_BaseOperator__from_mapped", False)
         for name, value in derived.items():
@@ -331,6 +340,7 @@ class GpuTrainingOperator(BaseOperator):
         self.workers = plan.workers
         self.gpus_per_worker = gpus_per_worker
         self.mig_profile = mig_profile
+        self.pod_sets = sets
         self.gpu_products = list(plan.products)
         self.checkpoint = checkpoint
         self.spot = spot
@@ -403,6 +413,9 @@ class GpuTrainingOperator(BaseOperator):
     # -- derived values, recomputed from the (cached) config where they decide -------------------
 
     def gpu_plan(self) -> GpuTaskPlan:
+        if self.pod_sets:
+            return plan_pod_set_task(load_config_cached(self.config_file), team=self.team, tier=self.tier,
+                                     pod_sets=self.pod_sets, gpu_products=self.gpu_products)
         return plan_gpu_task(load_config_cached(self.config_file), team=self.team, tier=self.tier,
                              workers=self.workers, gpus_per_worker=self.gpus_per_worker,
                              mig_profile=self.mig_profile, gpu_products=self.gpu_products)
@@ -464,6 +477,8 @@ class GpuTrainingOperator(BaseOperator):
         ref = self._task_instance(context)
         run = dict(run or (context.get("task_state_store").get(STATE_KEY) if context.get("task_state_store") else {}))
         outcome = GangOutcome.from_payload(event or {})
+        if outcome.gpu_product:  # where the scheduler bound it (a gang accepting several products)
+            run["gpu_product"] = outcome.gpu_product
         restart_key = LOST_GPU_SECONDS_KEYS[CAUSE_RESTART]
         lost_before, restart_before = run.get("lost_gpu_seconds", 0.0), run.get(restart_key, 0.0)
         self._account(run, outcome)
@@ -604,7 +619,7 @@ class GpuTrainingOperator(BaseOperator):
             container_name=self.base_container_name,
             # every rank its own store (<uri>/rank-<r>): training code that saves from every rank never
             # races itself; rank 0's store is the gang's progress (status.json) and the XCom result
-            checkpoint_per_rank=self.checkpoint is not None)
+            checkpoint_per_rank=self.checkpoint is not None, pod_sets=self.pod_sets)
 
     def _pod_template(self) -> dict | None:
         """The author's pod template (pod_template_file / pod_template_dict / full_pod_spec) with the
@@ -707,8 +722,8 @@ class GpuTrainingOperator(BaseOperator):
         self._save(context, run)  # the names first: a worker dying mid-creation is found by them
         self.log.info("attempt %s starts: %s", run["attempt"], run.pop("launch_reason", None) or
                       ("a new try" if run["attempts"] == 1 else "resubmitted after a worker restart"))
-        self.log.info("submitting gang %s: %s x %s in %s, attempt %s, %s (%s)%s", spec.gang_name, self.workers,
-                      f"{self.gpus_per_worker} GPU" if self.gpus_per_worker else self.mig_profile, self.namespace,
+        self.log.info("submitting gang %s: %s in %s, attempt %s, %s (%s)%s", spec.gang_name, _shape(self),
+                      self.namespace,
                       run["attempt"], choice.capacity_type, choice.reason,
                       f", resuming from checkpoint step {run['resumed_from_step']}"
                       if run.get("resumed_from_step") is not None else "")
@@ -899,7 +914,7 @@ class GpuTrainingOperator(BaseOperator):
 
 MAPPED_CHECK_LIMIT = 64  # literal expand() values checked at parse time per argument (parse stays cheap)
 _MAPPED_HINT = ("; in a mapped task the arguments that decide the pool and priority (team, tier, workers, gpus_per_worker, "
-                "mig_profile, gpu_products, config_file) cannot be expanded: give them to partial()")
+                "mig_profile, gpu_products, pod_sets, config_file) cannot be expanded: give them to partial()")
 
 
 @functools.cache
@@ -995,8 +1010,36 @@ def _attempt_selector(ref, attempt: int) -> str:
     return f"{ref.selector()},{C.LABEL_ATTEMPT}={attempt}"
 
 
+def _parsed_pod_sets(task_id: str, kwargs) -> tuple:
+    """The pod_sets argument checked (operators/pod_sets.py), () when not given."""
+    from airflow_gpu.operators import pod_sets as P
+
+    if kwargs.get("pod_sets") is None:
+        return ()
+    problem = P.pod_sets_conflict(kwargs.get("workers"), kwargs.get("gpus_per_worker"), kwargs.get("mig_profile"))
+    try:
+        if problem is not None:
+            raise problem
+        return P.parse_pod_sets(kwargs["pod_sets"])
+    except P.ArgumentProblem as exc:
+        raise GpuTaskArgumentError(task_id, exc.argument, exc.message) from None
+
+
+def _shape(op) -> str:
+    from airflow_gpu.operators.pod_sets import describe
+
+    if op.pod_sets:
+        return describe(op.pod_sets)
+    return f"{op.workers} x " + (f"{op.gpus_per_worker} GPU" if op.gpus_per_worker else op.mig_profile)
+
+
 def _gang_gpus(spec, cfg) -> float:
     from airflow_gpu.config.core import mig_gpus
+
+    if spec.pod_sets:
+        from airflow_gpu.operators.pod_sets import gang_gpus
+
+        return gang_gpus(spec, cfg)
 
     if spec.gpus_per_worker:
         return float(spec.workers * spec.gpus_per_worker)

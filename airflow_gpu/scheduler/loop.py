@@ -392,6 +392,9 @@ class Scheduler:
             annotations[C.ANNOTATION_SCHEDULED] = f"{len(unit.bound({})) + len(placements)}/{unit.min_member}"
         if borrowed:  # shown to users; after a restart the scheduler reads its own plan record instead
             annotations[C.ANNOTATION_BORROWED] = "true"
+        bound_on = self._gpu_product_name(placements)
+        if bound_on and unit.podgroup is not None:
+            annotations[C.ANNOTATION_GPU_PRODUCT] = bound_on
         needs_patch = unit.podgroup is not None or borrowed or unit.annotation(C.ANNOTATION_WAIT_REASON)
         if needs_patch:
             try:
@@ -407,6 +410,20 @@ class Scheduler:
             self.api.event(unit.podgroup, "Scheduled", f"{verb} {len(placements)} pods: {where}"
                                                        + (f" ({domain})" if domain else ""))
         return True
+
+    def _gpu_product_name(self, placements: list[Placement]) -> str:
+        """The quota file's name of the one GPU product the GPU placements are on ("" for none or several)."""
+        names = {label: name for name, label in self.ctx.product_labels.items()}
+        labels = set()
+        for p in placements:
+            if not (p.gpu_shares or p.mig_profile):
+                continue  # a CPU-only member (a launcher) says nothing of the gang's product
+            node = self.cache.get("nodes", p.node)
+            labels.add((((node or {}).get("metadata") or {}).get("labels") or {}).get(C.NODE_GPU_PRODUCT) or "")
+        if len(labels) != 1 or "" in labels:
+            return ""
+        label = labels.pop()
+        return names.get(label, label)
 
     def _product_of(self, placements: list[Placement]) -> str:
         for node in (self.cache.get("nodes", n) for n in sorted({p.node for p in placements})):
