@@ -515,7 +515,7 @@ class Demo:
             team = chargeback.setdefault(r["team"], {"gpu_hours": 0.0, "cost": 0.0, "lost_interruption_hours": 0.0,
                                                      "lost_preemption_hours": 0.0})
             for k in team:
-                team[k] = round(team[k] + r[k], 6)
+                team[k] = round(team[k] + (r[k] or 0.0), 6)  # cost None: a product without a price
         queue = self.rest.request("GET", "/airflow-gpu/api/queue")
         return {
             "dag_runs": dag_runs,

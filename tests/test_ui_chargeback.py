@@ -234,3 +234,14 @@ def test_a_relaunched_attempt_pays_its_restart_overhead_as_lost(cfg):
     (row,) = charge(usage_records(cfg, [], {}, [xcom_try(value)], now=T0 + 20000), prices_of(cfg), T0 - 1, T0 + 86400)
     assert (row.lost_preemption_hours, row.lost_restart_hours) == pytest.approx((420 / 3600, 480 / 3600))
     assert "lost_restart_hours" in to_csv([row.as_dict()]).splitlines()[0]
+
+
+def test_a_record_of_an_unpriced_product_is_counted_not_fatal():
+    """One record whose product has no price (an empty product from another backend, a product removed
+    from the quota file) costs nothing known: its row says so, the other rows are priced as before."""
+    prices = {"a100-80gb": (4.0, 1.5)}
+    records = [Usage("team-a", "a100-80gb", "on-demand", 8, 0.0, 3600.0, ref="ref-1"),
+               Usage("team-a", "", "on-demand", 8, 0.0, 3600.0, ref="ref-2")]
+    rows = {r.product: r.as_dict() for r in charge(records, prices, 0.0, 3600.0)}
+    assert rows["a100-80gb"]["cost"] == pytest.approx(32.0)
+    assert rows[""]["gpu_hours"] == pytest.approx(8.0) and rows[""]["cost"] is None

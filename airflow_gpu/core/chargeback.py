@@ -56,6 +56,9 @@ class ChargeRow:
     lost_preemption_hours: float = 0.0
     lost_restart_hours: float = 0.0  # restart overhead of relaunched attempts: held, computing nothing
     cost: float = 0.0
+    # the quota file has no price for the product (an unknown product recorded by an older run, another
+    # backend): its hours are counted, its cost is None rather than failing the whole report
+    priced: bool = True
     refs: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -63,7 +66,8 @@ class ChargeRow:
                 "gpu_hours": round(self.gpu_hours, 6), "reference_gpu_hours": round(self.reference_gpu_hours, 6),
                 "lost_interruption_hours": round(self.lost_interruption_hours, 6),
                 "lost_preemption_hours": round(self.lost_preemption_hours, 6),
-                "lost_restart_hours": round(self.lost_restart_hours, 6), "cost": round(self.cost, 6)}
+                "lost_restart_hours": round(self.lost_restart_hours, 6),
+                "cost": round(self.cost, 6) if self.priced else None}
 
 
 def check_policy(policy: str) -> str:
@@ -101,9 +105,12 @@ def charge(records: Iterable[Usage], prices: Mapping[str, tuple[float, float]], 
         if used <= 0 and lost <= 0:
             continue
         row = rows.setdefault((u.team, u.product, u.capacity_type), ChargeRow(u.team, u.product, u.capacity_type))
-        base = rate(prices, u.product, u.capacity_type)
-        lost_rate = {POLICY_PLATFORM: 0.0, POLICY_SPOT: prices[u.product][1],
-                     POLICY_ON_DEMAND: prices[u.product][0]}[policy]
+        if u.product in prices:
+            base = rate(prices, u.product, u.capacity_type)
+            lost_rate = {POLICY_PLATFORM: 0.0, POLICY_SPOT: prices[u.product][1],
+                         POLICY_ON_DEMAND: prices[u.product][0]}[policy]
+        else:
+            row.priced, base, lost_rate = False, 0.0, 0.0
         row.gpu_hours += used / 3600
         row.reference_gpu_hours += used / 3600 * (speeds or {}).get(u.product, 1.0)
         if u.cause == CAUSE_PREEMPTION:
