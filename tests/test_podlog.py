@@ -49,3 +49,12 @@ def test_resumed_reads_skip_what_was_copied():
     assert stamp_key("2026-12-06T06:00:00.5Z") == stamp_key("2026-12-06T06:00:00.500000000Z")
     assert stamp_key("2026-12-06T06:00:00.123456789Z") < stamp_key("2026-12-06T06:00:00.12345679Z")
     assert since_seconds("2026-12-06T06:00:00.9Z", 1796536810.0) >= 1
+
+
+def test_unstreamed_drops_what_live_logs_wrote():
+    from airflow_gpu.kube.podlog import STREAMED_ALL, STREAMED_SOME, unstreamed
+
+    stamped = "".join(f"2026-12-06T09:00:0{i}.000000001Z step {i}\n" for i in range(5))
+    assert unstreamed(stamped, "2026-12-06T09:00:02.000000001Z") == ("step 3\nstep 4\n", STREAMED_SOME)
+    assert unstreamed(stamped, "2026-12-06T09:00:04.000000001Z") == ("", STREAMED_ALL)
+    assert unstreamed(stamped, "2026-12-06T08:00:00Z") == ("".join(f"step {i}\n" for i in range(5)), None)
