@@ -5,7 +5,8 @@ scheduler and SeaweedFS, as tests/test_operator_run.py, whose fixtures these reu
 - a 400 KB log: its final line is in the task log, after a line saying what was cut;
 - on_finish_action="delete_succeeded_pod": the failed try's ended pods stay (kubectl logs works), the
   retry starts fresh pods; after a success nothing is left; rank 0's return.json is the XCom `result`;
-- invalid return.json: a task error that says so.
+- invalid return.json: a task error that says so;
+- a spot interruption and a preemption in one try: each attempt's last lines and the resume step.
 """
 
 from __future__ import annotations
