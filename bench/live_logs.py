@@ -1,11 +1,12 @@
-"""What live logs cost (issue 26): GangTriggers in one event loop (as in a triggerer) following running
-gangs whose rank 0 prints a line a second, with get_logs=False and then with live logs
-(logging_interval), each for the same time on the same pods. Counted: the Kubernetes API requests of
-the triggers (the local cluster's audit log, by user agent) and the CPU time of this process, which
-runs only the triggers (the cluster is another process), per gang per minute.
+"""What live logs cost (issue 26): 50 deferred gangs (gangs of one pod whose rank 0 prints a line a
+second), their GangTriggers in one event loop as in a triggerer, first with get_logs=False and then with
+live logs (logging_interval), each for the same time on the same pods, printed side by side. Counted:
+the Kubernetes API requests of the triggers (the local cluster's audit log, by user agent) and the CPU
+time of this process, which runs only the triggers (the cluster is another process), per gang per
+minute; the load average is printed before, between and after.
 
-    python -m bench live_logs                                   # 5 gangs, 2 x 2 minutes
-    BENCH_LIVE_GANGS=50 BENCH_LIVE_MINUTES=5 BENCH_LIVE_INTERVAL=30 python -m bench live_logs
+    python -m bench live_logs                                   # 50 gangs, 2 x 5 minutes, interval 30 s
+    BENCH_LIVE_GANGS=3 BENCH_LIVE_MINUTES=1 python -m bench live_logs   # a small correctness run
 
 Run it on a quiet machine: the triggers' CPU is measured, and the pods' own printing loads it too.
 """
@@ -40,14 +41,18 @@ def _pod(name: str) -> dict:
                      "containers": [{"name": "base", "image": "busybox", "command": ["sh", "-c", PRINTER]}]}}
 
 
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def _cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
-    gangs = int(os.environ.get("BENCH_LIVE_GANGS", "5"))
-    minutes = float(os.environ.get("BENCH_LIVE_MINUTES", "2"))
+    gangs = int(os.environ.get("BENCH_LIVE_GANGS", "50"))
+    minutes = float(os.environ.get("BENCH_LIVE_MINUTES", "5"))
     logging.getLogger("airflow_gpu.triggers.gang.GangTrigger").setLevel(logging.WARNING)  # lines counted, not shown
     interval = float(os.environ.get("BENCH_LIVE_INTERVAL", "30"))
     with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp, \
@@ -62,8 +67,8 @@ def main() -> None:
         wait_until(lambda: all(p.status.phase == "Running" for p in core.list_namespaced_pod(NS).items),
                    timeout=120, what="the printing pods running")
         print(f"{gangs} running gangs (1 pod printing a line a second), {minutes:g} min each way; "
-              f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-        rows = []
+              f"load average before: {_load()}")
+        phases = []
         for label, get_logs, logging_interval in (("warm-up", True, interval), ("get_logs=False", False, None),
                                                   (f"logging_interval={interval:g}", True, interval)):
             triggers = [GangTrigger(NS, n, [n], pod_uids={n: uids[n]}, config_file=str(cluster.kubeconfig),
@@ -72,19 +77,26 @@ def main() -> None:
             started, cpu0 = time.time(), _cpu()
             asyncio.run(run_triggers_for(triggers, 15 if label == "warm-up" else minutes * 60, "their gangs ran"))
             ended, cpu = time.time(), _cpu() - cpu0
-            ours = [e for e in cluster.audit_events() if e.get("userAgent") == USER_AGENT
-                    and started <= api_time(e["requestReceivedTimestamp"]) <= ended]
+            if label != "warm-up":  # imports and first connections are paid once, in the warm-up
+                phases.append((label, started, ended, cpu, _load()))
+        # a request is audited when it ends, and a log stream the client left ends with its container
+        # here: the pods are stopped before the requests of each phase are counted
+        core.delete_collection_namespaced_pod(NS, grace_period_seconds=0)
+        wait_until(lambda: not core.list_namespaced_pod(NS).items, timeout=120, what="the printing pods gone")
+        time.sleep(3)
+        audited = [e for e in cluster.audit_events() if e.get("userAgent") == USER_AGENT]
+        rows = []
+        for label, started, ended, cpu, load in phases:
+            ours = [e for e in audited if started <= api_time(e["requestReceivedTimestamp"]) <= ended]
             verbs = Counter(f"{e['verb']} {e['objectRef'].get('subresource') or e['objectRef'].get('resource')}"
                             for e in ours)
             per = gangs * (ended - started) / 60
-            if label != "warm-up":  # imports and first connections are paid once, in the warm-up
-                rows.append((label, len(ours) / per, cpu / per, dict(verbs)))
-        print(f"{'':24s} {'requests/gang/min':>18s} {'trigger CPU ms/gang/min':>24s}  requests")
-        for label, req, cpu, verbs in rows:
-            print(f"{label:24s} {req:18.2f} {cpu * 1000:24.1f}  {verbs}")
-        print(f"added by live logs: {rows[1][1] - rows[0][1]:.2f} requests and "
-              f"{(rows[1][2] - rows[0][2]) * 1000:.1f} ms CPU per gang per minute; load average after: "
-              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+            rows.append((label, len(ours) / per, cpu / per, load, dict(verbs)))
+        print(f"{'':24s} {'requests/gang/min':>18s} {'trigger CPU ms/gang/min':>24s}  {'load after':>16s}  requests")
+        for label, req, cpu, load, verbs in rows:
+            print(f"{label:24s} {req:18.2f} {cpu * 1000:24.1f}  {load:>16s}  {verbs}")
+        print(f"added by live logs ({gangs} gangs): {rows[1][1] - rows[0][1]:.2f} requests and "
+              f"{(rows[1][2] - rows[0][2]) * 1000:.1f} ms CPU per gang per minute")
 
 
 if __name__ == "__main__":

@@ -207,3 +207,26 @@ def test_audit_log_names_verb_and_resource(kube_cluster, ns):
     assert ("list", "", "pods") in seen and ("list", "scheduling.x-k8s.io", "podgroups") in seen
     assert all(e["kind"] == "Event" and e["apiVersion"] == "audit.k8s.io/v1" and e["responseStatus"]["code"] == 200
                and e["userAgent"].startswith("kubectl") for e in events)
+
+
+def test_a_log_follower_that_goes_away_ends_its_request(kube_cluster, ns, tmp_path):
+    """The server stops following a pod's log when its client disconnects, as for a watch (it read on
+    until the container ended); the request is then audited, with the container still running."""
+    script = "import time\nfor i in range(1000):\n print('tick', i, flush=True); time.sleep(0.2)\n"
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(POD.format(name="ticker2", script=script))
+    kube_cluster.kubectl("create", "-f", str(manifest), "-n", ns)
+    wait_for(lambda: "Running" in kube_cluster.kubectl("get", "pod", "ticker2", "-n", ns).stdout, what="Running")
+
+    def follows() -> list[dict]:
+        return [e for e in kube_cluster.audit_events() if (e.get("objectRef") or {}).get("name") == "ticker2"
+                and e["objectRef"].get("subresource") == "log"]
+    follower = subprocess.Popen(["kubectl", "logs", "-f", "ticker2", "-n", ns], stdout=subprocess.PIPE, text=True,
+                                env=kube_cluster.kubectl_env())
+    assert follower.stdout.readline().startswith("tick 0")
+    assert not follows()  # still following
+    follower.kill()
+    follower.communicate(timeout=10)
+    wait_for(lambda: len(follows()) == 1, what="the followed log's request ended on the server")
+    assert "Running" in kube_cluster.kubectl("get", "pod", "ticker2", "-n", ns).stdout
+    kube_cluster.kubectl("delete", "pod", "ticker2", "-n", ns, "--grace-period=0")

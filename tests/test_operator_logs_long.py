@@ -1,6 +1,6 @@
 """A rank's long log reaches the task log by its tail, and on_finish_action="delete_succeeded_pod" keeps a
-failed gang's ended pods (issue 26). (It hung past 400 s while the live log's last flush could wait
-forever on its position record; that flush is bounded now, triggers/gang.py FLUSH_TIMEOUT.)"""
+failed gang's ended pods (issue 26). (It hung past 400 s: the live-log follower, cancelled as its last
+line arrived, read on forever, Python 3.11's wait_for having dropped the cancel; tests/test_live_log_ends.py.)"""
 
 from __future__ import annotations
 

@@ -76,3 +76,12 @@ def test_the_base_container_is_found_by_name_not_position():
     stopping = pod({"terminated": {"exitCode": 143, "reason": "Error"}})
     stopping["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert gang_state([stopping], expected=1, container="train").phase == "disrupted"
+
+
+def test_unstreamed_drops_what_live_logs_wrote():
+    from airflow_gpu.kube.podlog import STREAMED_ALL, STREAMED_SOME, unstreamed
+
+    stamped = "".join(f"2026-12-06T09:00:0{i}.000000001Z step {i}\n" for i in range(5))
+    assert unstreamed(stamped, "2026-12-06T09:00:02.000000001Z") == ("step 3\nstep 4\n", STREAMED_SOME)
+    assert unstreamed(stamped, "2026-12-06T09:00:04.000000001Z") == ("", STREAMED_ALL)
+    assert unstreamed(stamped, "2026-12-06T08:00:00Z") == ("".join(f"step {i}\n" for i in range(5)), None)

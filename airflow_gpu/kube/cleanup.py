@@ -5,16 +5,22 @@ transports: the operator on the worker (sync official client, `operators/cluster
 in the triggerer (`kubernetes_asyncio`), which is the only one still there when a deferred task is
 marked failed, cleared or marked success.
 
+Kept pods (on_finish_action): ended pods of a gang, marked `airflow-gpu.io/keep-until`, are spared by
+the operator's deletion and go once that time has passed (`expired_kept`, one rule for the operator,
+which sweeps its namespace when a task starts, and the GPU scheduler, which sweeps on its own clock).
+
 This module takes the API objects as arguments and imports no client itself.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_gpu import constants as C
 from airflow_gpu.kube.backends import GroupResource
 
 NOT_FOUND = 404
@@ -107,4 +113,27 @@ def delete_task_instance_objects_sync(core, custom, namespace: str, selector: st
     return asked
 
 
-__all__ = ["delete_task_instance_objects", "delete_task_instance_objects_sync"]
+def is_kept(pod: dict, now: dt.datetime) -> bool:
+    """A pod kept by on_finish_action whose keep-until time has not passed (an unreadable time has)."""
+    until = ((pod.get("metadata") or {}).get("annotations") or {}).get(C.ANNOTATION_KEEP_UNTIL)
+    if not until:
+        return False
+    try:
+        return dt.datetime.fromisoformat(until.replace("Z", "+00:00")) > now
+    except ValueError:
+        return False
+
+
+def expired_kept(pods: Iterable[dict], now: dt.datetime) -> list[dict]:
+    """The pods to delete now: ours (managed-by label), ended (a kept pod holds nothing; a running one
+    is its owner's to stop), marked keep-until, and past that time. The annotation is writable by the
+    pod's owner, who may delete the pod anyway: it can only bring forward the end of its own pod."""
+    def ours_and_ended(pod: dict) -> bool:
+        meta = pod.get("metadata") or {}
+        return ((meta.get("labels") or {}).get(C.LABEL_MANAGED_BY) == C.MANAGED_BY_VALUE
+                and C.ANNOTATION_KEEP_UNTIL in (meta.get("annotations") or {})
+                and (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
+    return [p for p in pods if ours_and_ended(p) and not is_kept(p, now)]
+
+
+__all__ = ["delete_task_instance_objects", "delete_task_instance_objects_sync", "expired_kept", "is_kept"]

@@ -157,6 +157,26 @@ def stamp_key(stamp: str) -> tuple[str, int]:
     return whole, int((frac + "000000000")[:9])
 
 
+STREAMED_ALL = "[rank 0's output is above: live logs streamed all of it]"
+STREAMED_SOME = "[... rank 0's earlier output is above (live logs); what came after it follows ...]"
+
+
+def unstreamed(stamped: str, streamed_until: str) -> tuple[str, str | None]:
+    """A tail read with timestamps, without the lines live logs already wrote (at or before
+    `streamed_until`, the last one they wrote): (the rest, stamps removed; a line saying the rest is
+    above, or None when nothing had been streamed)."""
+    kept, dropped = [], 0
+    for line in stamped.splitlines(keepends=True):
+        stamp, message = split_timestamp(line)
+        if stamp is not None and stamp_key(stamp) <= stamp_key(streamed_until):
+            dropped += 1
+            continue
+        kept.append(message)
+    if not dropped:
+        return "".join(kept), None
+    return "".join(kept), STREAMED_SOME if kept else STREAMED_ALL
+
+
 def since_seconds(stamp: str, now: float) -> int:
     """sinceSeconds for a read resumed after `stamp` (the clients have no sinceTime; KPO does the same):
     whole seconds back to it, one more for clock skew; lines at or before `stamp` are skipped by the reader."""
@@ -165,4 +185,4 @@ def since_seconds(stamp: str, now: float) -> int:
 
 
 __all__ = ["DEFAULT_TAIL_LINES", "RESULT_PATH", "RESULT_MAX_BYTES", "RankEnd", "ResultError", "failure_message",
-           "parse_result", "rank_block", "rank_end", "ranks_to_show", "trim_tail"]
+           "parse_result", "rank_block", "rank_end", "ranks_to_show", "trim_tail", "unstreamed"]

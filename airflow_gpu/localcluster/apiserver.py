@@ -438,7 +438,7 @@ class APIServer:
         if self.log_source is None:
             raise errors.bad_request("this server runs no kubelet")
         stream = self.log_source(ns, name, container, req.query)  # raises ApiError if not started
-        await stream_log(stream, send)
+        await stream_log(stream, send, req.receive)
         return None
 
 

@@ -108,18 +108,36 @@ async def stream_watch(store: Store, req: Request, send, rt: ResourceType, versi
             tasks_registry.discard(task)
 
 
-async def stream_log(stream, send) -> None:
-    """A pod log as a chunked text/plain response (kept open while following)."""
+async def stream_log(stream, send, receive=None) -> None:
+    """A pod log as a chunked text/plain response (kept open while following, until the container ends
+    or the client goes: `receive` tells of the disconnect, as for a watch; a followed log would
+    otherwise be read on the server until its container ended)."""
     first = await anext(stream, None)
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
-    try:
+
+    async def body() -> None:
         chunk = first
         while chunk is not None:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             chunk = await anext(stream, None)
         await send({"type": "http.response.body", "body": b""})
+
+    async def disconnect() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    sending = asyncio.ensure_future(body())
+    gone = asyncio.ensure_future(disconnect()) if receive is not None else None
+    try:
+        await asyncio.wait([t for t in (sending, gone) if t is not None], return_when=asyncio.FIRST_COMPLETED)
+        if sending.done():
+            sending.result()
     except OSError:
         pass
     finally:
+        for task in (sending, gone):
+            if task is not None and not task.done():
+                task.cancel()
+        await asyncio.gather(*(t for t in (sending, gone) if t is not None), return_exceptions=True)
         await stream.aclose()
     return None

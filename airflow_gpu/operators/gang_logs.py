@@ -11,6 +11,7 @@ import datetime as dt
 from typing import Any
 
 from airflow_gpu import constants as C
+from airflow_gpu.kube.cleanup import expired_kept, is_kept
 from airflow_gpu.kube.podlog import RankEnd, ResultError, failure_message, parse_result, rank_block
 
 ON_FINISH_ACTIONS = ("delete_pod", "delete_succeeded_pod", "keep_pod")
@@ -71,17 +72,6 @@ def result_of(outcome) -> Any:
     return parse_result(rank0.message)
 
 
-def is_kept(pod: dict, now: dt.datetime) -> bool:
-    """A pod kept by on_finish_action whose keep-until time has not passed."""
-    until = ((pod.get("metadata") or {}).get("annotations") or {}).get(C.ANNOTATION_KEEP_UNTIL)
-    if not until:
-        return False
-    try:
-        return dt.datetime.fromisoformat(until.replace("Z", "+00:00")) > now
-    except ValueError:
-        return False
-
-
 def keeps(action: str, succeeded: bool) -> bool:
     return action == "keep_pod" or (action == "delete_succeeded_pod" and not succeeded)
 
@@ -104,12 +94,11 @@ def keep_ended_pods(kube, namespace: str, selector: str, log, now: dt.datetime) 
 
 
 def delete_expired_kept(kube, namespace: str, now: dt.datetime, log) -> int:
-    """Delete the namespace's kept pods whose keep-until time has passed (one list, then deletes)."""
+    """Delete the namespace's kept pods whose keep-until time has passed (kube/cleanup.py's rule; the GPU
+    scheduler applies it too, on its own clock)."""
     n = 0
-    for pod in kube.pods(namespace, f"{C.LABEL_MANAGED_BY}={C.MANAGED_BY_VALUE}"):
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        if C.ANNOTATION_KEEP_UNTIL in annotations and not is_kept(pod, now):
-            n += kube.delete_pod(namespace, pod["metadata"]["name"])
+    for pod in expired_kept(kube.pods(namespace, f"{C.LABEL_MANAGED_BY}={C.MANAGED_BY_VALUE}"), now):
+        n += kube.delete_pod(namespace, pod["metadata"]["name"])
     if n:
         log.info("deleted %d kept pod(s) past their %s time", n, C.ANNOTATION_KEEP_UNTIL)
     return n

@@ -19,6 +19,7 @@ REQUIRED: frozenset[tuple[str, str, str]] = frozenset(
         ("scheduling.x-k8s.io", "podgroups", "list"), ("scheduling.x-k8s.io", "podgroups", "watch"),
         # binding (a 409 is checked by reading the pod), preemption, wait reasons on lone pods
         ("", "pods", "get"), ("", "pods", "patch"),
+        # (the Eviction API also deletes kept pods past their keep-until time: an ended pod goes at once)
         ("", "pods/binding", "create"), ("", "pods/eviction", "create"), ("", "pods/status", "patch"),
         # gangs
         ("scheduling.x-k8s.io", "podgroups", "patch"), ("scheduling.x-k8s.io", "podgroups/status", "patch"),

@@ -33,6 +33,7 @@ Only the leader writes (LeaseElector.is_leader() is checked before every write b
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import re
 import threading
@@ -58,6 +59,7 @@ from airflow_gpu.core.backoff import Backoff
 from airflow_gpu.core.estimate import ReservationHold
 from airflow_gpu.core.queue import Queue
 from airflow_gpu.kube import preemptions, queue_status
+from airflow_gpu.kube.cleanup import expired_kept
 from airflow_gpu.kube.convert import (
     ConversionContext,
     key_of,
@@ -105,6 +107,7 @@ class Settings:
     backoff_cap: float = 30.0  # ... up to this
     state_namespace: str = "default"  # the scheduler's own namespace: its Lease, plan records, published queue
     publish_interval: float = C.DEFAULT_PUBLISH_INTERVAL  # its queue is published at most this often (publish.py)
+    kept_sweep_interval: float = 60.0  # kept pods past their keep-until time are deleted at most this late
 
 
 class Scheduler:
@@ -148,6 +151,7 @@ class Scheduler:
         self._room = RoomWatch()
         self._preempted: dict[str, preemptions.Preempted] | None = None  # the record, as last written
         self.publisher = Publisher(self.settings.publish_interval)
+        self._swept = 0.0  # when kept pods were last swept
 
     @property
     def profile(self) -> Profile:
@@ -214,6 +218,7 @@ class Scheduler:
         for unit, problem in world.ignored_hints:
             ignored.setdefault(unit.key, {})[problem] = None
         self._ignored = {key: tuple(problems) for key, problems in ignored.items()}
+        self._sweep_kept(view, now)
         self._handle_plans(world, view, now)
         self._drop_plans(world, view)
         pending = [g for _, g in world.pending]
@@ -549,6 +554,23 @@ class Scheduler:
         except ApiException as exc:
             self.metrics.api_errors.labels("evict").inc()
             log.warning("pod %s: eviction failed: %s %s", key, exc.status, exc.reason)
+
+    def _sweep_kept(self, view: View, now: float) -> None:
+        """Pods kept by on_finish_action go when their keep-until time has passed, whether or not Airflow
+        runs anything (kube/cleanup.py's rule). Through the Eviction API, which deletes an ended pod at
+        once (no PodDisruptionBudget applies to it), so the scheduler needs no right to delete pods."""
+        if now - self._swept < self.settings.kept_sweep_interval:
+            return
+        self._swept = now
+        for pod in expired_kept(view.pods.values(), dt.datetime.fromtimestamp(now, dt.timezone.utc)):
+            key = key_of(pod)
+            try:
+                if self.api.evict(key, None) == "evicted":
+                    log.info("pod %s: kept until %s, deleted", key,
+                             pod["metadata"]["annotations"][C.ANNOTATION_KEEP_UNTIL])
+            except ApiException as exc:
+                self.metrics.api_errors.labels("evict").inc()
+                log.warning("pod %s: kept pod past its time not deleted: %s %s", key, exc.status, exc.reason)
 
     # --- wait reasons, PodGroup status ----------------------------------------------------
     def _wait(self, unit: Unit, reason: str) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -35,9 +36,12 @@ from airflow_gpu.kube.outcome import STATUS_DISRUPTED, STATUS_ERROR, GangOutcome
 from airflow_gpu.kube.podlog import DEFAULT_TAIL_LINES, since_seconds, split_timestamp, stamp_key
 from airflow_gpu.kube.preemptions import read_record
 from airflow_gpu.kube.state import GangState, disruption_target, gang_state
+from airflow_gpu.triggers.ranklogs import SETTLE_MARGIN, LiveCopy, container_ended, rank_ends, stopping
 
 
-FLUSH_TIMEOUT = 10.0  # seconds the live log's last flush (and its position record) may take
+# seconds the live log's last flush (and its position record) may take; a bound only: the trigger that
+# never yielded (10d3845) was the follower reading on after a cancel Python 3.11's wait_for had dropped
+FLUSH_TIMEOUT = 10.0
 
 CLASSPATH = "airflow_gpu.triggers.gang.GangTrigger"
 USER_AGENT = "airflow-gpu-gang-trigger"  # names this component in the API server's audit log
@@ -171,6 +175,14 @@ class GangTrigger(BaseTrigger):
         self._last_wait: str | None = None
         self._checkpoint: tuple[int, float] | None = None
         self._running = asyncio.Event()
+        # live logs: the follower task, what it read and wrote (ranklogs.LiveCopy), the end of its stream
+        self._live: asyncio.Task | None = None
+        self._live_lines: deque[str] = deque(maxlen=self.log_tail_lines)
+        self._live_read = 0
+        self._live_ended = asyncio.Event()
+        self._live_streaming = False  # its stream is open
+        self._streamed_until: str | None = None
+        self._gang_done = asyncio.Event()
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return CLASSPATH, {
@@ -224,7 +236,11 @@ class GangTrigger(BaseTrigger):
         try:
             async with self._hook().get_conn() as api:
                 api.user_agent = USER_AGENT
-                outcome = await self._wait(api)
+                try:
+                    outcome = await self._wait(api)
+                    await self._live_to_its_end(outcome)
+                finally:
+                    await self._stop_live()
                 outcome = await self._with_ranks(api, outcome)
         except asyncio.CancelledError:
             raise
@@ -247,8 +263,8 @@ class GangTrigger(BaseTrigger):
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         failing_since: float | None = None
         mirror = asyncio.create_task(self._mirror_checkpoints(core)) if self.checkpoint_status_uri else None
-        live = asyncio.create_task(self._follow_rank0(core)) if self.get_logs and self.logging_interval is not None \
-            else None
+        if self.get_logs and self.logging_interval is not None:
+            self._live = asyncio.create_task(self._follow_rank0(core))
         try:
             while True:
                 try:
@@ -269,14 +285,43 @@ class GangTrigger(BaseTrigger):
                     return await self._with_recorded_preemption(core, done)
                 await asyncio.sleep(self.poll_interval)  # a watch failed: never relist in a tight loop
         finally:
-            for task in (mirror, live):
-                if task is not None:
-                    task.cancel()
-            if live is not None:  # its last lines are flushed, within a bound: the outcome must not wait on them
-                try:
-                    await asyncio.wait_for(asyncio.gather(live, return_exceptions=True), 2 * FLUSH_TIMEOUT)
-                except asyncio.TimeoutError:
-                    self.log.info("Live log of %s: the last flush did not finish; the tails follow", self.gang_name)
+            if mirror is not None:
+                mirror.cancel()
+
+    async def _live_to_its_end(self, outcome: GangOutcome) -> None:
+        """The gang is done: the live log follower stops at the end of its stream instead of being cut
+        off. A disrupted rank 0 is followed until it stopped (its SIGTERM stop-save lines come last, and
+        its pod is deleted the moment it stops), at most the grace period; a rank 0 that ended, for a
+        moment (its stream is closing); one still running (another rank failed or was lost) is not
+        waited for."""
+        self._gang_done.set()
+        if self._live is None or self._live.done() or not self._live_streaming:
+            return
+        pod = self._pods.get(self.pod_names[0]) or {}
+        if outcome.status == STATUS_DISRUPTED and (stopping(pod) or container_ended(pod, self.container_name)):
+            bound = float(self.cleanup_grace_period or 30) + SETTLE_MARGIN
+        elif container_ended(pod, self.container_name):
+            bound = FLUSH_TIMEOUT
+        else:
+            return
+        try:
+            async with asyncio.timeout(bound):
+                await self._live_ended.wait()
+        except TimeoutError:
+            pass
+
+    async def _stop_live(self) -> None:
+        """Cancel the follower; its last lines are flushed within a bound (the outcome must not wait on
+        them)."""
+        live, self._live = self._live, None
+        if live is None:
+            return
+        live.cancel()
+        try:
+            async with asyncio.timeout(2 * FLUSH_TIMEOUT):
+                await asyncio.gather(live, return_exceptions=True)
+        except TimeoutError:
+            self.log.info("Live log of %s: the last flush did not finish; the tails follow", self.gang_name)
 
     async def _with_recorded_preemption(self, core, outcome: GangOutcome) -> GangOutcome:
         """A disruption the pods call an interruption is a preemption when the scheduler recorded one
@@ -439,19 +484,22 @@ class GangTrigger(BaseTrigger):
 
         from kubernetes_asyncio import client
 
-        from airflow_gpu.triggers.ranklogs import rank_ends
-
         core = client.CoreV1Api(api)
 
         async def list_pods() -> dict[str, dict]:
             await self._list(core, client.CustomObjectsApi(api))
             return {p["metadata"]["name"]: p for p in self._ours()}
 
+        live = None
+        if self.get_logs and self.logging_interval is not None:
+            live = LiveCopy(tuple(self._live_lines), self._live_read > len(self._live_lines),
+                            self._live_ended.is_set(), self._streamed_until)
         try:
             ranks = await rank_ends(core, self.namespace, {p["metadata"]["name"]: p for p in self._ours()},
                                     self.container_name, get_logs=self.get_logs, tail_lines=self.log_tail_lines,
                                     disrupted=outcome.status == STATUS_DISRUPTED,
-                                    grace=float(self.cleanup_grace_period or 30), list_pods=list_pods, log=self.log)
+                                    grace=float(self.cleanup_grace_period or 30), list_pods=list_pods, log=self.log,
+                                    live=live)
         except Exception as exc:  # noqa: BLE001 - the outcome stands without the logs
             self.log.warning("Reading the ranks' logs of %s failed: %s", self.gang_name, exc)
             return outcome
@@ -460,7 +508,8 @@ class GangTrigger(BaseTrigger):
     async def _follow_rank0(self, core) -> None:
         """Live logs: rank 0's output into the trigger log (Airflow shows it in the task log), in
         batches every logging_interval seconds (0: as it comes). One follow stream per gang; each flush
-        records the last line's timestamp on rank 0's pod, where a restarted triggerer resumes."""
+        records the last line's timestamp on rank 0's pod, where a restarted triggerer resumes. Once
+        the gang is done it stops at the end of its stream (`_live_to_its_end`)."""
         await self._running.wait()
         pod = self.pod_names[0]
         last = ((self._pods.get(pod) or {}).get("metadata") or {}).get("annotations", {}).get(
@@ -475,6 +524,7 @@ class GangTrigger(BaseTrigger):
                 return
             self.log.info("rank 0 (%s):\n%s", pod, "\n".join(batch))
             batch = []
+            self._streamed_until = last
             try:
                 await core.patch_namespaced_pod(pod, self.namespace,
                                                 {"metadata": {"annotations": {C.ANNOTATION_LOGGED_UNTIL: last}}},
@@ -491,15 +541,24 @@ class GangTrigger(BaseTrigger):
                         **({"since_seconds": since_seconds(last, time.time())} if last else {}), _preload_content=False,
                         _request_timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
                     async with resp:
+                        if resp.status >= 400:  # not raised with _preload_content=False: its body is no log
+                            raise RuntimeError(f"HTTP {resp.status} {(await resp.text())[:200]}")
+                        self._live_ended.clear()
+                        self._live_streaming = True
                         while True:
                             wait = None if self.logging_interval == 0 or not batch else \
                                 max(0.0, self.logging_interval - (time.monotonic() - flushed_at))
                             try:
-                                raw = await asyncio.wait_for(resp.content.readline(), wait)
-                            except asyncio.TimeoutError:
+                                # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancel that
+                                # arrives as the read completes (the gang ending as its last line comes),
+                                # and the follower then read on forever
+                                async with asyncio.timeout(wait):
+                                    raw = await resp.content.readline()
+                            except TimeoutError:
                                 await flush()
                                 continue
                             if not raw:
+                                self._live_ended.set()  # the container's output ended (or the server closed)
                                 break
                             stamp, message = split_timestamp(raw.decode("utf-8", "replace").rstrip("\n"))
                             if stamp is not None:
@@ -507,18 +566,25 @@ class GangTrigger(BaseTrigger):
                                     continue  # copied before the restart
                                 last = stamp
                             batch.append(message)
+                            self._live_lines.append(message)
+                            self._live_read += 1
                             if self.logging_interval == 0 or time.monotonic() - flushed_at >= self.logging_interval:
                                 await flush()
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - live logs are a convenience: try again
                     self.log.info("Following the log of %s: %s", pod, exc)
+                finally:
+                    self._live_streaming = False
                 await flush()
+                if self._gang_done.is_set():
+                    return  # the gang is done: its stream has given all it will
                 await asyncio.sleep(max(1.0, self.logging_interval or 0.0))
         finally:
             try:
-                await asyncio.wait_for(asyncio.shield(flush()), FLUSH_TIMEOUT)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(FLUSH_TIMEOUT):
+                    await asyncio.shield(flush())
+            except TimeoutError:
                 pass
 
     # --- checkpoint status channel -> pod annotations ------------------------------------------
