@@ -25,7 +25,6 @@ from queue import Empty
 import numpy as np
 
 from airflow_gpu.constants import CAPACITY_SPOT, DEFAULT_RESERVATION_HOLD_SECONDS
-from airflow_gpu.core.capacity import confine_to_eligible_capacity, is_spot_eligible
 from airflow_gpu.core.framework import place_pod
 from airflow_gpu.core.model import (GPU_MILLI, Gang, Node, Placement, RunningGang, TopologyLevel, TopologyRequirement,
                                     periodic_checkpoint_work)
@@ -38,6 +37,7 @@ from airflow_gpu.core.estimate import ReservationHold, StartMemo
 from airflow_gpu.core.queue import QUEUE_KEY, Queue
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements
 from airflow_gpu.core.snapshot import Snapshot
+from airflow_gpu.core.tiers import TierPolicy, decide
 from airflow_gpu.sim.workload import Job, mark_spot, whole_gpus
 
 FINISHED, PREEMPTED, INTERRUPTED, FAILED = "finished", "preempted", "interrupted", "failed"
@@ -81,14 +81,6 @@ PLATFORMS: dict[str, Platform] = {
 
 
 @dataclass(frozen=True)
-class TierRule:
-    priority: int
-    preemptible: bool
-    spot_eligible: bool
-    spot_fallback: bool = False  # core.capacity: checkpointable work may overflow onto spot (on-demand first)
-
-
-@dataclass(frozen=True)
 class SpotModel:
     share: float = 0.25  # fraction of nodes that are spot (on platforms with spot)
     interruptions_per_node_day: float = 0.5
@@ -102,7 +94,7 @@ class Setting:
 
     nodes: tuple[Node, ...]
     jobs: tuple[Job, ...]
-    tiers: dict[str, TierRule]
+    tiers: dict[str, TierPolicy]  # the config's tiers (QuotaConfig.tier_policies), as the scheduler reads them
     teams: dict[str, float]  # team -> guaranteed share of every product's GPUs
     preemption_policy: PreemptionPolicy
     borrowed_priority: int | None
@@ -196,23 +188,24 @@ def quota_book(setting: Setting, nodes: list[Node], platform: Platform) -> Quota
                      product_rank=setting.product_rank)
 
 
-def _unit_gangs(job: Job, platform: Platform, tiers: dict[str, TierRule],
+def _unit_gangs(job: Job, platform: Platform, tiers: dict[str, TierPolicy],
                 duration_estimate: float = 0.0) -> dict[str, Gang]:
-    rule = tiers[job.tier]
+    """The gangs the queue sees for `job`: its tier applied by core.tiers.decide (the scheduler's and
+    the operator's rule), on what the platform has (no spot: nobody is spot-eligible; fifo: one priority)."""
+    policy = tiers.get(job.tier)  # a tier the config lacks: core's unknown-tier rule, as the scheduler
+    if policy is not None and not (platform.spot and platform.spot_fallback):
+        policy = replace(policy, spot_eligible=platform.spot and policy.spot_eligible, spot_fallback=False)
     worker = job.worker if platform.shares else whole_gpus(job.worker)
     checkpointable = job.checkpointable and platform.checkpoints
-    eligible = platform.spot and is_spot_eligible(rule.spot_eligible, checkpointable)
-    fallback = platform.spot and platform.spot_fallback and is_spot_eligible(rule.spot_fallback, checkpointable)
-    priority = 0 if platform.queue == "fifo" else rule.priority
     members = tuple(replace(worker, name=f"{job.name}/w{i}") for i in range(job.workers))
-    members = confine_to_eligible_capacity(members, eligible, fallback)
-    common = dict(team=job.team, tier=job.tier, priority=priority, preemptible=rule.preemptible,
-                  checkpointable=checkpointable, spot_eligible=eligible, created_at=job.submit,
+    decision = decide(policy, members, checkpointable, priority=0 if platform.queue == "fifo" else None)
+    common = dict(team=job.team, tier=job.tier, priority=decision.priority, preemptible=decision.preemptible,
+                  checkpointable=checkpointable, spot_eligible=decision.spot_eligible, created_at=job.submit,
                   topology=TopologyRequirement(TopologyLevel.CLIQUE, hard=False),
                   expected_duration=job.work * duration_estimate if duration_estimate > 0 else None)
     if platform.gang:
-        return {job.name: Gang(name=job.name, members=members, **common)}
-    return {m.name: Gang(name=m.name, members=(m,), **common) for m in members}
+        return {job.name: Gang(name=job.name, members=decision.members, **common)}
+    return {m.name: Gang(name=m.name, members=(m,), **common) for m in decision.members}
 
 
 class _NoPlans(NoPlanMemo):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from airflow_gpu.sim.replay import Setting, SpotModel, TierRule
+from airflow_gpu.sim.replay import Setting, SpotModel
 from airflow_gpu.sim.traces import load_nodes, load_pods
 from airflow_gpu.sim.workload import OPENB_TEAMS, SeedParams, keep_capacity, openb_jobs, seed_scenario
 
@@ -17,7 +17,7 @@ def _from_config(config: Path):
     from airflow_gpu.config.core import borrowing_priority_from_config, preemption_policy_from_config
 
     cfg = load_config(config)
-    tiers = {t.name: TierRule(t.priority, t.preemptible, t.spot_eligible, t.spot_fallback) for t in cfg.tiers}
+    tiers = cfg.tier_policies()
     prices = {}
     for p in cfg.products:
         price = p.price_per_gpu_hour
