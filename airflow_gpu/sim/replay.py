@@ -35,7 +35,8 @@ from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.backoff import Backoff, NoPlanMemo, RefusedAsks
 from airflow_gpu.core.estimate import ReservationHold, StartMemo
 from airflow_gpu.core.queue import QUEUE_KEY, Queue
-from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements
+from airflow_gpu.core.live import LiveState
+from airflow_gpu.core.quota import QuotaBook, TeamQuota
 from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.core.tiers import TierPolicy, decide
 from airflow_gpu.sim.workload import Job, mark_spot, whole_gpus
@@ -228,11 +229,14 @@ class _Cycle:
                            ReservationHold(hold, hold) if hold > 0 else None,
                            NoPlanMemo() if platform.preemption else _NoPlans(), StartMemo(), explain=False)
 
-    def run(self, snap: Snapshot, pending: list[Gang], running: list[RunningGang], usage: QuotaUsage | None,
-            now: float):
-        """-> (admitted [(gang, placements, borrowed)], plans [PreemptionPlan]). `usage`: the quota
-        usage of `running`, kept up to date by the replay (what CycleState.build would count)."""
-        state = CycleState(snap, self.quota, usage, running, snap.shape.node_product)
+    def run(self, live: LiveState, pending: list[Gang], running: list[RunningGang], now: float):
+        """-> (admitted [(gang, placements, borrowed)], plans [PreemptionPlan]). `live` holds every
+        running gang's capacity and quota (what CycleState.build would count); `running`: the same
+        gangs as the cycle sees them now (their last checkpoint moves)."""
+        if live.ledger is not None:
+            state = live.ledger.cycle_state(live.snap, running)
+        else:
+            state = CycleState(live.snap, None, None, running, live.snap.shape.node_product)
         result = self.queue.cycle(state, pending, now)
         admitted = [(d.gang, d.placements, d.borrowed) for d in result.admitted]
         return admitted, result.preemptions
@@ -316,8 +320,11 @@ class Replay:
         if platform.spot:
             nodes = mark_spot(nodes, setting.spot.share, setting.seed)
         self.nodes = tuple(nodes)
-        self.snap = Snapshot.from_nodes(self.nodes)
         self.quota = quota_book(setting, nodes, platform)
+        # what runs: capacity and quota usage kept by deltas (core.live, as the scheduler's cache);
+        # the books below (placed, running) are the replay's own: jobs, attempts, checkpoints
+        self.live = LiveState.from_nodes(self.nodes, self.quota)
+        self.snap = self.live.snap
         workers = [j.worker if platform.shares else whole_gpus(j.worker) for j in setting.jobs]
         tie = np.random.default_rng(setting.seed + 2).permutation(len(self.nodes))
         profile = make_profile(platform.policy, typical=TypicalPods.from_pods(workers), tie_rank=tie,
@@ -348,7 +355,6 @@ class Replay:
         self.guaranteed = {t: sum(self.quota.team(t).nominal.values()) if self.quota is not None
                            else self.total_milli * share for t, share in setting.teams.items()}
         self.last_t = 0.0
-        self.usage = QuotaUsage() if self.quota is not None else None
         self.running: dict[str, tuple[RunningGang, float]] = {}  # unit -> (as the cycle sees it, valid until)
         self.fifo: _Fifo | None = None  # the naive platform's queue (built with the jobs' units)
 
@@ -400,8 +406,7 @@ class Replay:
     def _bind(self, gang: Gang, placements: tuple[Placement, ...], borrowed: bool, now: float) -> None:
         job_name = gang.name.split("/")[0]
         st = self.states[job_name]
-        for p in placements:
-            self.snap.assume(p)
+        self.live.start(RunningGang(gang, placements, now, borrowed=borrowed))
         del self.pending[gang.name]
         self._dequeue(gang)
         if self.fifo is not None:
@@ -411,8 +416,6 @@ class Replay:
         self.team_alloc[gang.team] += milli
         self.allocated += milli
         self.placed[gang.name] = (job_name, placements, now)
-        if self.usage is not None:
-            self.usage.add(gang.team, demand_of_placements(placements, self.node_product, self.quota))
         st.borrowed[gang.name] = borrowed
         if st.attempt is None:
             st.attempts += 1
@@ -436,11 +439,9 @@ class Replay:
             if unit in self.placed:
                 _, placements, _ = self.placed.pop(unit)
                 self.running.pop(unit, None)
-                for p in placements:
-                    self.snap.forget(p.pod)
-                    freed.add(self.snap.node_index(p.node))
-                if self.usage is not None:
-                    self.usage.remove(st.job.team, demand_of_placements(placements, self.node_product, self.quota))
+                self.live.end(unit)
+                freed.update(self.snap.node_index(p.node) for p in placements)
+                if self.quota is not None:
                     products.update(self.node_product[p.node] for p in placements if self.node_product[p.node])
                 milli = st.units[unit].gpu_milli_total
                 self.team_alloc[st.job.team] -= milli
@@ -576,8 +577,7 @@ class Replay:
             if self.fifo is not None:
                 admitted, plans = self.fifo.run(self.snap), []
             else:
-                admitted, plans = self.cycle.run(self.snap, list(self.queue), self._running(now),
-                                                 self.usage, now)
+                admitted, plans = self.cycle.run(self.live, list(self.queue), self._running(now), now)
             for gang, placements, borrowed in admitted:
                 self._bind(gang, placements, borrowed, now)
             for job in sorted({v.gang.name.split("/")[0] for p in plans for v in p.victims}):
