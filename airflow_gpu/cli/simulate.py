@@ -3,7 +3,8 @@
     airflow-gpu simulate inflation --nodes CSV --pods CSV [--policy NAME] [--seed N] [--ratio 1.3]
                                    [--scale K] [--json] [--assignments FILE] [--bound] [--hold [F]]
     (no options: the policy the scheduler runs, as it runs it; --hold is an experiment, named in the output)
-    airflow-gpu simulate replay (--pods CSV --nodes CSV | --seed-scenario) [--capacity F] [--seed N]
+    airflow-gpu simulate replay (--pods CSV --nodes CSV | --trace CSV --nodes CSV [--team-map A=B,..]
+                                [--tier-map A=B,..] | --seed-scenario) [--capacity F] [--seed N]
                                 [--platforms a,b] [--jobs N] [--json] [--events DIR] [--plots DIR] [--report FILE]
 """
 
@@ -58,8 +59,18 @@ def _register_replay(modes) -> None:
     rp = modes.add_parser("replay", help="time replay of a trace on the scheduler's own cycle, naive vs full + ablations")
     src = rp.add_mutually_exclusive_group(required=True)
     src.add_argument("--pods", type=Path, help="openb pod list CSV (with creation/deletion times and qos)")
+    src.add_argument("--trace", type=Path,
+                     help="generic job CSV (job,submit_time,duration[,workers,gpus_per_worker|gpu_milli,team,tier,"
+                          "products,checkpointable]; docs/replay-traces.md)")
     src.add_argument("--seed-scenario", action="store_true", help="the design's seed example (generated)")
-    rp.add_argument("--nodes", type=Path, help="openb node list CSV (with --pods)")
+    rp.add_argument("--nodes", type=Path, help="node list CSV, openb's format: sn,cpu_milli,memory_mib,gpu,model "
+                                               "(with --pods or --trace)")
+    rp.add_argument("--team-map", metavar="FROM=TO,...",
+                    help="--trace: trace team -> quota file team ('*=TEAM': every other unknown team); unmapped "
+                         "unknown teams are spread over the file's teams by a seeded hash (docs/replay-traces.md)")
+    rp.add_argument("--tier-map", metavar="FROM=TO,...",
+                    help="--trace: trace tier (Slurm QOS, PriorityClass) -> quota file tier ('*=TIER'); unmapped "
+                         "unknown tiers run as the file's lowest-priority preemptible tier")
     rp.add_argument("--capacity", type=float, default=1.0, help="keep this seeded fraction of the nodes (0, 1]")
     rp.add_argument("--seed", type=int, default=42, help="seed of capacity, teams, spot and the generator")
     rp.add_argument("--days", type=float, help="seed scenario: days of arrivals (default from SeedParams)")
@@ -91,7 +102,8 @@ def _register_replay(modes) -> None:
 def _replay(args) -> int:
     from airflow_gpu.sim.replay import PLATFORMS, replay_platforms
     from airflow_gpu.sim.replay_report import markdown, plot, summarize, write_events
-    from airflow_gpu.sim.settings import DEFAULT_CONFIG, openb_setting, seed_setting
+    from airflow_gpu.sim.jobtrace import parse_map
+    from airflow_gpu.sim.settings import DEFAULT_CONFIG, openb_setting, seed_setting, trace_setting
     from airflow_gpu.sim.traces import TraceError, trace_name
     from airflow_gpu.sim.workload import SeedParams
 
@@ -122,7 +134,7 @@ def _replay(args) -> int:
         print(f"--restart-overhead must be >= 0 seconds, got {args.restart_overhead}", file=sys.stderr)
         return 2
     config = args.config or DEFAULT_CONFIG
-    params = None
+    params = mapped = None
     try:
         if args.seed_scenario:
             params = SeedParams() if args.days is None else SeedParams(days=args.days)
@@ -133,12 +145,23 @@ def _replay(args) -> int:
                 from airflow_gpu.sim.workload import keep_capacity
                 setting = _replace(setting, nodes=tuple(keep_capacity(list(setting.nodes), args.capacity, args.seed)))
             trace = "seed-scenario"
+        elif args.trace is not None:
+            if args.nodes is None:
+                print("--trace needs --nodes (the node list CSV)", file=sys.stderr)
+                return 2
+            setting, mapped = trace_setting(args.nodes, args.trace, args.capacity, args.seed, config,
+                                            parse_map(args.team_map, "--team-map"),
+                                            parse_map(args.tier_map, "--tier-map"))
+            trace = trace_name(args.trace)
         else:
             if args.nodes is None:
                 print("--pods needs --nodes (the node list CSV)", file=sys.stderr)
                 return 2
             setting = openb_setting(args.nodes, args.pods, args.capacity, args.seed, config)
             trace = trace_name(args.pods)
+        if (args.team_map or args.tier_map) and args.trace is None:
+            print("--team-map and --tier-map apply to --trace only", file=sys.stderr)
+            return 2
     except (TraceError, ValueError) as exc:
         print(f"airflow-gpu simulate replay: {exc}", file=sys.stderr)
         return 2
@@ -168,6 +191,8 @@ def _replay(args) -> int:
            "platforms": {r.platform.name: summarize(r) for r in results}}
     if params is not None:
         doc["parameters"] = params.describe()
+    if mapped is not None:  # how the trace's teams and tiers were read: the what-if is only as good as this
+        doc["mapping"] = {"teams": mapped.teams, "tiers": mapped.tiers, "shares": setting.teams}
     if args.events:
         for r in results:
             write_events(r, args.events)

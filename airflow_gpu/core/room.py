@@ -7,6 +7,8 @@ earliest-start estimate use it to skip full placements that cannot succeed. Pure
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from airflow_gpu.core.framework import Profile
@@ -39,9 +41,18 @@ class RoomEstimate:
         """Eligible nodes: those passing the gang's filters on an EMPTY cluster, a superset of what
         any release of running gangs can open up, so the estimate stays an upper bound."""
         shape = snap.shape
-        empty = Snapshot(shape, np.where(shape.gpu_exists, GPU_MILLI, 0), shape.cpu_cap.copy(),
-                         shape.mem_cap.copy(), shape.mig_cap.copy(), {})
-        return cls(snap, gang, eligible_nodes(empty, gang, profile))
+
+        def build() -> np.ndarray:
+            empty = Snapshot(shape, np.where(shape.gpu_exists, GPU_MILLI, 0), shape.cpu_cap.copy(),
+                             shape.mem_cap.copy(), shape.mig_cap.copy(), {})
+            eligible = eligible_nodes(empty, gang, profile)
+            eligible.setflags(write=False)
+            return eligible
+
+        # a fact of the node list and the asks (names aside): one per distinct gang shape, not per
+        # estimate (the head of line is estimated again in most cycles)
+        key = ("room-eligible", profile.filters, tuple(replace(ps.request, name="") for ps in gang.pod_sets))
+        return cls(snap, gang, shape.derived(key, build))
 
     def ids(self, level: TopologyLevel) -> np.ndarray:
         """[N] the domain of each node at `level` (-1: none); per (domain, product) when the gang

@@ -28,8 +28,7 @@ from queue import Empty
 import numpy as np
 
 from airflow_gpu.constants import (CAPACITY_SPOT, DEFAULT_CHECKPOINT_SECONDS, DEFAULT_GRACE_SECONDS,
-                                   DEFAULT_RESERVATION_HOLD_SECONDS, DEFAULT_RESTART_OVERHEAD_SECONDS)
-from airflow_gpu.core.capacity import confine_to_eligible_capacity, is_spot_eligible
+                                   DEFAULT_RESERVATION_HOLD_SECONDS)
 from airflow_gpu.core.framework import place_pod
 from airflow_gpu.core.model import (GPU_MILLI, Gang, Node, Placement, RunningGang, TopologyLevel, TopologyRequirement,
                                     periodic_checkpoint_work, restart_lost_gpu_seconds, sigterm_checkpoint_commits,
@@ -41,8 +40,10 @@ from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.backoff import Backoff, NoPlanMemo, RefusedAsks
 from airflow_gpu.core.estimate import ReservationHold, StartMemo
 from airflow_gpu.core.queue import QUEUE_KEY, Queue
-from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements
+from airflow_gpu.core.live import LiveState
+from airflow_gpu.core.quota import QuotaBook, TeamQuota
 from airflow_gpu.core.snapshot import Snapshot
+from airflow_gpu.core.tiers import TierPolicy, decide
 from airflow_gpu.sim.workload import Job, mark_spot, whole_gpus
 
 FINISHED, PREEMPTED, INTERRUPTED, FAILED = "finished", "preempted", "interrupted", "failed"
@@ -86,15 +87,6 @@ PLATFORMS: dict[str, Platform] = {
 
 
 @dataclass(frozen=True)
-class TierRule:
-    priority: int
-    preemptible: bool
-    spot_eligible: bool
-    spot_fallback: bool = False  # core.capacity: checkpointable work may overflow onto spot (on-demand first)
-    restart_overhead: float = DEFAULT_RESTART_OVERHEAD_SECONDS  # seconds each restart computes nothing
-
-
-@dataclass(frozen=True)
 class SpotModel:
     share: float = 0.25  # fraction of nodes that are spot (on platforms with spot)
     interruptions_per_node_day: float = 0.5
@@ -108,7 +100,7 @@ class Setting:
 
     nodes: tuple[Node, ...]
     jobs: tuple[Job, ...]
-    tiers: dict[str, TierRule]
+    tiers: dict[str, TierPolicy]  # the config's tiers (QuotaConfig.tier_policies), as the scheduler reads them
     teams: dict[str, float]  # team -> guaranteed share of every product's GPUs
     preemption_policy: PreemptionPolicy
     borrowed_priority: int | None
@@ -208,24 +200,25 @@ def quota_book(setting: Setting, nodes: list[Node], platform: Platform) -> Quota
                      product_rank=setting.product_rank)
 
 
-def _unit_gangs(job: Job, platform: Platform, tiers: dict[str, TierRule],
+def _unit_gangs(job: Job, platform: Platform, tiers: dict[str, TierPolicy],
                 duration_estimate: float = 0.0) -> dict[str, Gang]:
-    rule = tiers[job.tier]
+    """The gangs the queue sees for `job`: its tier applied by core.tiers.decide (the scheduler's and
+    the operator's rule), on what the platform has (no spot: nobody is spot-eligible; fifo: one priority)."""
+    policy = tiers.get(job.tier)  # a tier the config lacks: core's unknown-tier rule, as the scheduler
+    if policy is not None and not (platform.spot and platform.spot_fallback):
+        policy = replace(policy, spot_eligible=platform.spot and policy.spot_eligible, spot_fallback=False)
     worker = job.worker if platform.shares else whole_gpus(job.worker)
     checkpointable = job.checkpointable and platform.checkpoints
-    eligible = platform.spot and is_spot_eligible(rule.spot_eligible, checkpointable)
-    fallback = platform.spot and platform.spot_fallback and is_spot_eligible(rule.spot_fallback, checkpointable)
-    priority = 0 if platform.queue == "fifo" else rule.priority
     members = tuple(replace(worker, name=f"{job.name}/w{i}") for i in range(job.workers))
-    members = confine_to_eligible_capacity(members, eligible, fallback)
-    common = dict(team=job.team, tier=job.tier, priority=priority, preemptible=rule.preemptible,
-                  checkpointable=checkpointable, spot_eligible=eligible, created_at=job.submit,
+    decision = decide(policy, members, checkpointable, priority=0 if platform.queue == "fifo" else None)
+    common = dict(team=job.team, tier=job.tier, priority=decision.priority, preemptible=decision.preemptible,
+                  checkpointable=checkpointable, spot_eligible=decision.spot_eligible, created_at=job.submit,
                   topology=TopologyRequirement(TopologyLevel.CLIQUE, hard=False),
                   expected_duration=job.work * duration_estimate if duration_estimate > 0 else None,
-                  restart_overhead=rule.restart_overhead, checkpoint_seconds=job.checkpoint_seconds)
+                  restart_overhead=decision.restart_overhead, checkpoint_seconds=job.checkpoint_seconds)
     if platform.gang:
-        return {job.name: Gang(name=job.name, members=members, **common)}
-    return {m.name: Gang(name=m.name, members=(m,), **common) for m in members}
+        return {job.name: Gang(name=job.name, members=decision.members, **common)}
+    return {m.name: Gang(name=m.name, members=(m,), **common) for m in decision.members}
 
 
 class _NoPlans(NoPlanMemo):
@@ -248,11 +241,14 @@ class _Cycle:
                            ReservationHold(hold, hold) if hold > 0 else None,
                            NoPlanMemo() if platform.preemption else _NoPlans(), StartMemo(), explain=False)
 
-    def run(self, snap: Snapshot, pending: list[Gang], running: list[RunningGang], usage: QuotaUsage | None,
-            now: float):
-        """-> (admitted [(gang, placements, borrowed)], plans [PreemptionPlan]). `usage`: the quota
-        usage of `running`, kept up to date by the replay (what CycleState.build would count)."""
-        state = CycleState(snap, self.quota, usage, running, snap.shape.node_product)
+    def run(self, live: LiveState, pending: list[Gang], running: list[RunningGang], now: float):
+        """-> (admitted [(gang, placements, borrowed)], plans [PreemptionPlan]). `live` holds every
+        running gang's capacity and quota (what CycleState.build would count); `running`: the same
+        gangs as the cycle sees them now (their last checkpoint moves)."""
+        if live.ledger is not None:
+            state = live.ledger.cycle_state(live.snap, running)
+        else:
+            state = CycleState(live.snap, None, None, running, live.snap.shape.node_product)
         result = self.queue.cycle(state, pending, now)
         admitted = [(d.gang, d.placements, d.borrowed) for d in result.admitted]
         return admitted, result.preemptions
@@ -336,8 +332,11 @@ class Replay:
         if platform.spot:
             nodes = mark_spot(nodes, setting.spot.share, setting.seed)
         self.nodes = tuple(nodes)
-        self.snap = Snapshot.from_nodes(self.nodes)
         self.quota = quota_book(setting, nodes, platform)
+        # what runs: capacity and quota usage kept by deltas (core.live, as the scheduler's cache);
+        # the books below (placed, running) are the replay's own: jobs, attempts, checkpoints
+        self.live = LiveState.from_nodes(self.nodes, self.quota)
+        self.snap = self.live.snap
         workers = [j.worker if platform.shares else whole_gpus(j.worker) for j in setting.jobs]
         tie = np.random.default_rng(setting.seed + 2).permutation(len(self.nodes))
         profile = make_profile(platform.policy, typical=TypicalPods.from_pods(workers), tie_rank=tie,
@@ -368,7 +367,6 @@ class Replay:
         self.guaranteed = {t: sum(self.quota.team(t).nominal.values()) if self.quota is not None
                            else self.total_milli * share for t, share in setting.teams.items()}
         self.last_t = 0.0
-        self.usage = QuotaUsage() if self.quota is not None else None
         self.running: dict[str, tuple[RunningGang, float]] = {}  # unit -> (as the cycle sees it, valid until)
         self.fifo: _Fifo | None = None  # the naive platform's queue (built with the jobs' units)
 
@@ -420,8 +418,7 @@ class Replay:
     def _bind(self, gang: Gang, placements: tuple[Placement, ...], borrowed: bool, now: float) -> None:
         job_name = gang.name.split("/")[0]
         st = self.states[job_name]
-        for p in placements:
-            self.snap.assume(p)
+        self.live.start(RunningGang(gang, placements, now, borrowed=borrowed))
         del self.pending[gang.name]
         self._dequeue(gang)
         if self.fifo is not None:
@@ -431,8 +428,6 @@ class Replay:
         self.team_alloc[gang.team] += milli
         self.allocated += milli
         self.placed[gang.name] = (job_name, placements, now)
-        if self.usage is not None:
-            self.usage.add(gang.team, demand_of_placements(placements, self.node_product, self.quota))
         st.borrowed[gang.name] = borrowed
         if st.attempt is None:
             st.attempts += 1
@@ -462,11 +457,9 @@ class Replay:
             if unit in self.placed:
                 _, placements, _ = self.placed.pop(unit)
                 self.running.pop(unit, None)
-                for p in placements:
-                    self.snap.forget(p.pod)
-                    freed.add(self.snap.node_index(p.node))
-                if self.usage is not None:
-                    self.usage.remove(st.job.team, demand_of_placements(placements, self.node_product, self.quota))
+                self.live.end(unit)
+                freed.update(self.snap.node_index(p.node) for p in placements)
+                if self.quota is not None:
                     products.update(self.node_product[p.node] for p in placements if self.node_product[p.node])
                 milli = st.units[unit].gpu_milli_total
                 self.team_alloc[st.job.team] -= milli
@@ -611,8 +604,7 @@ class Replay:
             if self.fifo is not None:
                 admitted, plans = self.fifo.run(self.snap), []
             else:
-                admitted, plans = self.cycle.run(self.snap, list(self.queue), self._running(now),
-                                                 self.usage, now)
+                admitted, plans = self.cycle.run(self.live, list(self.queue), self._running(now), now)
             for gang, placements, borrowed in admitted:
                 self._bind(gang, placements, borrowed, now)
             for job in sorted({v.gang.name.split("/")[0] for p in plans for v in p.victims}):

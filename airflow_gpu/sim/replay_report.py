@@ -64,7 +64,7 @@ def summarize(r: ReplayResult) -> dict:
     contended_time, contended_alloc, contended_busy = contended(r)
     waits = job_waits(r)
     queue = {}
-    for tier in TIERS:
+    for tier in list(TIERS) + sorted(set(waits) - set(TIERS)):  # a quota file's own tiers too
         w = np.array(waits.get(tier, []), dtype=float)
         if len(w):
             queue[tier] = {"mean": round(float(w.mean()), 1), "p50": round(float(np.percentile(w, 50)), 1),
@@ -197,6 +197,11 @@ def markdown(doc: dict) -> str:
     lines = [f"# Replay of {doc['trace']} (capacity {doc['capacity']}, seed {doc['seed']})", ""]
     if doc.get("parameters"):
         lines += ["Parameters: " + ", ".join(f"{k}={v}" for k, v in doc["parameters"].items()), ""]
+    if doc.get("mapping"):
+        m = doc["mapping"]
+        lines += ["Trace teams -> quota file teams: " + ", ".join(f"{k or '(none)'} -> {v}" for k, v in m["teams"].items()),
+                  "Trace tiers -> tiers: " + ", ".join(f"{k or '(none)'} -> {v}" for k, v in m["tiers"].items()),
+                  "Guaranteed shares: " + ", ".join(f"{k} {100 * v:.1f} %" for k, v in m["shares"].items()), ""]
     lines += ["| platform | util % | useful % | computing while queued % | prod p95 wait (s) | best-effort p95 (s) "
               "| lost GPU-h | restart GPU-h | cost | starved | preemptions | per job | interruptions | s |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from airflow_gpu.sim.replay import Setting, SpotModel, TierRule
+from airflow_gpu.sim.replay import Setting, SpotModel
 from airflow_gpu.sim.traces import load_nodes, load_pods
-from airflow_gpu.sim.workload import OPENB_TEAMS, SeedParams, keep_capacity, openb_jobs, seed_scenario
+from airflow_gpu.sim.jobtrace import (OPENB_TEAMS, Mapped, check_products, load_jobs, map_jobs, openb_jobs,
+                                     team_shares)
+from airflow_gpu.sim.workload import SeedParams, keep_capacity, seed_scenario
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "seed-quotas.yaml"
 
@@ -17,9 +19,7 @@ def _from_config(config: Path):
     from airflow_gpu.config.core import borrowing_priority_from_config, preemption_policy_from_config
 
     cfg = load_config(config)
-    policies = cfg.tier_policies()
-    tiers = {t.name: TierRule(t.priority, t.preemptible, t.spot_eligible, t.spot_fallback,
-                              policies[t.name].restart_overhead_seconds) for t in cfg.tiers}
+    tiers = cfg.tier_policies()
     prices = {}
     for p in cfg.products:
         price = p.price_per_gpu_hour
@@ -49,6 +49,34 @@ def openb_setting(nodes_csv: Path, pods_csv: Path, capacity: float, seed: int, c
                    spot, seed, **_queue_rules(cfg))
 
 
+def trace_setting(nodes_csv: Path, trace_csv: Path, capacity: float, seed: int, config: Path = DEFAULT_CONFIG,
+                  team_map: dict[str, str] | None = None, tier_map: dict[str, str] | None = None,
+                  spot: SpotModel = SpotModel()) -> tuple[Setting, Mapped]:
+    """A generic job CSV (sim/jobtrace.py) on a seeded `capacity` fraction of the node list's GPU
+    nodes. Teams and tiers: the quota file's, the trace's mapped onto them (jobtrace.map_jobs), each
+    team guaranteed jobtrace.team_shares of every product; prices: the config's price of a product
+    whose name or node label is the node model, else its first product's."""
+    cfg, tiers, policy, borrowed, prices = _from_config(config)
+    all_nodes = load_nodes(nodes_csv)
+    nodes = keep_capacity(all_nodes, capacity, seed)
+    teams = {t.name: float(sum(t.quota.values())) for t in cfg.teams}
+    if not teams:
+        raise ValueError(f"{config}: no teams; a replay needs the quota file's teams")
+    mapped = map_jobs(load_jobs(trace_csv), list(teams), tiers, seed, team_map, tier_map,
+                      {t.namespace: t.name for t in cfg.teams})
+    check_products(mapped.jobs, {n.gpu_product for n in all_nodes if n.gpu_product}, trace_csv)
+    by_name = {p.name: p for p in cfg.products}
+    fallback = next(iter(prices.values()), (0.0, 0.0))
+    node_prices = {}
+    for n in nodes:
+        product = by_name.get(n.gpu_product or "")
+        key = (product.node_label or product.name) if product else n.gpu_product
+        node_prices[n.gpu_product] = prices.get(key, fallback)
+    shares = team_shares(teams, sum(n.gpu_count for n in nodes))
+    return Setting(tuple(nodes), tuple(mapped.jobs), tiers, shares, policy, borrowed, node_prices, spot, seed,
+                   **_queue_rules(cfg)), mapped
+
+
 def seed_setting(params: SeedParams, seed: int, config: Path = DEFAULT_CONFIG) -> Setting:
     """The seed scenario: teams of `quota_gpus` guaranteed GPUs (serving half of that), the config's
     A100 prices, spot as in `params`."""
@@ -73,7 +101,7 @@ def with_restart_cost(setting: Setting, restart_overhead: float | None = None,
 
     tiers = setting.tiers
     if restart_overhead is not None:
-        tiers = {name: replace(rule, restart_overhead=restart_overhead) for name, rule in tiers.items()}
+        tiers = {name: replace(tier, restart_overhead_seconds=restart_overhead) for name, tier in tiers.items()}
     policy = setting.preemption_policy
     if min_runtime is not None:
         policy = replace(policy, min_runtime=tuple(sorted((t, s) for t, s in min_runtime.items() if s > 0)))

@@ -1,25 +1,19 @@
 """What the time replay replays: jobs with a submit time and an amount of work, and the cluster.
 
-Two sources, every rule written down (README, "Queueing replay"):
-- openb_jobs: the Alibaba openb pod list (creation / scheduled / deletion times, qos);
+Sources, every rule written down (README, "Queueing replay"):
+- sim/jobtrace.py: traces -> jobs (the generic job CSV, the Alibaba openb pod list);
 - seed_scenario: the design's seed example, generated from SeedParams (printed with the results).
 """
 
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from airflow_gpu.constants import CAPACITY_SPOT, TIER_BEST_EFFORT_TRAINING, TIER_INFERENCE, TIER_PRODUCTION_TRAINING
 from airflow_gpu.core.model import GPU_MILLI, Node, PodRequest
-from airflow_gpu.sim.traces import TracePod
-
-QOS_TIER = {"LS": TIER_PRODUCTION_TRAINING, "Guaranteed": TIER_PRODUCTION_TRAINING,
-            "BE": TIER_BEST_EFFORT_TRAINING, "Burstable": TIER_BEST_EFFORT_TRAINING}
-OPENB_TEAMS = ("team-a", "team-b", "team-c", "team-d")
 
 
 @dataclass(frozen=True)
@@ -40,37 +34,6 @@ class Job:
     @property
     def gpu_milli(self) -> int:
         return self.worker.gpu_milli_total * self.workers
-
-
-def team_of(name: str, seed: int, teams=OPENB_TEAMS) -> str:
-    """The documented, seeded team rule: CRC32 of '<seed>:<pod name>' modulo the number of teams."""
-    return teams[zlib.crc32(f"{seed}:{name}".encode()) % len(teams)]
-
-
-def openb_jobs(pods: list[TracePod], seed: int, checkpoint_interval: float = 1800.0) -> list[Job]:
-    """Trace pods -> jobs. Rules: qos LS/Guaranteed -> production-training, BE/Burstable ->
-    best-effort-training; num_gpu = N > 1 -> a gang of N one-GPU workers (the pod's CPU and memory
-    split evenly); gpu_milli < 1000 -> a share of one GPU; work = deletion - scheduled time (pods the
-    trace never scheduled, or without GPUs, are left out); every job checkpoints every
-    `checkpoint_interval` s. Submit = creation time."""
-    jobs = []
-    for p in pods:
-        r = p.request
-        if r.gpu_milli_total == 0 or p.creation_time is None or p.deletion_time is None:
-            continue
-        tier = QOS_TIER.get(p.qos)
-        if tier is None:
-            continue
-        if p.scheduled_time is None:
-            continue
-        begin = p.scheduled_time
-        work = max(1.0, float(p.deletion_time - begin))
-        workers = r.gpus if r.gpus > 1 else 1
-        worker = r if workers == 1 else replace(r, gpus=1, cpu_milli=r.cpu_milli // workers,
-                                                memory_mib=r.memory_mib // workers)
-        jobs.append(Job(r.name, team_of(r.name, seed), tier, worker, workers, float(p.creation_time), work,
-                        checkpointable=True, checkpoint_interval=checkpoint_interval))
-    return sorted(jobs, key=lambda j: (j.submit, j.name))
 
 
 def keep_capacity(nodes: list[Node], fraction: float, seed: int) -> list[Node]:

@@ -1,0 +1,71 @@
+"""Queueing replay at a real platform's size: 80,000 generated jobs over 100 days at a contended
+capacity, naive + full (target: both under 120 s on the 2-core machine). Per platform: wall clock,
+CPU time and the events hash (bench.replay.events_hash), so a speed-up can show the decisions did
+not change. Load average printed before and after: on a shared machine the wall clock is inflated.
+
+The trace is the seed scenario's generator (sim/workload.py SeedParams) scaled by `--scale`: arrival
+rates, nodes and team quotas times the scale, so the mix and the contention stay the seed's (about
+95 % of the GPUs asked for on average, twice that in working hours).
+
+    python -m bench replay_80k [--scale 7.7] [--days 100] [--seed 11] [--platforms naive,full] [--jobs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import replace
+
+
+def params(scale: float, days: float):
+    from airflow_gpu.sim.workload import SeedParams
+
+    base = SeedParams()
+    return replace(base, days=days, nodes=max(1, round(base.nodes * scale * 0.42)),
+                   quota_gpus=max(1, round(base.quota_gpus * scale * 0.42)),
+                   production_per_hour=base.production_per_hour * scale,
+                   best_effort_per_hour=base.best_effort_per_hour * scale,
+                   inference_per_hour=base.inference_per_hour * scale)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from airflow_gpu.sim.replay import replay_platforms
+    from airflow_gpu.sim.replay_report import summarize
+    from airflow_gpu.sim.settings import seed_setting
+    from bench.replay import events_hash
+
+    ap = argparse.ArgumentParser(prog="python -m bench replay_80k")
+    ap.add_argument("--scale", type=float, default=7.7, help="times the seed scenario's rates, nodes and quotas")
+    ap.add_argument("--days", type=float, default=100.0)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--platforms", default="naive,full")
+    ap.add_argument("--jobs", type=int, default=None, help="platforms in parallel processes (default: one per CPU)")
+    args = ap.parse_args(sys.argv[2:] if argv is None and len(sys.argv) > 1 and sys.argv[1] == "replay_80k"
+                         else argv or [])
+    t0 = time.perf_counter()
+    p = params(args.scale, args.days)
+    setting = seed_setting(p, args.seed)
+    gpus = sum(n.gpu_count for n in setting.nodes)
+    print(f"generator x{args.scale:g}, {args.days:g} days, seed {args.seed}: {len(setting.nodes)} nodes, {gpus} GPUs, "
+          f"{len(setting.jobs)} jobs (built in {time.perf_counter() - t0:.1f} s); load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    names = args.platforms.split(",")
+    jobs = args.jobs or os.cpu_count() or 1
+    w0 = time.perf_counter()
+    results = replay_platforms(setting, names, jobs)
+    wall = time.perf_counter() - w0
+    for name, r in zip(names, results):
+        s = summarize(r)
+        waits = s["queue_wait_seconds"]
+        print(f"{name:8s} wall {r.seconds:6.1f} s  cpu {r.cpu_seconds:6.1f} s  events {events_hash(r)}  "
+              f"alloc {s['gpu_utilization_pct']:.2f} %  prod p95 {waits.get('production-training', {}).get('p95')}  "
+              f"best-effort p95 {waits.get('best-effort-training', {}).get('p95')}  preemptions {s['preemptions']}",
+              flush=True)
+    print(f"{'all':8s} wall {wall:6.1f} s in {min(jobs, len(names))} process(es), cpus {os.cpu_count()}, target 120 s; "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
