@@ -185,7 +185,7 @@ def _replay(args) -> int:
         results = replay_platforms(setting, names, args.jobs)
     doc = {"trace": trace, "capacity": args.capacity, "seed": args.seed, "duration_estimate": args.duration_estimate,
            "reservation_hold": setting.reservation_hold,
-           "restart_overhead": {t: rule.restart_overhead for t, rule in setting.tiers.items()},
+           "restart_overhead": {t: tier.restart_overhead_seconds for t, tier in setting.tiers.items()},
            "min_runtime": dict(setting.preemption_policy.min_runtime),
            "nodes": len(setting.nodes), "gpus": sum(n.gpu_count for n in setting.nodes), "jobs": len(setting.jobs),
            "platforms": {r.platform.name: summarize(r) for r in results}}
