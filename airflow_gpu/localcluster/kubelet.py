@@ -140,7 +140,8 @@ class Kubelet:
     """All nodes' kubelets in one object; per node it tracks responsiveness and device allocation."""
 
     def __init__(self, store: Store, objects: ObjectAPI, events: Recorder, state_dir: Path, api_address: str,
-                 sim_default_seconds: float | None = None, isolation: str = "mountns", issue_token=None):
+                 sim_default_seconds: float | None = None, isolation: str = "mountns", issue_token=None,
+                 run_pods: bool = True):
         self.store, self.objects, self.events = store, objects, events
         self.state_dir = state_dir
         self.pods_dir = state_dir / "pods"
@@ -172,7 +173,8 @@ class Kubelet:
         self._pending: set[tuple[str, str]] = set()
         self._closed = False
         self.pod_ips = PodIPs()
-        store.listeners.append(self._on_event)
+        if run_pods:  # scale mode's SimulatedKubelet runs them instead
+            store.listeners.append(self._on_event)
 
     # --- reconcile ---------------------------------------------------------------------------
     def _on_event(self, etype: str, key: str, obj: dict, old: dict | None) -> None:
