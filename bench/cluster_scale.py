@@ -39,8 +39,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import urllib3
 import yaml
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from airflow_gpu import constants as C
 from airflow_gpu.devtools import gangs as G
@@ -133,20 +135,41 @@ def leading(port: int) -> bool:
         return False
 
 
+def retried(call, done_status: int, tries: int = 5):
+    """call(), again after a dropped connection (a loaded API server closes connections whose request
+    head it did not read in time); done_status: the answer that says an earlier try went through."""
+    for attempt in range(tries):
+        try:
+            resp = call()
+            if isinstance(resp, urllib3.BaseHTTPResponse):  # _preload_content=False: give the connection back
+                resp.drain_conn()
+                resp.release_conn()
+            return resp
+        except ApiException as exc:
+            if exc.status != done_status:
+                raise
+            return None
+        except (urllib3.exceptions.HTTPError, OSError):
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+
+
 def create_pods(api, bodies: list[dict], threads: int = 8) -> float:
     """Create every pod (8 client threads); returns the seconds it took."""
     core = client.CoreV1Api(api)
     t0 = time.time()
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda b: core.create_namespaced_pod(NS, b, _preload_content=False), bodies))
+        list(pool.map(lambda b: retried(lambda: core.create_namespaced_pod(NS, b, _preload_content=False), 409),
+                      bodies))
     return time.time() - t0
 
 
 def delete_pods(api, names: list[str], threads: int = 8) -> None:
     core = client.CoreV1Api(api)
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda n: core.delete_namespaced_pod(n, NS, grace_period_seconds=0, _preload_content=False),
-                      names))
+        list(pool.map(lambda n: retried(lambda: core.delete_namespaced_pod(
+            n, NS, grace_period_seconds=0, _preload_content=False), 404), names))
 
 
 def live_pods(api) -> list[dict]:
@@ -230,10 +253,11 @@ def submit_gangs(api, specs: list[tuple[str, float]], members: int, threads: int
 
     def one(spec):
         name, seconds = spec
-        G.create_podgroup(api, NS, name, members)
+        retried(lambda: G.create_podgroup(api, NS, name, members), 409)
         for i in range(members):
-            core.create_namespaced_pod(NS, G.pod_manifest(f"{name}-{i}", NS, 1, group=name, sim_seconds=round(seconds, 1),
-                                                          priority_class=BEST_EFFORT), _preload_content=False)
+            body = G.pod_manifest(f"{name}-{i}", NS, 1, group=name, sim_seconds=round(seconds, 1),
+                                  priority_class=BEST_EFFORT)
+            retried(lambda: core.create_namespaced_pod(NS, body, _preload_content=False), 409)
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(one, specs))
 
