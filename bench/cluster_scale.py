@@ -182,7 +182,7 @@ def fill(api, sched: Proc, server: Proc, pods: int, prefix: str = "fill") -> dic
     cpu0, scpu0 = sched.cpu(), server.cpu()
     t0 = time.time()
     create_s = create_pods(api, bodies)
-    wait_until(lambda: sum(n.startswith(prefix) for n in watch.bound) >= pods, 3600, 0.2, f"{pods} fill pods bound")
+    wait_until(lambda: sum(n.startswith(prefix) for n in list(watch.bound)) >= pods, 3600, 0.2, f"{pods} fill pods bound")
     times = sorted(t for n, t in watch.bound.items() if n.startswith(prefix))
     r = {"pods": pods, "create_s": create_s, "all_bound_s": times[-1] - t0, "first_bind_s": times[0] - t0,
          "bind_rate": (len(times) - 1) / max(times[-1] - times[0], 1e-9), "sched_cpu": sched.cpu() - cpu0,

@@ -229,18 +229,14 @@ class Scheduler:
             self._preempt(world, units[plan.gang.name], plan, now)
         for f in futures:
             f.result()
-        for name, reason in result.waiting.items():
-            if not any(p.gang.name == name for p in result.preemptions):
-                self._wait(units[name], reason)
-        for unit, reason in world.incomplete:
-            self._wait(unit, reason)
-        for unit, error in world.invalid:
-            self._wait(unit, error)
+        preempting = {p.gang.name for p in result.preemptions}
+        waits = [(units[name], reason) for name, reason in result.waiting.items() if name not in preempting]
+        waits += list(world.incomplete) + list(world.invalid)
         for unit, problem in world.ignored_hints:
             self._warn_once(unit, "InvalidHint", problem)
         timed_out, bad = timeouts(world, result.waiting, now)
-        for unit, error in bad:
-            self._wait(unit, error)
+        last = {u.key: (u, r) for u, r in waits + list(bad)}  # one write per gang: a later reason wins, as before
+        self._in_parallel([lambda u=u, r=r: self._wait(u, r) for u, r in last.values()])
         self._sync_status(world, view, timed_out)
         self._publish(world, view, state, result, now)
         self.metrics.cycle_seconds.observe(time.perf_counter() - started)
@@ -253,6 +249,7 @@ class Scheduler:
             | frozenset(k for k, plan in world.plans.items() if plan.state == PLAN_NOMINATED)
         if not self.publisher.due(waiting) or not self.is_leader():
             return
+        started = time.perf_counter()
         nominated = nominated_gangs(world, self.settings.scheduler_name, view.assumed, self._gang_of)
         units = {g.name: u for u, g in world.pending} | {g.name: u for u, g in nominated}
         tried = set(result.waiting) - {p.gang.name for p in result.preemptions}
@@ -269,7 +266,7 @@ class Scheduler:
             self.metrics.api_errors.labels("publish").inc()
             log.warning("queue not published: %s", getattr(exc, "status", None) or exc)
             return
-        self.publisher.done(waiting)
+        self.publisher.done(waiting, time.perf_counter() - started)
 
     def _gang_of(self, unit: Unit, pods: list[dict]):
         """The gang of `pods` (a unit's pending members); None when they cannot be read."""
@@ -647,6 +644,7 @@ class Scheduler:
         first write of phase TimedOut also records a ScheduleTimeout Event (once: after a restart
         the phase read back from the API is already TimedOut)."""
         timed_out = timed_out or {}
+        writes = []
         for key, unit in world.units.items():
             pg = unit.podgroup
             if pg is None:
@@ -658,8 +656,20 @@ class Scheduler:
             have = pg.get("status") or {}
             if all(have.get(k) == v for k, v in want.items()) or self._written.get(("status", key)) == want:
                 continue
-            if not self.is_leader():
-                return
+            writes.append(lambda key=key, pg=pg, want=want, have=have: self._write_status(key, pg, want, have, timed_out))
+        self._in_parallel(writes)
+
+    def _in_parallel(self, writes: list) -> None:
+        """A cycle's independent writes (wait reasons, PodGroup status: one per gang) on the bind pool:
+        with a hundred gangs arriving and ending per second, one after the other they made most of the
+        cycle (issue 31). The pool is free here: the cycle's Bindings are done."""
+        if len(writes) > 1:
+            list(self._pool.map(lambda write: write(), writes))
+        elif writes:
+            writes[0]()
+
+    def _write_status(self, key: str, pg: dict, want: dict, have: dict, timed_out: dict[str, str]) -> None:
+        if self.is_leader():
             try:
                 self.cache.observe_write("podgroups", self.api.patch_podgroup_status(key, want))
                 self._written[("status", key)] = want
