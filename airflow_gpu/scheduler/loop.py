@@ -504,9 +504,8 @@ class Scheduler:
             waited = now - plan.at
             grace = max((grace_seconds_of(view.pods[v]) or 30 for v in alive), default=0)
             if plan.state == PLAN_NOMINATED and alive and waited < grace + self.settings.nomination_slack:
-                for v in alive:
-                    if not pod_is_terminating(view.pods[v]):  # a restart between plan and Eviction
-                        self._evict(v, view.pods[v], f"preempted for gang {unit.key}")
+                self._in_parallel([lambda v=v: self._evict(v, view.pods[v], f"preempted for gang {unit.key}")
+                                   for v in alive if not pod_is_terminating(view.pods[v])])  # a restart between plan and Eviction
                 self._wait(unit, f"preempting: waiting for {len(alive)} pod(s) of lower priority to stop "
                                  f"(checkpoint grace period up to {grace} s)")
                 continue
@@ -550,16 +549,19 @@ class Scheduler:
         self._record_preemptions(victim_pods, nomination, plan.gang.name, now)
         self.api.event(unit.owner, "Preempting", message)
         self._wait(unit, f"preempting: waiting for {len(victim_pods)} pod(s) {whom} to stop")
+        writes = []  # hundreds of victims at scale: their Events and Evictions go out in parallel
         for rg in plan.victims:
             reason = "reclaim" if rg.gang.team != plan.gang.team else "priority"
             self.metrics.preemptions.labels(rg.gang.team, rg.gang.tier, reason).inc()
             vunit = world.running_units.get(rg.gang.name)
             if vunit is not None and vunit.owner is not None:
                 why = "its team's quota is reclaimed" if reason == "reclaim" else f"priority {plan.gang.priority}"
-                self.api.event(vunit.owner, "Preempted", f"preempted by gang {plan.gang.name} ({why}); "
-                                                         f"each pod gets its grace period to checkpoint", "Warning")
-        for key, pod in victim_pods:
-            self._evict(key, pod, f"preempted by gang {plan.gang.name} (priority {plan.gang.priority})")
+                writes.append(lambda owner=vunit.owner, why=why: self.api.event(
+                    owner, "Preempted", f"preempted by gang {plan.gang.name} ({why}); each pod gets its grace "
+                                        f"period to checkpoint", "Warning"))
+        message = f"preempted by gang {plan.gang.name} (priority {plan.gang.priority})"
+        writes += [lambda key=key, pod=pod: self._evict(key, pod, message) for key, pod in victim_pods]
+        self._in_parallel(writes)
 
     def _record_preemptions(self, victim_pods: list[tuple[str, dict]], nomination: Plan, preemptor: str,
                             now: float) -> None:
@@ -660,9 +662,11 @@ class Scheduler:
         self._in_parallel(writes)
 
     def _in_parallel(self, writes: list) -> None:
-        """A cycle's independent writes (wait reasons, PodGroup status: one per gang) on the bind pool:
-        with a hundred gangs arriving and ending per second, one after the other they made most of the
-        cycle (issue 31). The pool is free here: the cycle's Bindings are done."""
+        """A cycle's independent writes (wait reasons, PodGroup status: one per gang; a preemption's
+        Events and Evictions: one per victim) on the bind pool: with a hundred gangs arriving and
+        ending per second, or hundreds of victims, one after the other they made most of the cycle
+        (issue 31). Each write is a leaf (it waits on no other pool task), so sharing the pool with
+        the Bindings of the cycle's admitted gangs cannot deadlock."""
         if len(writes) > 1:
             list(self._pool.map(lambda write: write(), writes))
         elif writes:
