@@ -304,6 +304,7 @@ class LocalCluster:
         await asyncio.sleep(down_seconds)
         self.store.load()
         self.registry.sync_crds(self.store.values(CRD_KEY))
+        self.scheduler.resync()
         self.controllers.rebuild()
         self.workloads.resync()
         self._sock, _ = _bind(self.port)
