@@ -41,10 +41,10 @@ SPEC = {"name": "bench-scheduler", "pools": [{"name": "h100", "count": 160, "cli
 class BindWatch:
     """Time at which each pod of a namespace was first seen bound."""
 
-    def __init__(self, api: client.ApiClient, namespace: str):
+    def __init__(self, api: client.ApiClient, namespace: str, timeout: int = 300):
         self.bound: dict[str, float] = {}
         self._resp = client.CoreV1Api(api).list_namespaced_pod(
-            namespace, watch=True, timeout_seconds=300, _preload_content=False, _request_timeout=(10, 600))
+            namespace, watch=True, timeout_seconds=timeout, _preload_content=False, _request_timeout=(10, timeout + 300))
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self):

@@ -65,7 +65,7 @@ def test_timeouts_count_from_schedule_start_else_creation_and_carry_the_last_rea
 
 
 def test_the_queue_is_published_at_a_bounded_rate():
-    from airflow_gpu.scheduler.publish import MIN_GAP, Publisher
+    from airflow_gpu.scheduler.publish import COST_SHARE, MIN_GAP, Publisher
 
     clock = [0.0]
     p = Publisher(5.0, clock=lambda: clock[0])
@@ -81,3 +81,10 @@ def test_the_queue_is_published_at_a_bounded_rate():
     p.done(b)
     clock[0] = MIN_GAP + 5.0
     assert p.due(b)  # the interval passed
+    # a publication that took 2 s: the next waits 2 * (1 - COST_SHARE) / COST_SHARE more (8 s at 0.2)
+    p.done(b, cost=2.0)
+    extra = 2.0 * (1 - COST_SHARE) / COST_SHARE
+    clock[0] = MIN_GAP + 5.0 + MIN_GAP + extra - 0.01
+    assert not p.due(a)  # a change, but too soon after a costly publication
+    clock[0] += 0.02
+    assert p.due(a)

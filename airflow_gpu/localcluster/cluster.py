@@ -43,6 +43,7 @@ from airflow_gpu.localcluster.podstream import PodStreams
 from airflow_gpu.localcluster.rbac import Access
 from airflow_gpu.localcluster.resources import CRD_KEY, Registry
 from airflow_gpu.localcluster.scheduler import DefaultScheduler
+from airflow_gpu.localcluster.simkubelet import SimulatedKubelet
 from airflow_gpu.localcluster.serviceaccounts import TokenIssuer, namespace_created
 from airflow_gpu.localcluster.spec import ClusterSpec, initial_nodes, node_manifest
 from airflow_gpu.localcluster.store import Store
@@ -135,25 +136,30 @@ class LocalCluster:
             lambda rt, obj: rt.key == "/namespaces" and namespace_created(self.objects, obj["metadata"]["name"], ca_pem))
         self.issuer = TokenIssuer(self.state_dir / "tls", self.store)
         self.access = Access(self.store, self.issuer, self.token, set() if self.token else {self.port})
+        scale = self.spec.mode == "scale"
         self.kubelet = Kubelet(self.store, self.objects, self.events, self.state_dir, f"127.0.0.1:{self.incluster_port}",
-                               self.spec.sim_default_seconds, self.spec.pod_isolation, self.issuer.issue_for_pod)
+                               self.spec.sim_default_seconds, "none" if scale else self.spec.pod_isolation,
+                               self.issuer.issue_for_pod, run_pods=not scale)
+        # scale mode: pods and nodes simulated as KWOK does (simkubelet.py), no per-node heartbeats
+        self.sim_kubelet = SimulatedKubelet(self.objects, self.spec.sim_default_seconds) if scale else None
         self.controllers = Controllers(self.objects, self.events, self.spec.pod_gc_seconds, self.spec.event_ttl_seconds)
         self.scheduler = DefaultScheduler(self.objects, self.events)
         self.workloads = Workloads(self.objects, self.events)
-        self.heartbeats = NodeHeartbeats(self.objects, self.kubelet.unresponsive, self.spec.node_lease_seconds,
-                                         self.spec.node_status_seconds)
+        self.heartbeats = None if scale else NodeHeartbeats(
+            self.objects, self.kubelet.unresponsive, self.spec.node_lease_seconds, self.spec.node_status_seconds)
         self.faults = Faults(self)
         self._bootstrap(restored)
         self.controllers.rebuild()
         for node in self.store.values("/nodes"):
             self.kubelet.devices.register(node)
         self._recover_pods(restored)
-        self.kubelet.resync()
+        (self.sim_kubelet or self.kubelet).resync()
         self.scheduler.start()
         self.scheduler._wake.set()
         self.controllers.start()
         self.workloads.resync()
-        self.heartbeats.start()
+        if self.heartbeats is not None:
+            self.heartbeats.start()
         self.audit = AuditLog(self.audit_log) if self.audit_log else None
         self.streams = PodStreams(self.kubelet)
         self.api = APIServer(self.store, self.registry, self.objects, f"127.0.0.1:{self.port}", self.token,
@@ -298,12 +304,13 @@ class LocalCluster:
         await asyncio.sleep(down_seconds)
         self.store.load()
         self.registry.sync_crds(self.store.values(CRD_KEY))
+        self.scheduler.resync()
         self.controllers.rebuild()
         self.workloads.resync()
         self._sock, _ = _bind(self.port)
         self._incluster_sock, _ = _bind(self.incluster_port)
         await self._serve()
-        self.kubelet.resync()
+        (self.sim_kubelet or self.kubelet).resync()
 
     async def stop(self) -> None:
         if self._gc_task is not None:
@@ -311,7 +318,8 @@ class LocalCluster:
         await self.scheduler.stop()
         self.controllers.stop()
         self.workloads.stop()
-        self.heartbeats.stop()
+        if self.heartbeats is not None:
+            self.heartbeats.stop()
         if getattr(self, "streams", None) is not None:
             self.streams.close()
         await self.kubelet.close()

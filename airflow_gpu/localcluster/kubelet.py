@@ -141,7 +141,8 @@ class Kubelet:
     """All nodes' kubelets in one object; per node it tracks responsiveness and device allocation."""
 
     def __init__(self, store: Store, objects: ObjectAPI, events: Recorder, state_dir: Path, api_address: str,
-                 sim_default_seconds: float | None = None, isolation: str = "mountns", issue_token=None):
+                 sim_default_seconds: float | None = None, isolation: str = "mountns", issue_token=None,
+                 run_pods: bool = True):
         self.store, self.objects, self.events = store, objects, events
         self.state_dir = state_dir
         self.pods_dir = state_dir / "pods"
@@ -175,7 +176,8 @@ class Kubelet:
         self.pod_ips = PodIPs()
         # confined containers get a kubelet-managed /etc/hosts with the namespace's Service records
         self.hosts = ClusterHosts(store) if self.image is not None else None
-        store.listeners.append(self._on_event)
+        if run_pods:  # scale mode's SimulatedKubelet runs them instead
+            store.listeners.append(self._on_event)
 
     # --- reconcile ---------------------------------------------------------------------------
     def _on_event(self, etype: str, key: str, obj: dict, old: dict | None) -> None:

@@ -22,14 +22,28 @@ NODE_KEY = "/nodes"
 DEFAULT_SCHEDULER = "default-scheduler"
 
 
+def _waits_for_us(pod: dict) -> bool:
+    return (pod["spec"].get("schedulerName") == DEFAULT_SCHEDULER and not pod["spec"].get("nodeName")
+            and not pod["metadata"].get("deletionTimestamp") and not is_terminal(pod))
+
+
 class DefaultScheduler:
     def __init__(self, objects: ObjectAPI, events: Recorder):
         self.objects, self.store, self.events = objects, objects.store, events
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        # the pods waiting for this scheduler, kept by the listener: a pass over every stored pod on
+        # each pod that ends or is deleted cost the API server a fifth of its time at scale (issue 31)
+        self._waiting: set[tuple[str, str]] = set()
         self.store.listeners.append(self._on_event)
 
     def _on_event(self, etype: str, key: str, obj: dict, old: dict | None) -> None:
+        if key == POD_KEY:
+            ident = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+            if etype != "DELETED" and _waits_for_us(obj):
+                self._waiting.add(ident)
+            else:
+                self._waiting.discard(ident)
         if key == NODE_KEY or (key == POD_KEY and (etype == "DELETED" or (
                 obj["spec"].get("schedulerName") == DEFAULT_SCHEDULER and not obj["spec"].get("nodeName")))):
             self._wake.set()
@@ -37,7 +51,14 @@ class DefaultScheduler:
             self._wake.set()
 
     def start(self) -> None:
+        self.resync()
         self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    def resync(self) -> None:
+        """The waiting pods from the store itself (after it was loaded: a replay calls no listener)."""
+        self._waiting = {(p["metadata"].get("namespace", ""), p["metadata"]["name"])
+                         for p in self.store.values(POD_KEY) if _waits_for_us(p)}
+        self._wake.set()
 
     async def stop(self) -> None:
         if self._task:
@@ -54,9 +75,8 @@ class DefaultScheduler:
             await asyncio.sleep(0.05)  # batch bursts of pod creations into one pass
 
     def schedule_pending(self) -> None:
-        pending = [p for p in self.store.values(POD_KEY)
-                   if p["spec"].get("schedulerName") == DEFAULT_SCHEDULER and not p["spec"].get("nodeName")
-                   and not p["metadata"].get("deletionTimestamp") and not is_terminal(p)]
+        pending = [p for p in (self.store.get(POD_KEY, *ident) for ident in self._waiting)
+                   if p is not None and _waits_for_us(p)]
         if not pending:
             return
         pending.sort(key=lambda p: (-(p["spec"].get("priority") or 0), p["metadata"]["creationTimestamp"]))

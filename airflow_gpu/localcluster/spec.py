@@ -145,6 +145,12 @@ class ClusterSpec(_Model):
         alias="simDefaultSeconds", default=None,
         description="run time of a container without a command and without the sim-duration annotation; null: until deleted",
     )
+    mode: Literal["processes", "scale"] = Field(
+        default="processes",
+        description="processes: each node's kubelet runs bound pods as local processes and renews its Lease; "
+                    "scale: pods are simulated without processes and nodes without heartbeats, as KWOK does "
+                    "(thousands of nodes; see localcluster/simkubelet.py for what is simulated)",
+    )
     pod_isolation: Literal["mountns", "none"] = Field(
         alias="podIsolation", default="mountns",
         description="mountns: each container sees an image-like copy-on-write root (the host's system directories "

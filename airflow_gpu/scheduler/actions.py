@@ -27,6 +27,12 @@ def _now_rfc3339(micro: bool = False) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
 
 
+def _release(resp) -> None:
+    """Read an answer not otherwise read: only then does the client put its connection back in the
+    pool. Unread, each write opened a new TCP connection (thousands at a fill's binding rate)."""
+    resp.data  # noqa: B018
+
+
 def _split(key: str) -> tuple[str, str]:
     ns, _, name = key.partition("/")
     return ns, name
@@ -51,7 +57,8 @@ class Api:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         try:
-            self.core.create_namespaced_pod_binding(name, ns, body, _preload_content=False, _request_timeout=TIMEOUT)
+            _release(self.core.create_namespaced_pod_binding(name, ns, body, _preload_content=False,
+                                                             _request_timeout=TIMEOUT))
             return "bound"
         except ApiException as exc:
             if exc.status == 409:
@@ -78,10 +85,10 @@ class Api:
             }
         }
         # strategic merge: conditions merge by type, other conditions are kept
-        self.core.patch_namespaced_pod_status(
+        _release(self.core.patch_namespaced_pod_status(
             name, ns, body, _preload_content=False, _request_timeout=TIMEOUT,
             _content_type="application/strategic-merge-patch+json",
-        )
+        ))
 
     def evict(self, pod_key: str, grace_seconds: int | None) -> str:
         """Eviction API with the victim's own grace period, so it gets SIGTERM and time to checkpoint.
@@ -95,7 +102,8 @@ class Api:
         if grace_seconds is not None:
             body["deleteOptions"] = {"gracePeriodSeconds": int(grace_seconds)}
         try:
-            self.core.create_namespaced_pod_eviction(name, ns, body, _preload_content=False, _request_timeout=TIMEOUT)
+            _release(self.core.create_namespaced_pod_eviction(name, ns, body, _preload_content=False,
+                                                              _request_timeout=TIMEOUT))
             return "evicted"
         except ApiException as exc:
             if exc.status == 404:
@@ -155,14 +163,14 @@ class Api:
         """Create or replace the scheduler's published queue (kube.queue_status.manifest)."""
         meta = body["metadata"]
         try:
-            self.core.create_namespaced_config_map(meta["namespace"], body, _preload_content=False,
-                                                   _request_timeout=TIMEOUT).data  # read: frees the connection
+            _release(self.core.create_namespaced_config_map(meta["namespace"], body, _preload_content=False,
+                                                            _request_timeout=TIMEOUT))
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            self.core.patch_namespaced_config_map(meta["name"], meta["namespace"], {"binaryData": body["binaryData"]},
-                                                  _preload_content=False, _request_timeout=TIMEOUT,
-                                                  _content_type=MERGE).data
+            _release(self.core.patch_namespaced_config_map(
+                meta["name"], meta["namespace"], {"binaryData": body["binaryData"]}, _preload_content=False,
+                _request_timeout=TIMEOUT, _content_type=MERGE))
 
     def delete_plan(self, namespace: str, name: str) -> dict | None:
         """Delete one plan record; returns its last state (None: it was gone already)."""
@@ -195,16 +203,16 @@ class Api:
         patch = preemptions.record_patch(entries, expired)
         for _ in range(2):
             try:
-                self.core.patch_namespaced_config_map(name, namespace, patch, _preload_content=False,
-                                                      _request_timeout=TIMEOUT, _content_type=MERGE)
+                _release(self.core.patch_namespaced_config_map(name, namespace, patch, _preload_content=False,
+                                                               _request_timeout=TIMEOUT, _content_type=MERGE))
                 return
             except ApiException as exc:
                 if exc.status != 404:
                     raise
             try:
-                self.core.create_namespaced_config_map(
+                _release(self.core.create_namespaced_config_map(
                     namespace, preemptions.record_manifest(namespace, scheduler_name, entries),
-                    _preload_content=False, _request_timeout=TIMEOUT)
+                    _preload_content=False, _request_timeout=TIMEOUT))
                 return
             except ApiException as exc:
                 if exc.status != 409:  # created meanwhile: patch it
@@ -242,7 +250,7 @@ class Api:
             "count": 1,
         }
         try:
-            self.core.create_namespaced_event(ns, body, _preload_content=False, _request_timeout=TIMEOUT)
+            _release(self.core.create_namespaced_event(ns, body, _preload_content=False, _request_timeout=TIMEOUT))
         except ApiException as exc:  # events are best effort, as in every Kubernetes component
             log.info("event %s on %s/%s not recorded: %s", reason, ns, meta.get("name"), exc.status)
 

@@ -234,18 +234,14 @@ class Scheduler:
             self._preempt(world, units[plan.gang.name], plan, now)
         for f in futures:
             f.result()
-        for name, reason in result.waiting.items():
-            if not any(p.gang.name == name for p in result.preemptions):
-                self._wait(units[name], reason)
-        for unit, reason in world.incomplete:
-            self._wait(unit, reason)
-        for unit, error in world.invalid:
-            self._wait(unit, error)
+        preempting = {p.gang.name for p in result.preemptions}
+        waits = [(units[name], reason) for name, reason in result.waiting.items() if name not in preempting]
+        waits += list(world.incomplete) + list(world.invalid)
         for unit, problem in world.ignored_hints:
             self._warn_once(unit, "InvalidHint", problem)
         timed_out, bad = timeouts(world, result.waiting, now)
-        for unit, error in bad:
-            self._wait(unit, error)
+        last = {u.key: (u, r) for u, r in waits + list(bad)}  # one write per gang: a later reason wins, as before
+        self._in_parallel([lambda u=u, r=r: self._wait(u, r) for u, r in last.values()])
         self._sync_status(world, view, timed_out)
         self._publish(world, view, state, result, now)
         self.metrics.cycle_seconds.observe(time.perf_counter() - started)
@@ -258,6 +254,7 @@ class Scheduler:
             | frozenset(k for k, plan in world.plans.items() if plan.state == PLAN_NOMINATED)
         if not self.publisher.due(waiting) or not self.is_leader():
             return
+        started = time.perf_counter()
         nominated = nominated_gangs(world)
         units = {g.name: u for u, g in world.pending} | {g.name: u for u, g in nominated}
         tried = set(result.waiting) - {p.gang.name for p in result.preemptions}
@@ -274,7 +271,7 @@ class Scheduler:
             self.metrics.api_errors.labels("publish").inc()
             log.warning("queue not published: %s", getattr(exc, "status", None) or exc)
             return
-        self.publisher.done(waiting)
+        self.publisher.done(waiting, time.perf_counter() - started)
 
     def _learn_profile(self) -> None:
         """FGD-based policies score against the workload's typical pods: learnt from the pods seen
@@ -460,9 +457,8 @@ class Scheduler:
             grace = max((grace_seconds_of(view.pods[v]) or 30 for v in alive), default=0)
             if plan.state == PLAN_NOMINATED and alive and not nomination_lapsed(plan.at, now, grace,
                                                                                 self.settings.nomination_slack):
-                for v in alive:
-                    if not pod_is_terminating(view.pods[v]):  # a restart between plan and Eviction
-                        self._evict(v, view.pods[v], f"preempted for gang {unit.key}")
+                self._in_parallel([lambda v=v: self._evict(v, view.pods[v], f"preempted for gang {unit.key}")
+                                   for v in alive if not pod_is_terminating(view.pods[v])])  # a restart between plan and Eviction
                 self._wait(unit, f"preempting: waiting for {len(alive)} pod(s) of lower priority to stop "
                                  f"(checkpoint grace period up to {grace} s)")
                 continue
@@ -507,16 +503,19 @@ class Scheduler:
         self._record_preemptions(victim_pods, nomination, plan.gang.name, now)
         self.api.event(unit.owner, "Preempting", message)
         self._wait(unit, f"preempting: waiting for {len(victim_pods)} pod(s) {whom} to stop")
+        writes = []  # hundreds of victims at scale: their Events and Evictions go out in parallel
         for rg in plan.victims:
             reason = "reclaim" if rg.gang.team != plan.gang.team else "priority"
             self.metrics.preemptions.labels(rg.gang.team, rg.gang.tier, reason).inc()
             vunit = world.running_units.get(rg.gang.name)
             if vunit is not None and vunit.owner is not None:
                 why = "its team's quota is reclaimed" if reason == "reclaim" else f"priority {plan.gang.priority}"
-                self.api.event(vunit.owner, "Preempted", f"preempted by gang {plan.gang.name} ({why}); "
-                                                         f"each pod gets its grace period to checkpoint", "Warning")
-        for key, pod in victim_pods:
-            self._evict(key, pod, f"preempted by gang {plan.gang.name} (priority {plan.gang.priority})")
+                writes.append(lambda owner=vunit.owner, why=why: self.api.event(
+                    owner, "Preempted", f"preempted by gang {plan.gang.name} ({why}); each pod gets its grace "
+                                        f"period to checkpoint", "Warning"))
+        message = f"preempted by gang {plan.gang.name} (priority {plan.gang.priority})"
+        writes += [lambda key=key, pod=pod: self._evict(key, pod, message) for key, pod in victim_pods]
+        self._in_parallel(writes)
 
     def _record_preemptions(self, victim_pods: list[tuple[str, dict]], nomination: Plan, preemptor: str,
                             now: float) -> None:
@@ -618,6 +617,7 @@ class Scheduler:
         first write of phase TimedOut also records a ScheduleTimeout Event (once: after a restart
         the phase read back from the API is already TimedOut)."""
         timed_out = timed_out or {}
+        writes = []
         for key, unit in world.units.items():
             pg = unit.podgroup
             if pg is None:
@@ -629,8 +629,22 @@ class Scheduler:
             have = pg.get("status") or {}
             if all(have.get(k) == v for k, v in want.items()) or self._written.get(("status", key)) == want:
                 continue
-            if not self.is_leader():
-                return
+            writes.append(lambda key=key, pg=pg, want=want, have=have: self._write_status(key, pg, want, have, timed_out))
+        self._in_parallel(writes)
+
+    def _in_parallel(self, writes: list) -> None:
+        """A cycle's independent writes (wait reasons, PodGroup status: one per gang; a preemption's
+        Events and Evictions: one per victim) on the bind pool: with a hundred gangs arriving and
+        ending per second, or hundreds of victims, one after the other they made most of the cycle
+        (issue 31). Each write is a leaf (it waits on no other pool task), so sharing the pool with
+        the Bindings of the cycle's admitted gangs cannot deadlock."""
+        if len(writes) > 1:
+            list(self._pool.map(lambda write: write(), writes))
+        elif writes:
+            writes[0]()
+
+    def _write_status(self, key: str, pg: dict, want: dict, have: dict, timed_out: dict[str, str]) -> None:
+        if self.is_leader():
             try:
                 self.cache.observe_write("podgroups", self.api.patch_podgroup_status(key, want))
                 self._written[("status", key)] = want

@@ -27,6 +27,7 @@ from airflow_gpu.scheduler.state import PLAN_NOMINATED, World
 log = logging.getLogger(__name__)
 
 MIN_GAP = 1.0  # seconds between two writes, however often the waiting set changes
+COST_SHARE = 0.2  # publishing takes at most this share of the leader's time (its estimates cost, at scale)
 
 
 class Publisher:
@@ -39,16 +40,22 @@ class Publisher:
         self.clock = clock
         self._last: float | None = None
         self._waiting: frozenset[str] | None = None
+        self._cost = 0.0
 
     def due(self, waiting: frozenset[str]) -> bool:
+        """The interval passed, or the waiting set changed and MIN_GAP passed; and in both cases the
+        last publication's cost times (1 - COST_SHARE) / COST_SHARE: with a thousand waiting gangs a
+        document takes seconds (every gang's start estimate), and the cycles between must not wait
+        for one every second (issue 31)."""
         now = self.clock()
         if self._last is None:
             return True
-        since = now - self._last
+        since = now - self._last - self._cost * (1 - COST_SHARE) / COST_SHARE
         return since >= self.interval or (waiting != self._waiting and since >= min(MIN_GAP, self.interval))
 
-    def done(self, waiting: frozenset[str]) -> None:
-        self._last, self._waiting = self.clock(), waiting
+    def done(self, waiting: frozenset[str], cost: float = 0.0) -> None:
+        """`cost`: the seconds this publication took."""
+        self._last, self._waiting, self._cost = self.clock(), waiting, cost
 
 
 def document(world: World, state: CycleState, result: CycleResult, profile: Profile, profile_name: str,
