@@ -4,7 +4,9 @@ ReservationHold) and every waiting gang's estimated start as the scheduler publi
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -149,6 +151,83 @@ def estimate_start(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], p
     return None
 
 
+class RunLengths:
+    """How long gangs run, learned from the ones that left (finished, failed, preempted or
+    interrupted: whatever frees their GPUs), per team and tier: the run length of a gang without a
+    declared duration, for the estimated starts (estimate_starts). The scheduler feeds it the
+    running gangs of every cycle (observe); the replay the same runs as they end (record).
+
+    A running gang of age a is expected to run the median of the learned runs longer than a, minus
+    a (so a long runner is not expected to end at once); one older than every learned run, as long
+    again as it ran (the median remaining life of a heavy tail). The runs of its team and tier when
+    there are MIN_RUNS of them, else of its tier, else of all; fewer than MIN_RUNS in all: unknown.
+    The last KEEP runs of each team and tier are kept (the workload drifts)."""
+
+    KEEP = 256
+    MIN_RUNS = 5
+
+    def __init__(self) -> None:
+        self._sorted: dict[tuple[str | None, str | None], list[float]] = {}
+        self._order: dict[tuple[str | None, str | None], deque[float]] = {}
+        self._seen: dict[str, tuple[str, str, float]] = {}  # running at the last observe: name -> (team, tier, since)
+
+    def record(self, team: str, tier: str, seconds: float) -> None:
+        """A gang of `team` and `tier` ran `seconds`, then left."""
+        for key in ((team, tier), (None, tier), (None, None)):
+            runs, order = self._sorted.setdefault(key, []), self._order.setdefault(key, deque())
+            keep = self.KEEP if key[0] is not None else 4 * self.KEEP
+            if len(order) >= keep:
+                runs.pop(bisect.bisect_left(runs, order.popleft()))
+            order.append(seconds)
+            bisect.insort(runs, seconds)
+
+    def observe(self, running: Iterable[RunningGang], now: float) -> None:
+        """The gangs running now; those running at the last call and gone (or restarted) since ran
+        from their start until now."""
+        current = {r.gang.name: (r.gang.team, r.gang.tier, r.started_at) for r in running}
+        for name, (team, tier, since) in self._seen.items():
+            if current.get(name, (None, None, None))[2] != since:
+                self.record(team, tier, max(0.0, now - since))
+        self._seen = current
+
+    def _runs(self, team: str, tier: str) -> list[float] | None:
+        for key in ((team, tier), (None, tier), (None, None)):
+            runs = self._sorted.get(key)
+            if runs is not None and len(runs) >= self.MIN_RUNS:
+                return runs
+        return None
+
+    def remaining(self, team: str, tier: str, age: float) -> float | None:
+        """Seconds a gang that has run `age` seconds is expected to run on (None: not known)."""
+        runs = self._runs(team, tier)
+        if runs is None:
+            return None
+        i = bisect.bisect_right(runs, age)
+        if i == len(runs):
+            return age
+        return runs[i + (len(runs) - i) // 2] - age
+
+    def __len__(self) -> int:
+        return len(self._sorted.get((None, None), ()))
+
+
+def _duration(gang: Gang, run_lengths: RunLengths | None) -> float:
+    """A gang's expected run: declared, else learned (math.inf: unknown)."""
+    if gang.expected_duration is not None:
+        return gang.expected_duration
+    learned = run_lengths.remaining(gang.team, gang.tier, 0.0) if run_lengths is not None else None
+    return math.inf if learned is None else learned
+
+
+def _end_of(r: RunningGang, now: float, run_lengths: RunLengths | None) -> float:
+    """A running gang's expected end: declared, else learned from its age (math.inf: unknown)."""
+    end = r.expected_end
+    if end is not None:
+        return end
+    rest = run_lengths.remaining(r.gang.team, r.gang.tier, now - r.started_at) if run_lengths is not None else None
+    return math.inf if rest is None else now + rest
+
+
 ESTIMATE_LIMIT = 25  # estimated starts for the first N waiting gangs of the cluster's queue (cost bound)
 ESTIMATE_TRIES = 64  # full admissions tried per gang at most (cost bound; the room estimate skips most)
 # why a waiting gang has no estimated start, or what its estimate waits for
@@ -184,7 +263,8 @@ class _Ahead:
 
 def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleResult, profile: Profile,
                     now: float, limit: int = ESTIMATE_LIMIT,
-                    nominated: Mapping[str, Sequence[str]] | None = None) -> dict[str, StartEstimate]:
+                    nominated: Mapping[str, Sequence[str]] | None = None,
+                    run_lengths: RunLengths | None = None) -> dict[str, StartEstimate]:
     """When and where each of the first `limit` gangs of `waiting` (queue order, what the cycle of
     `result` left waiting) is expected to start, under the cycle's own profile, quota book and
     reservation (conservative backfilling: each estimate holds its placement on the what-if from its
@@ -196,6 +276,9 @@ def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRes
       expected end until core.gang.admit admits it, capacity AND quota (a quota-blocked gang gets
       the end of the gang of its team or cohort that frees its quota, not the time capacity frees).
       Releases that add no room for it and free no quota of its cohort are skipped (RoomEstimate).
+    A gang's run is its declared expected duration, else (with `run_lengths`) the run learned for
+    its team and tier given how long it has run (RunLengths); a head whose reservation waits on
+    work of unknown end is then estimated like the others, first.
     `state` is the cycle's state before the cycle (changed nothing)."""
     order = list(waiting)
     out: dict[str, StartEstimate] = {}
@@ -212,7 +295,8 @@ def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRes
         ends = [r for r in ends if id(r) not in gone]
         _hold_where_free(base, plan.gang.team, plan.placements)
         ends.append(RunningGang(plan.gang, tuple(plan.placements), now))
-    ends.sort(key=lambda r: (math.inf if r.expected_end is None else r.expected_end, r.started_at, r.gang.name))
+    ends = sorted(((_end_of(r, now, run_lengths), r) for r in ends),
+                  key=lambda e: (e[0], e[1].started_at, e[1].gang.name))
     ahead: list[_Ahead] = []
     nominated = dict(nominated or {})
     res = result.reservation
@@ -220,12 +304,16 @@ def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRes
     if head is not None and head in {g.name for g in order[:limit]}:
         # the scheduler keeps every other gang off the head's nodes, those ahead of it in the queue too
         # (a quota-blocked gang is never head): its reservation is held first
-        out[head] = StartEstimate(None if math.isinf(res.start) else res.start, tuple(sorted(res.nodes)),
-                                  NOTE_NO_END if math.isinf(res.start) else "")
-        if not math.isinf(res.start):
-            d = res.gang.expected_duration
-            ahead.append(_Ahead(res.gang.team, tuple(res.placements), res.start,
-                                math.inf if d is None else res.start + d))
+        start, placements = res.start, tuple(res.placements)
+        if math.isinf(start) and run_lengths is not None:
+            est, placements = _estimate_one(base, ends, ahead, res.gang, profile, now, run_lengths)
+            out[head] = est
+            start = math.inf if est.start is None else est.start
+        else:
+            out[head] = StartEstimate(None if math.isinf(start) else start, tuple(sorted(res.nodes)),
+                                      NOTE_NO_END if math.isinf(start) else "")
+        if not math.isinf(start):
+            ahead.append(_Ahead(res.gang.team, placements, start, start + _duration(res.gang, run_lengths)))
     for i, gang in enumerate(order):
         if i >= limit:
             out[gang.name] = StartEstimate(None, (), NOTE_NOT_ESTIMATED.format(limit=limit))
@@ -237,11 +325,10 @@ def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRes
             nodes = tuple(sorted({p.node for p in plan.placements})) if plan is not None else nominated[gang.name]
             out[gang.name] = StartEstimate(now, tuple(nodes), NOTE_PREEMPTING)
             continue
-        est, placements = _estimate_one(base, ends, ahead, gang, profile, now)
+        est, placements = _estimate_one(base, ends, ahead, gang, profile, now, run_lengths)
         out[gang.name] = est
         if est.start is not None:
-            d = gang.expected_duration
-            ahead.append(_Ahead(gang.team, tuple(placements), est.start, math.inf if d is None else est.start + d))
+            ahead.append(_Ahead(gang.team, tuple(placements), est.start, est.start + _duration(gang, run_lengths)))
     return out
 
 
@@ -262,22 +349,24 @@ def _hold_where_free(state: CycleState, team: str, placements: Iterable[Placemen
     return blocked
 
 
-def _estimate_one(base: CycleState, ends: Sequence[RunningGang], ahead: Sequence[_Ahead], gang: Gang,
-                  profile: Profile, now: float) -> tuple[StartEstimate, tuple[Placement, ...]]:
-    """estimate_starts for one gang that is neither head nor preempting."""
+def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], ahead: Sequence[_Ahead], gang: Gang,
+                  profile: Profile, now: float,
+                  run_lengths: RunLengths | None = None) -> tuple[StartEstimate, tuple[Placement, ...]]:
+    """estimate_starts for one gang that is neither head nor preempting. `ends`: (expected end,
+    running gang) by end (math.inf: unknown)."""
     work = base.capacity_view()
     tracker = RoomEstimate.for_gang(work.snap, gang, profile).tracker(work.snap)
     room = tracker.room
     cohort = _cohort_of(base, gang.team)
-    duration = math.inf if gang.expected_duration is None else gang.expected_duration
-    times = sorted({now} | {r.expected_end for r in ends if r.expected_end is not None and r.expected_end > now}
+    duration = _duration(gang, run_lengths)
+    times = sorted({now} | {end for end, _ in ends if now < end < math.inf}
                    | {a.end for a in ahead if now < a.end < math.inf})
     times.append(math.inf)  # every gang gone, the unknown ones too
     k, tries = 0, 0
     for t in times:
         worth = t == now
-        while k < len(ends) and (math.inf if ends[k].expected_end is None else ends[k].expected_end) <= t:
-            r = ends[k]
+        while k < len(ends) and ends[k][0] <= t:
+            r = ends[k][1]
             k += 1
             worth = tracker.release(r) or worth
             if work.usage is not None:

@@ -54,7 +54,7 @@ from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy
 from airflow_gpu.core.backoff import Backoff
-from airflow_gpu.core.estimate import ReservationHold
+from airflow_gpu.core.estimate import ReservationHold, RunLengths
 from airflow_gpu.core.queue import Queue
 from airflow_gpu.kube import preemptions, queue_status
 from airflow_gpu.kube.convert import (
@@ -148,6 +148,7 @@ class Scheduler:
         self._room = RoomWatch()
         self._preempted: dict[str, preemptions.Preempted] | None = None  # the record, as last written
         self.publisher = Publisher(self.settings.publish_interval)
+        self.run_lengths = RunLengths()  # how long gangs ran, for the published estimated starts
 
     @property
     def profile(self) -> Profile:
@@ -208,6 +209,7 @@ class Scheduler:
         self._was_leader = leader
         self.metrics.is_leader.set(1 if leader else 0)
         self.metrics.observe(world)
+        self.run_lengths.observe(world.running, now)  # a standby learns too: it may lead next
         if not leader:
             return world
         ignored: dict[str, dict[str, None]] = {}
@@ -260,7 +262,7 @@ class Scheduler:
                    for name, u in units.items() if name not in tried}
         doc = publish_document(world, state, result, self.profile, self.settings.policy, self.settings.scheduler_name,
                                self.cycles, now, self.settings.publish_interval, nominated,
-                               {k: v for k, v in reasons.items() if v}, self.ctx)
+                               {k: v for k, v in reasons.items() if v}, self.ctx, self.run_lengths)
         try:
             blob = queue_status.encode(doc)
             self.api.write_queue_status(queue_status.manifest(self.settings.state_namespace,

@@ -34,14 +34,16 @@ from airflow_gpu.core.policies import DEFAULT_POLICY, SPREAD_POLICY, make_profil
 from airflow_gpu.core.preemption import PreemptionPolicy
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.backoff import Backoff, NoPlanMemo, RefusedAsks
-from airflow_gpu.core.estimate import ReservationHold, StartMemo
+from airflow_gpu.core.estimate import ReservationHold, RunLengths, StartMemo
 from airflow_gpu.core.queue import QUEUE_KEY, Queue
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements
 from airflow_gpu.core.snapshot import Snapshot
+from airflow_gpu.sim.start_accuracy import REQUEUE, SUBMIT, Sample, StartRecorder
 from airflow_gpu.sim.workload import Job, mark_spot, whole_gpus
 
 FINISHED, PREEMPTED, INTERRUPTED, FAILED = "finished", "preempted", "interrupted", "failed"
 UNASSIGNED = "(unassigned)"  # the quota book's lender of the GPUs no team is guaranteed
+ESTIMATES = ("learned", "declared", "off")  # Setting.estimates
 NEVER = 1e15  # back-off of a gang that did not fit: until room appears (Queue.room_appeared)
 
 
@@ -120,6 +122,10 @@ class Setting:
     speeds: dict[str, float] = field(default_factory=dict)
     # gpu product -> rank in the platform's product order (QuotaBook.product_rank); {}: the author's
     product_rank: dict[str, int] = field(default_factory=dict)
+    # the estimated starts the scheduler would publish, recorded (sim/start_accuracy.py): "learned"
+    # with the run lengths learned from the gangs that left, as the scheduler's (core.estimate.RunLengths);
+    # "declared": declared durations only (the estimator before); "off": not recorded
+    estimates: str = "learned"
 
 
 @dataclass
@@ -163,6 +169,9 @@ class ReplayResult:
     util_curve: list[tuple[float, float, float, bool]]
     seconds: float = 0.0  # wall clock of the replay
     cpu_seconds: float = 0.0  # CPU time of the replay (its process's)
+    # the estimated starts the scheduler would have published, and the real starts (sim/start_accuracy.py);
+    # None: the platform publishes none (the naive FIFO)
+    start_samples: list[Sample] | None = None
 
 
 def _wall(work: float, speed: float) -> float:
@@ -241,6 +250,7 @@ class _Cycle:
         usage of `running`, kept up to date by the replay (what CycleState.build would count)."""
         state = CycleState(snap, self.quota, usage, running, snap.shape.node_product)
         result = self.queue.cycle(state, pending, now)
+        self.last = (state, result)  # what the scheduler publishes from (sim/start_accuracy.py)
         admitted = [(d.gang, d.placements, d.borrowed) for d in result.admitted]
         return admitted, result.preemptions
 
@@ -358,6 +368,11 @@ class Replay:
         self.usage = QuotaUsage() if self.quota is not None else None
         self.running: dict[str, tuple[RunningGang, float]] = {}  # unit -> (as the cycle sees it, valid until)
         self.fifo: _Fifo | None = None  # the naive platform's queue (built with the jobs' units)
+        if setting.estimates not in ESTIMATES:
+            raise ValueError(f"estimates: {setting.estimates!r}; choose from {', '.join(ESTIMATES)}")
+        record = platform.queue == "cycle" and setting.estimates != "off"
+        self.recorder = StartRecorder() if record else None
+        self.run_lengths = RunLengths() if record and setting.estimates == "learned" else None
 
     # --- events -----------------------------------------------------------------------------------
     def push(self, t: float, kind: str, what: object) -> None:
@@ -389,8 +404,10 @@ class Replay:
                 acc[1] += dt * min(self.team_alloc[team] + self.team_pending[team], guar)
         self.last_t = now
 
-    def _enqueue(self, st: JobState) -> None:
+    def _enqueue(self, st: JobState, kind: str = SUBMIT) -> None:
         for name, gang in st.units.items():
+            if self.recorder is not None:
+                self.recorder.enqueued(gang, kind)
             if name in self.pending:
                 self._dequeue(self.pending[name])
             self.pending[name] = gang
@@ -421,6 +438,8 @@ class Replay:
         if self.usage is not None:
             self.usage.add(gang.team, demand_of_placements(placements, self.node_product, self.quota))
         st.borrowed[gang.name] = borrowed
+        if self.recorder is not None:
+            self.recorder.started(gang.name, now)
         if st.attempt is None:
             st.attempts += 1
             st.attempt = Attempt(st.job, st.attempts)
@@ -441,8 +460,10 @@ class Replay:
         products: set[str] = set()
         for unit in st.units:
             if unit in self.placed:
-                _, placements, _ = self.placed.pop(unit)
+                _, placements, since = self.placed.pop(unit)
                 self.running.pop(unit, None)
+                if self.run_lengths is not None:
+                    self.run_lengths.record(st.job.team, st.job.tier, now - since)
                 for p in placements:
                     self.snap.forget(p.pod)
                     freed.add(self.snap.node_index(p.node))
@@ -477,7 +498,7 @@ class Replay:
         if outcome == FINISHED:
             st.finished_at = now
         else:
-            self._enqueue(st)
+            self._enqueue(st, REQUEUE)
         self._room_appeared(sorted(freed), products)
 
     def _room_appeared(self, nodes: list[int], quota_freed: Iterable[str] = ()) -> None:
@@ -558,7 +579,8 @@ class Replay:
                 self._release(st, end, FAILED)
         result = ReplayResult(self.platform, self.setting, self.attempts, self.states, self.nodes, self.quota,
                               horizon, end, self.preemptions, self.interruptions,
-                              {t: (a[0], a[1]) for t, a in self.guarantee.items()}, self.util_curve)
+                              {t: (a[0], a[1]) for t, a in self.guarantee.items()}, self.util_curve,
+                              start_samples=None if self.recorder is None else self.recorder.samples)
         result.seconds, result.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
         return result
 
@@ -577,7 +599,7 @@ class Replay:
             self._room_appeared([self.snap.node_index(what)])
 
     def _cycles(self, now: float) -> None:
-        for _ in range(4):  # victims stop at once and the preemptor binds its plan; then another cycle
+        for i in range(4):  # victims stop at once and the preemptor binds its plan; then another cycle
             if not self.pending:
                 break
             if self.fifo is not None:
@@ -585,6 +607,9 @@ class Replay:
             else:
                 admitted, plans = self.cycle.run(self.snap, list(self.queue), self._running(now),
                                                  self.usage, now)
+                if self.recorder is not None and (not plans or i == 3) and self.recorder.due(now):  # the instant's last cycle, before it binds
+                    state, result = self.cycle.last
+                    self.recorder.sample(state, self.queue, result, self.cycle.profile, now, self.run_lengths)
             for gang, placements, borrowed in admitted:
                 self._bind(gang, placements, borrowed, now)
             for job in sorted({v.gang.name.split("/")[0] for p in plans for v in p.victims}):
