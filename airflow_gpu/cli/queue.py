@@ -122,6 +122,8 @@ def print_queue(data: dict) -> None:
         w.add_column(col)
     for r in data["waiting"]:
         est = (r.get("estimate_note") or "") if r["estimated_start"] is None else f"in {max(0, r['estimated_start'] - now):.0f} s"
+        if r["estimated_start"] is not None and r.get("estimate_error") is not None:
+            est += f" ± {r['estimate_error']:.0f} s"
         task = f"{r['dag_id']}.{r['task_id']}" if r["dag_id"] else r["gang"]
         w.add_row(*map(Text, (str(r["cluster_position"]), str(r["position"]), task, r["team"], r["tier"],
                               str(r["gpus"]), str(r["waiting_seconds"]), r["reason"], est)))

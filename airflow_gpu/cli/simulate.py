@@ -73,6 +73,14 @@ def _register_replay(modes) -> None:
                     help="a reservation of unknown start holds its nodes at most S s in a row, then pauses S s "
                          "(core.estimate.ReservationHold); 0: unbounded (default: the config's "
                          "scheduling.reservation_hold_seconds, as the scheduler runs it)")
+    rp.add_argument("--estimates", default="learned", choices=("learned", "declared", "off"),
+                    help="record the estimated start the scheduler would publish for every waiting gang (at "
+                         "submission and hourly) against its real start (sim/start_accuracy.py): 'learned' (default) "
+                         "with the run lengths learned from the gangs that left, as the scheduler does; 'declared': "
+                         "declared durations only; 'off': not recorded (faster)")
+    rp.add_argument("--error-table", type=Path, metavar="FILE",
+                    help="write the full platform's per-tier estimate error (p90, seconds) as a quota-file "
+                         "`scheduling.estimate_error_seconds` snippet (YAML) for the queue page's intervals")
     rp.add_argument("--jobs", type=int, default=None, metavar="N",
                     help="replay the platforms in N processes (default: one per CPU; 1: one after another)")
     rp.add_argument("--json", action="store_true", help="print one JSON object")
@@ -131,7 +139,7 @@ def _replay(args) -> int:
 
     from dataclasses import replace as _with
 
-    setting = _with(setting, duration_estimate=args.duration_estimate)
+    setting = _with(setting, duration_estimate=args.duration_estimate, estimates=args.estimates)
     if args.reservation_hold is not None:
         setting = _with(setting, reservation_hold=args.reservation_hold)
     if sys.stderr.isatty():
@@ -144,7 +152,7 @@ def _replay(args) -> int:
     else:
         results = replay_platforms(setting, names, args.jobs)
     doc = {"trace": trace, "capacity": args.capacity, "seed": args.seed, "duration_estimate": args.duration_estimate,
-           "reservation_hold": setting.reservation_hold,
+           "reservation_hold": setting.reservation_hold, "estimates": args.estimates,
            "nodes": len(setting.nodes), "gpus": sum(n.gpu_count for n in setting.nodes), "jobs": len(setting.jobs),
            "platforms": {r.platform.name: summarize(r) for r in results}}
     if params is not None:
@@ -154,6 +162,12 @@ def _replay(args) -> int:
             write_events(r, args.events)
     if args.plots:
         plot(results, doc["platforms"], args.plots)
+    if args.error_table:
+        from airflow_gpu.sim.start_accuracy import error_table_yaml
+
+        full = doc["platforms"].get("full") or next(iter(doc["platforms"].values()))
+        args.error_table.parent.mkdir(parents=True, exist_ok=True)
+        args.error_table.write_text(error_table_yaml(full.get("estimated_start_error") or {}, doc))
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(markdown(doc))

@@ -208,6 +208,10 @@ class Scheduling(_Strict):
     # `listed` (the products' order in this file), `cheapest_per_work` (on-demand price per GPU-hour /
     # relative_speed, lowest first), `fastest` (relative_speed, highest first)
     product_order: Literal["author", "listed", "cheapest_per_work", "fastest"] = "author"
+    # tier -> how far off the published estimated start may be, in seconds: the p90 absolute error
+    # `airflow-gpu simulate replay --error-table FILE` measured on this cluster's history. The queue
+    # shows each estimate as an interval of +/- this; a tier not listed shows the estimate alone
+    estimate_error_seconds: dict[str, Annotated[float, Field(ge=0, le=365 * 86400, allow_inf_nan=False)]] = {}
 
 
 class QuotaConfig(_Strict):

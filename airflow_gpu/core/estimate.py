@@ -20,6 +20,7 @@ from airflow_gpu.core.gang import admit, place_gang
 from airflow_gpu.core.model import Gang, Placement, RunningGang
 from airflow_gpu.core.room import RoomEstimate
 from airflow_gpu.core.snapshot import OverCommitError, Snapshot
+from airflow_gpu.core.topology import members_per_node
 
 if TYPE_CHECKING:
     from airflow_gpu.core.queue import CycleResult
@@ -165,6 +166,7 @@ class RunLengths:
 
     KEEP = 256
     MIN_RUNS = 5
+    QUANTILE = 0.5
 
     def __init__(self) -> None:
         self._sorted: dict[tuple[str | None, str | None], list[float]] = {}
@@ -205,7 +207,7 @@ class RunLengths:
         i = bisect.bisect_right(runs, age)
         if i == len(runs):
             return age
-        return runs[i + (len(runs) - i) // 2] - age
+        return runs[i + int((len(runs) - i) * self.QUANTILE)] - age
 
     def __len__(self) -> int:
         return len(self._sorted.get((None, None), ()))
@@ -375,15 +377,21 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
         worth = worth or any(a.end == t for a in ahead)
         if not worth or not room.holds(tracker.fit):
             continue
-        tries += 1
-        if tries > ESTIMATE_TRIES:
-            return StartEstimate(None, (), NOTE_TOO_MANY_TRIES.format(tries=ESTIMATE_TRIES)), ()
         trial = work.capacity_view()
         kept_off: set[str] = set()
+        held = False
         for a in ahead:
             if a.overlaps(t, t + duration):
                 kept_off |= _hold_where_free(trial, a.team, a.placements)
+                held = True
         exclude = node_mask(trial.snap, kept_off) if kept_off else None
+        if held:  # the room the estimated gangs ahead leave (the tracker does not see them): often none
+            fit = members_per_node(trial.snap, gang, room.by_set)
+            if not room.holds(fit if exclude is None else np.where(exclude, 0, fit)):
+                continue
+        tries += 1
+        if tries > ESTIMATE_TRIES:
+            return StartEstimate(None, (), NOTE_TOO_MANY_TRIES.format(tries=ESTIMATE_TRIES)), ()
         decision = admit(trial.snap, gang, profile, trial.book, trial.usage, exclude, explain=False)
         if decision.admitted:
             nodes = tuple(sorted({p.node for p in decision.placements}))

@@ -149,6 +149,8 @@ class Scheduler:
         self._preempted: dict[str, preemptions.Preempted] | None = None  # the record, as last written
         self.publisher = Publisher(self.settings.publish_interval)
         self.run_lengths = RunLengths()  # how long gangs ran, for the published estimated starts
+        # tier -> the p90 error of the estimated start the replay measured (shown as an interval)
+        self.estimate_error = dict(quota_config.scheduling.estimate_error_seconds) if quota_config is not None else {}
 
     @property
     def profile(self) -> Profile:
@@ -262,7 +264,8 @@ class Scheduler:
                    for name, u in units.items() if name not in tried}
         doc = publish_document(world, state, result, self.profile, self.settings.policy, self.settings.scheduler_name,
                                self.cycles, now, self.settings.publish_interval, nominated,
-                               {k: v for k, v in reasons.items() if v}, self.ctx, self.run_lengths)
+                               {k: v for k, v in reasons.items() if v}, self.ctx, self.run_lengths,
+                               self.estimate_error)
         try:
             blob = queue_status.encode(doc)
             self.api.write_queue_status(queue_status.manifest(self.settings.state_namespace,

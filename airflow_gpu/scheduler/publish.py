@@ -54,13 +54,15 @@ class Publisher:
 def document(world: World, state: CycleState, result: CycleResult, profile: Profile, profile_name: str,
              scheduler_name: str, cycle: int, now: float, interval: float,
              nominated: list, reasons: dict[str, str], ctx: ConversionContext | None = None,
-             run_lengths: RunLengths | None = None) -> dict:
+             run_lengths: RunLengths | None = None, estimate_error: dict[str, float] | None = None) -> dict:
     """The published queue of one cycle. `state`: the cycle's state before schedule_cycle;
     `nominated`: [(unit, gang)] of held preemption plans still waiting for their victims; `reasons`:
     gang name -> the last wait reason written, for gangs the cycle did not try (back-off) or that
     preempt. `ctx`: the scheduler's conversion context, for the team (the namespace's) and tier (the
     PriorityClass's) of gangs not read yet: never their labels. `run_lengths`: the runs the scheduler
-    learned (core.estimate.RunLengths), for the estimated starts of gangs without a declared duration."""
+    learned (core.estimate.RunLengths), for the estimated starts of gangs without a declared duration;
+    `estimate_error`: tier -> seconds (config scheduling.estimate_error_seconds, measured by the replay):
+    an entry with an estimated start carries its tier's as `estimate_error` (None: not measured)."""
     ctx = ctx or ConversionContext()
     units = {g.name: u for u, g in world.pending} | {g.name: u for u, g in nominated}
     pending = [g for _, g in world.pending]
@@ -68,10 +70,12 @@ def document(world: World, state: CycleState, result: CycleResult, profile: Prof
                               nominated=[(g, sorted({p.node for p in world.plans[u.key].placements.values()}))
                                          for u, g in nominated], reasons=reasons, run_lengths=run_lengths)
     waiting = []
+    errors = estimate_error or {}
     for e in entries:
         unit = units[e.gang]
         waiting.append(e.as_dict() | {"namespace": unit.key.partition("/")[0],
-                                      "ti": Q.task_instance_of(unit.pods)})
+                                      "ti": Q.task_instance_of(unit.pods),
+                                      "estimate_error": errors.get(e.tier) if e.estimated_start is not None else None})
     incomplete = []
     for unit, reason in list(world.incomplete) + list(world.invalid):
         who = gang_identity(unit.key, unit.podgroup, unit.pods, ctx)

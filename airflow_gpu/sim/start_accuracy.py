@@ -32,7 +32,7 @@ SAMPLE_INTERVAL = 3600.0  # simulated seconds between two samples of the whole e
 WITHIN_SECONDS = 900.0  # "within 15 min"
 WITHIN_FRACTION = 0.25  # "within 25 % of the actual wait"
 SUBMIT, REQUEUE, HOURLY = "submit", "requeue", "hourly"
-ESTIMATE_COLUMNS = ("gang", "team", "tier", "observed_at", "kind", "estimated_start", "note", "started_at")
+ESTIMATE_COLUMNS = ("gang", "team", "tier", "observed_at", "kind", "position", "estimated_start", "note", "started_at")
 
 
 @dataclass
@@ -45,12 +45,13 @@ class Sample:
     tier: str
     observed_at: float
     kind: str
+    position: int  # in the cluster's queue, from 1 (as published)
     estimated_start: float | None
     note: str
     started_at: float | None = None
 
     def row(self) -> tuple:
-        return (self.gang, self.team, self.tier, f"{self.observed_at:.3f}", self.kind,
+        return (self.gang, self.team, self.tier, f"{self.observed_at:.3f}", self.kind, self.position,
                 "" if self.estimated_start is None else f"{self.estimated_start:.3f}", self.note,
                 "" if self.started_at is None else f"{self.started_at:.3f}")
 
@@ -101,7 +102,7 @@ class StartRecorder:
         for name, (gang, kind) in fresh.items():
             p = position(gang)
             if p >= self.limit:
-                late.append((gang, kind))
+                late.append((gang, kind, p))
             else:
                 need = max(need, p + 1)
         res = result.reservation
@@ -118,15 +119,15 @@ class StartRecorder:
         starts = estimate_starts(state, prefix, result, profile, now, self.limit,
                                  run_lengths=run_lengths) if prefix else {}
         t = round(now, 3)
-        for gang in prefix:
+        for i, gang in enumerate(prefix, start=1):
             kind = fresh[gang.name][1] if gang.name in fresh else HOURLY if hourly else None
             if kind is not None:
                 est = starts[gang.name]
-                self._add(Sample(gang.name, gang.team, gang.tier, t, kind,
+                self._add(Sample(gang.name, gang.team, gang.tier, t, kind, i,
                                  None if est.start is None else round(est.start, 3), est.note))
         note = NOTE_NOT_ESTIMATED.format(limit=self.limit)
-        for gang, kind in late:
-            self._add(Sample(gang.name, gang.team, gang.tier, t, kind, None, note))
+        for gang, kind, p in late:
+            self._add(Sample(gang.name, gang.team, gang.tier, t, kind, p + 1, None, note))
 
     def _add(self, s: Sample) -> None:
         self.samples.append(s)
@@ -167,3 +168,15 @@ def write_estimates(samples: Sequence[Sample], path: Path) -> Path:
         w.writerow(ESTIMATE_COLUMNS)
         w.writerows(s.row() for s in samples)
     return path
+
+
+def error_table_yaml(table: dict[str, dict], doc: dict) -> str:
+    """A quota-file `scheduling.estimate_error_seconds` snippet from one platform's error table (the
+    p90 absolute error per tier, whole seconds): the scheduler then publishes each estimated start
+    with it and the queue page shows the interval. Tiers without a measured error are left out."""
+    lines = [f"# p90 absolute error of the estimated start, measured by `airflow-gpu simulate replay` on "
+             f"{doc.get('trace')} (capacity {doc.get('capacity')}, seed {doc.get('seed')}, {doc.get('jobs')} jobs)",
+             "scheduling:", "  estimate_error_seconds:"]
+    rows = [(tier, e["p90_s"]) for tier, e in sorted(table.items()) if e.get("p90_s") is not None]
+    lines += [f"    {tier}: {round(p90)}" for tier, p90 in rows] or ["    {}"]
+    return "\n".join(lines) + "\n"
