@@ -14,7 +14,7 @@ from collections import defaultdict
 from fixtures.core_gang import cluster, gang, profile, start, state_of
 from test_sim_replay import ROOT
 
-from airflow_gpu.core.estimate import NOTE_NO_END, RunLengths, estimate_starts
+from airflow_gpu.core.estimate import NOTE_NO_END, RunLengths, StartCalibration, estimate_starts
 from airflow_gpu.core.model import RunningGang
 from airflow_gpu.core.queue import schedule_cycle
 from airflow_gpu.core.preemption import PreemptionPolicy
@@ -158,3 +158,21 @@ def test_the_publication_carries_the_measured_error_and_the_page_shows_it():
            "cluster": queue.EMPTY_CLUSTER}
     rows = queue.build(queue.Inputs([], [], pub), now=1.7e9)["waiting"]
     assert [r["estimate_error"] for r in rows] == [1800.0, None]
+
+
+def test_calibration_stretches_an_estimate_by_the_median_ratio_of_its_tier_and_band():
+    cal = StartCalibration()
+    for i in range(5):
+        g = gang(f"g{i}", 1, 1)
+        cal.first_seen(g, 1000 + 7200, 1000)  # predicted: in 2 h
+        cal.first_seen(g, 1000 + 60, 1500)  # only the first estimate counts
+        cal.started(g.name, 1000 + 3 * 7200 + i)  # started about 3 times as late
+    tier = g.tier
+    assert abs(cal.adjust(tier, NOW + 7200, NOW) - (NOW + 3 * 7200 + 2 * 7200 / 7200)) < 1e-6  # the median ratio
+    assert cal.adjust(tier, NOW + 100, NOW) == NOW + 100  # too close to stretch
+    assert cal.adjust(tier, NOW + 20 * 3600, NOW) > NOW + 2.9 * 20 * 3600  # a band not learned: the tier's
+    assert cal.adjust("other-tier", NOW + 7200, NOW) == NOW + 7200  # nothing learned for it
+    cal.first_seen(gang("gone", 1, 1), NOW + 7200, NOW)
+    cal.forget([])  # deleted before it started: not learned from
+    cal.started("gone", NOW + 10 * 7200)
+    assert abs(cal.adjust(tier, NOW + 7200, NOW) - (NOW + 3 * 7200 + 2)) < 1e-6

@@ -73,11 +73,12 @@ def _register_replay(modes) -> None:
                     help="a reservation of unknown start holds its nodes at most S s in a row, then pauses S s "
                          "(core.estimate.ReservationHold); 0: unbounded (default: the config's "
                          "scheduling.reservation_hold_seconds, as the scheduler runs it)")
-    rp.add_argument("--estimates", default="learned", choices=("learned", "declared", "off"),
+    rp.add_argument("--estimates", default="learned", choices=("learned", "runs", "declared", "off"),
                     help="record the estimated start the scheduler would publish for every waiting gang (at "
                          "submission and hourly) against its real start (sim/start_accuracy.py): 'learned' (default) "
-                         "with the run lengths learned from the gangs that left, as the scheduler does; 'declared': "
-                         "declared durations only; 'off': not recorded (faster)")
+                         "as the scheduler: run lengths learned from the gangs that left and the stretch learned "
+                         "from earlier estimates; 'runs': run lengths only; 'declared': declared durations only; "
+                         "'off': not recorded (faster)")
     rp.add_argument("--error-table", type=Path, metavar="FILE",
                     help="write the full platform's per-tier estimate error (p90, seconds) as a quota-file "
                          "`scheduling.estimate_error_seconds` snippet (YAML) for the queue page's intervals")

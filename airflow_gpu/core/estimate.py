@@ -8,7 +8,7 @@ import bisect
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -213,6 +213,64 @@ class RunLengths:
         return len(self._sorted.get((None, None), ()))
 
 
+class StartCalibration:
+    """How much later than first estimated gangs of a tier really started, learned online: the
+    conservative estimate counts the work running and waiting now, not the work of higher priority
+    that arrives while the gang waits and goes ahead of it, so a long predicted wait is too short by
+    a factor that grows with the load of the tiers above. For each gang its first raw estimate
+    (first_seen) is compared with its real start (started): the ratio real wait / predicted wait,
+    per tier and band of the predicted wait (BANDS); an estimate of that tier and band is then
+    stretched by the median ratio (RunLengths' fallbacks: the tier's when its band has fewer than
+    MIN_RUNS, none with fewer in all). Waits predicted shorter than BANDS[0] are not learned nor
+    stretched (a start that close is what the running work decides)."""
+
+    BANDS = (300.0, 3600.0, 4 * 3600.0, 16 * 3600.0)  # predicted wait bands (lower bounds, seconds)
+    KEEP = 256
+    MIN_RUNS = 5
+
+    def __init__(self) -> None:
+        self._first: dict[str, tuple[str, float, float]] = {}  # gang -> (tier, at, predicted wait)
+        self._ratios: dict[tuple[str, int | None], deque[float]] = {}
+
+    def _band(self, wait: float) -> int | None:
+        return None if wait < self.BANDS[0] else bisect.bisect_right(self.BANDS, wait) - 1
+
+    def first_seen(self, gang: Gang, start: float | None, now: float) -> None:
+        """A waiting gang's raw estimate (None: unknown) at `now`; only the first known one counts."""
+        if start is not None and gang.name not in self._first:
+            self._first[gang.name] = (gang.tier, now, start - now)
+
+    def started(self, name: str, now: float) -> None:
+        hit = self._first.pop(name, None)
+        if hit is None:
+            return
+        tier, at, predicted = hit
+        band = self._band(predicted)
+        if band is None:
+            return
+        ratio = (now - at) / predicted
+        for key in ((tier, band), (tier, None)):
+            ratios = self._ratios.setdefault(key, deque(maxlen=self.KEEP))
+            ratios.append(ratio)
+
+    def forget(self, keep: Iterable[str]) -> None:
+        """Drop the first estimates of gangs no longer waiting nor known (deleted before they started)."""
+        keep = set(keep)
+        for name in [n for n in self._first if n not in keep]:
+            del self._first[name]
+
+    def adjust(self, tier: str, start: float, now: float) -> float:
+        wait = start - now
+        band = self._band(wait)
+        if band is None:
+            return start
+        for key in ((tier, band), (tier, None)):
+            ratios = self._ratios.get(key)
+            if ratios is not None and len(ratios) >= self.MIN_RUNS:
+                return now + wait * float(np.median(ratios))
+        return start
+
+
 def _duration(gang: Gang, run_lengths: RunLengths | None) -> float:
     """A gang's expected run: declared, else learned (math.inf: unknown)."""
     if gang.expected_duration is not None:
@@ -266,7 +324,8 @@ class _Ahead:
 def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleResult, profile: Profile,
                     now: float, limit: int = ESTIMATE_LIMIT,
                     nominated: Mapping[str, Sequence[str]] | None = None,
-                    run_lengths: RunLengths | None = None) -> dict[str, StartEstimate]:
+                    run_lengths: RunLengths | None = None,
+                    calibration: StartCalibration | None = None) -> dict[str, StartEstimate]:
     """When and where each of the first `limit` gangs of `waiting` (queue order, what the cycle of
     `result` left waiting) is expected to start, under the cycle's own profile, quota book and
     reservation (conservative backfilling: each estimate holds its placement on the what-if from its
@@ -280,8 +339,24 @@ def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRes
       Releases that add no room for it and free no quota of its cohort are skipped (RoomEstimate).
     A gang's run is its declared expected duration, else (with `run_lengths`) the run learned for
     its team and tier given how long it has run (RunLengths); a head whose reservation waits on
-    work of unknown end is then estimated like the others, first.
+    work of unknown end is then estimated like the others, first. With `calibration`, each gang's
+    first raw estimate is recorded and the estimates returned are stretched (StartCalibration); the
+    gangs ahead are held at their raw estimates.
     `state` is the cycle's state before the cycle (changed nothing)."""
+    out = _estimate_starts(state, waiting, result, profile, now, limit, nominated, run_lengths)
+    if calibration is None:
+        return out
+    by_name = {g.name: g for g in waiting}
+    for name, est in out.items():
+        calibration.first_seen(by_name[name], est.start, now)
+        if est.start is not None and est.start > now:
+            out[name] = replace(est, start=calibration.adjust(by_name[name].tier, est.start, now))
+    return out
+
+
+def _estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleResult, profile: Profile,
+                     now: float, limit: int, nominated: Mapping[str, Sequence[str]] | None,
+                     run_lengths: RunLengths | None) -> dict[str, StartEstimate]:
     order = list(waiting)
     out: dict[str, StartEstimate] = {}
     base = state.capacity_view()
@@ -377,13 +452,12 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
         worth = worth or any(a.end == t for a in ahead)
         if not worth or not room.holds(tracker.fit):
             continue
-        trial = work.capacity_view()
+        overlapping = [a for a in ahead if a.overlaps(t, t + duration)]
+        trial = work.capacity_view() if overlapping else work  # admit changes neither snap nor usage
         kept_off: set[str] = set()
-        held = False
-        for a in ahead:
-            if a.overlaps(t, t + duration):
-                kept_off |= _hold_where_free(trial, a.team, a.placements)
-                held = True
+        held = bool(overlapping)
+        for a in overlapping:
+            kept_off |= _hold_where_free(trial, a.team, a.placements)
         exclude = node_mask(trial.snap, kept_off) if kept_off else None
         if held:  # the room the estimated gangs ahead leave (the tracker does not see them): often none
             fit = members_per_node(trial.snap, gang, room.by_set)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from airflow_gpu import constants as C
 from airflow_gpu.core.cycle import CycleState
-from airflow_gpu.core.estimate import RunLengths
+from airflow_gpu.core.estimate import RunLengths, StartCalibration
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.queue import CycleResult
 from airflow_gpu.core.visibility import cluster_picture, gpus_of, waiting_entries
@@ -54,13 +54,15 @@ class Publisher:
 def document(world: World, state: CycleState, result: CycleResult, profile: Profile, profile_name: str,
              scheduler_name: str, cycle: int, now: float, interval: float,
              nominated: list, reasons: dict[str, str], ctx: ConversionContext | None = None,
-             run_lengths: RunLengths | None = None, estimate_error: dict[str, float] | None = None) -> dict:
+             run_lengths: RunLengths | None = None, estimate_error: dict[str, float] | None = None,
+             calibration: StartCalibration | None = None) -> dict:
     """The published queue of one cycle. `state`: the cycle's state before schedule_cycle;
     `nominated`: [(unit, gang)] of held preemption plans still waiting for their victims; `reasons`:
     gang name -> the last wait reason written, for gangs the cycle did not try (back-off) or that
     preempt. `ctx`: the scheduler's conversion context, for the team (the namespace's) and tier (the
     PriorityClass's) of gangs not read yet: never their labels. `run_lengths`: the runs the scheduler
     learned (core.estimate.RunLengths), for the estimated starts of gangs without a declared duration;
+    `calibration`: the stretch learned from earlier estimates and real starts (StartCalibration);
     `estimate_error`: tier -> seconds (config scheduling.estimate_error_seconds, measured by the replay):
     an entry with an estimated start carries its tier's as `estimate_error` (None: not measured)."""
     ctx = ctx or ConversionContext()
@@ -68,7 +70,8 @@ def document(world: World, state: CycleState, result: CycleResult, profile: Prof
     pending = [g for _, g in world.pending]
     entries = waiting_entries(state, pending, result, profile, now,
                               nominated=[(g, sorted({p.node for p in world.plans[u.key].placements.values()}))
-                                         for u, g in nominated], reasons=reasons, run_lengths=run_lengths)
+                                         for u, g in nominated], reasons=reasons, run_lengths=run_lengths,
+                               calibration=calibration)
     waiting = []
     errors = estimate_error or {}
     for e in entries:

@@ -34,7 +34,7 @@ from airflow_gpu.core.policies import DEFAULT_POLICY, SPREAD_POLICY, make_profil
 from airflow_gpu.core.preemption import PreemptionPolicy
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.backoff import Backoff, NoPlanMemo, RefusedAsks
-from airflow_gpu.core.estimate import ReservationHold, RunLengths, StartMemo
+from airflow_gpu.core.estimate import ReservationHold, RunLengths, StartCalibration, StartMemo
 from airflow_gpu.core.queue import QUEUE_KEY, Queue
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements
 from airflow_gpu.core.snapshot import Snapshot
@@ -43,7 +43,7 @@ from airflow_gpu.sim.workload import Job, mark_spot, whole_gpus
 
 FINISHED, PREEMPTED, INTERRUPTED, FAILED = "finished", "preempted", "interrupted", "failed"
 UNASSIGNED = "(unassigned)"  # the quota book's lender of the GPUs no team is guaranteed
-ESTIMATES = ("learned", "declared", "off")  # Setting.estimates
+ESTIMATES = ("learned", "runs", "declared", "off")  # Setting.estimates
 NEVER = 1e15  # back-off of a gang that did not fit: until room appears (Queue.room_appeared)
 
 
@@ -123,8 +123,9 @@ class Setting:
     # gpu product -> rank in the platform's product order (QuotaBook.product_rank); {}: the author's
     product_rank: dict[str, int] = field(default_factory=dict)
     # the estimated starts the scheduler would publish, recorded (sim/start_accuracy.py): "learned"
-    # with the run lengths learned from the gangs that left, as the scheduler's (core.estimate.RunLengths);
-    # "declared": declared durations only (the estimator before); "off": not recorded
+    # as the scheduler's: run lengths learned from the gangs that left (core.estimate.RunLengths) and
+    # the stretch learned from earlier estimates and starts (StartCalibration); "runs": run lengths
+    # only; "declared": declared durations only (the estimator before both); "off": not recorded
     estimates: str = "learned"
 
 
@@ -372,7 +373,8 @@ class Replay:
             raise ValueError(f"estimates: {setting.estimates!r}; choose from {', '.join(ESTIMATES)}")
         record = platform.queue == "cycle" and setting.estimates != "off"
         self.recorder = StartRecorder() if record else None
-        self.run_lengths = RunLengths() if record and setting.estimates == "learned" else None
+        self.run_lengths = RunLengths() if record and setting.estimates in ("learned", "runs") else None
+        self.calibration = StartCalibration() if record and setting.estimates == "learned" else None
 
     # --- events -----------------------------------------------------------------------------------
     def push(self, t: float, kind: str, what: object) -> None:
@@ -440,6 +442,8 @@ class Replay:
         st.borrowed[gang.name] = borrowed
         if self.recorder is not None:
             self.recorder.started(gang.name, now)
+        if self.calibration is not None:
+            self.calibration.started(gang.name, now)
         if st.attempt is None:
             st.attempts += 1
             st.attempt = Attempt(st.job, st.attempts)
@@ -609,7 +613,8 @@ class Replay:
                                                  self.usage, now)
                 if self.recorder is not None and (not plans or i == 3) and self.recorder.due(now):  # the instant's last cycle, before it binds
                     state, result = self.cycle.last
-                    self.recorder.sample(state, self.queue, result, self.cycle.profile, now, self.run_lengths)
+                    self.recorder.sample(state, self.queue, result, self.cycle.profile, now, self.run_lengths,
+                                         self.calibration)
             for gang, placements, borrowed in admitted:
                 self._bind(gang, placements, borrowed, now)
             for job in sorted({v.gang.name.split("/")[0] for p in plans for v in p.victims}):

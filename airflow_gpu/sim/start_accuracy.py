@@ -80,7 +80,7 @@ class StartRecorder:
         return bool(self._fresh) or now >= self._next
 
     def sample(self, state: CycleState, queue: Sequence[Gang], result: CycleResult, profile: Profile,
-               now: float, run_lengths=None) -> None:
+               now: float, run_lengths=None, calibration=None) -> None:
         """Record what the scheduler would publish after the cycle of `result` (`state`: before it;
         `queue`: the pending gangs in queue order, as the cycle got them). Only the prefix of the
         queue the recorded gangs depend on is estimated (each estimate depends on the gangs ahead of
@@ -117,7 +117,7 @@ class StartRecorder:
             if g.name not in admitted_names:
                 prefix.append(g)
         starts = estimate_starts(state, prefix, result, profile, now, self.limit,
-                                 run_lengths=run_lengths) if prefix else {}
+                                 run_lengths=run_lengths, calibration=calibration) if prefix else {}
         t = round(now, 3)
         for i, gang in enumerate(prefix, start=1):
             kind = fresh[gang.name][1] if gang.name in fresh else HOURLY if hourly else None
