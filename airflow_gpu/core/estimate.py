@@ -409,9 +409,11 @@ def _estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRe
     return out
 
 
-def _hold_where_free(state: CycleState, team: str, placements: Iterable[Placement]) -> set[str]:
+def _hold_where_free(state: CycleState, team: str, placements: Iterable[Placement],
+                     assumed: list[str] | None = None) -> set[str]:
     """Hold what fits of `placements` on `state` (quota counted whole); the nodes where a placement
-    does not fit (still taken at that time) are returned, to be kept off instead."""
+    does not fit (still taken at that time) are returned, to be kept off instead. `assumed`: the pods
+    held are appended to it."""
     blocked = set()
     placements = tuple(placements)
     for p in placements:
@@ -419,11 +421,85 @@ def _hold_where_free(state: CycleState, team: str, placements: Iterable[Placemen
             continue
         try:
             state.snap.assume(p)
+            if assumed is not None:
+                assumed.append(p.pod)
         except OverCommitError:
             blocked.add(p.node)
     if state.usage is not None:
         state.usage.add(team, state.demand(placements))
     return blocked
+
+
+class _Held:
+    """`work` (a what-if being released) with the estimated gangs ahead that overlap a tried time held
+    on a copy (_hold_where_free), kept from one tried time to the next: releases are mirrored, the
+    holds of gangs that stopped overlapping dropped, those of gangs that started overlapping added,
+    and the placements that did not fit (their nodes kept off) tried again, in queue order. Holding
+    them afresh on a new copy at every tried time cost most of an estimate on a deep queue."""
+
+    def __init__(self, work: CycleState):
+        self.work = work
+        self.trial: CycleState | None = None
+        # id(ahead) -> (ahead, pods held for it, its placements that did not fit), in queue order
+        self.held: dict[int, tuple[_Ahead, list[str], list[Placement]]] = {}
+        self.changed = False
+        self.freed: set[str] = set()  # nodes with room freed since the last holding (retry only there)
+
+    @property
+    def kept_off(self) -> set[str]:
+        return {p.node for _, _, failed in self.held.values() for p in failed}
+
+    def released(self, r: RunningGang, demand) -> None:
+        """`r` was released on `work`: the same on the copy."""
+        if self.trial is None:
+            return
+        snap = self.trial.snap
+        for p in r.placements:
+            if p.pod in snap.placements:
+                snap.forget(p.pod)
+                self.freed.add(p.node)
+        if demand is not None and self.trial.usage is not None:
+            self.trial.usage.remove(r.gang.team, demand)
+        self.changed = True
+
+    def holding(self, overlapping: Sequence[_Ahead]) -> CycleState:
+        if self.trial is None:
+            self.trial = self.work.capacity_view()
+        want = [id(a) for a in overlapping]
+        if not self.changed and list(self.held) == want:
+            return self.trial
+        trial, wanted = self.trial, set(want)
+        for key in [key for key in self.held if key not in wanted]:  # its hold ended
+            a, pods, _ = self.held.pop(key)
+            for pod in pods:
+                self.freed.add(trial.snap.placements[pod].node)
+                trial.snap.forget(pod)
+            if trial.usage is not None:
+                trial.usage.remove(a.team, trial.demand(a.placements))
+        for a in overlapping:
+            entry = self.held.get(id(a))
+            if entry is None:
+                pods: list[str] = []
+                _hold_where_free(trial, a.team, a.placements, pods)
+                held = set(pods)
+                self.held[id(a)] = (a, pods, [p for p in a.placements if p.pod not in held
+                                              and p.pod not in trial.snap.placements])
+            elif entry[2] and self.freed:  # what did not fit may now, where room was freed
+                still = []
+                for p in entry[2]:
+                    if p.node not in self.freed:
+                        still.append(p)
+                        continue
+                    try:
+                        trial.snap.assume(p)
+                        entry[1].append(p.pod)
+                    except OverCommitError:
+                        still.append(p)
+                entry[2][:] = still
+        self.held = {key: self.held[key] for key in want}
+        self.changed = False
+        self.freed.clear()
+        return trial
 
 
 def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], ahead: Sequence[_Ahead], gang: Gang,
@@ -440,26 +516,26 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
                    | {a.end for a in ahead if now < a.end < math.inf})
     times.append(math.inf)  # every gang gone, the unknown ones too
     k, tries = 0, 0
+    held = _Held(work)
     for t in times:
         worth = t == now
         while k < len(ends) and ends[k][0] <= t:
             r = ends[k][1]
             k += 1
             worth = tracker.release(r) or worth
-            if work.usage is not None:
-                work.usage.remove(r.gang.team, work.demand(r.placements))
+            demand = work.demand(r.placements) if work.usage is not None else None
+            if demand is not None:
+                work.usage.remove(r.gang.team, demand)
                 worth = worth or _cohort_of(base, r.gang.team) == cohort
+            held.released(r, demand)
         worth = worth or any(a.end == t for a in ahead)
         if not worth or not room.holds(tracker.fit):
             continue
         overlapping = [a for a in ahead if a.overlaps(t, t + duration)]
-        trial = work.capacity_view() if overlapping else work  # admit changes neither snap nor usage
-        kept_off: set[str] = set()
-        held = bool(overlapping)
-        for a in overlapping:
-            kept_off |= _hold_where_free(trial, a.team, a.placements)
+        trial = held.holding(overlapping) if overlapping else work  # admit changes neither snap nor usage
+        kept_off = held.kept_off if overlapping else set()
         exclude = node_mask(trial.snap, kept_off) if kept_off else None
-        if held:  # the room the estimated gangs ahead leave (the tracker does not see them): often none
+        if overlapping:  # the room the estimated gangs ahead leave (the tracker does not see them): often none
             fit = members_per_node(trial.snap, gang, room.by_set)
             if not room.holds(fit if exclude is None else np.where(exclude, 0, fit)):
                 continue
