@@ -4,6 +4,7 @@ in all). Per platform: wall clock, CPU time (time.process_time) and a hash of th
 printed because wall clock on a shared machine is inflated by other work.
 
     python -m bench replay [--capacity 0.005] [--seed 42] [--platforms naive,full] [--profile FILE]
+                           [--estimates learned|runs|declared|off]  (the recording of estimated starts; off: its cost out)
 """
 
 from __future__ import annotations
@@ -39,11 +40,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--traces", type=Path, default=TRACES)
     ap.add_argument("--profile", type=Path, help="cProfile each platform to FILE.<platform> (runs them one by one)")
     ap.add_argument("--jobs", type=int, default=None, help="platforms in parallel processes (default: one per CPU)")
+    ap.add_argument("--estimates", default="learned", choices=("learned", "runs", "declared", "off"),
+                    help="record the estimated starts as `simulate replay` does (default learned; off: not recorded)")
     args = ap.parse_args(sys.argv[2:] if argv is None and len(sys.argv) > 1 and sys.argv[1] == "replay" else argv or [])
     setting = openb_setting(args.traces / "openb_node_list_gpu_node.csv", args.traces / "openb_pod_list_default.csv",
                             args.capacity, args.seed)
+    from dataclasses import replace
+
+    setting = replace(setting, estimates=args.estimates)
     print(f"openb default, capacity {args.capacity}, seed {args.seed}: {sum(n.gpu_count for n in setting.nodes)} GPUs, "
-          f"{len(setting.jobs)} jobs; load average {os.getloadavg()[0]:.2f}", flush=True)
+          f"{len(setting.jobs)} jobs, estimates {args.estimates}; load average {os.getloadavg()[0]:.2f}", flush=True)
     names = args.platforms.split(",")
     jobs = 1 if args.profile else (args.jobs or os.cpu_count() or 1)
     w0, c0 = time.perf_counter(), _cpu_with_children()

@@ -136,6 +136,10 @@ BAD_CASES = {
     "priority out of range": (_set("tiers.0.priority", 2_000_000_000), "tiers[0].priority", "<= 1000000000"),
     "negative reservation hold": (_set("scheduling.reservation_hold_seconds", -5), "scheduling.reservation_hold_seconds", ">= 0"),
     "unknown scheduling key": (_set("scheduling.hold", 60), "scheduling.hold", "allowed keys: reservation_hold_seconds"),
+    "estimate error of an unknown tier": (_set("scheduling.estimate_error_seconds", {"gold": 600}),
+                                          "scheduling.estimate_error_seconds.gold", "defined tiers: "),
+    "negative estimate error": (_set("scheduling.estimate_error_seconds", {"inference": -1}),
+                                "scheduling.estimate_error_seconds.inference", ">= 0"),
     "MIG profile bigger than the GPU": (_set("products.0.mig_profiles.5", {"name": "7g.96gb"}), "products[0].mig_profiles[5].memory_gb", "exceeds the product's memory"),
 }
 

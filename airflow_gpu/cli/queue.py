@@ -122,6 +122,8 @@ def print_queue(data: dict) -> None:
         w.add_column(col)
     for r in data["waiting"]:
         est = (r.get("estimate_note") or "") if r["estimated_start"] is None else f"in {max(0, r['estimated_start'] - now):.0f} s"
+        if r["estimated_start"] is not None and r.get("estimate_error") is not None:
+            est += f" ± {r['estimate_error']:.0f} s"
         if r.get("expected_products"):  # the product of the nodes the scheduler expects it to start on
             est += f" on {', '.join(r['expected_products'])}"
         task = f"{r['dag_id']}.{r['task_id']}" if r["dag_id"] else r["gang"]

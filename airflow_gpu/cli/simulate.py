@@ -90,6 +90,15 @@ def _register_replay(modes) -> None:
     rp.add_argument("--min-runtime", default=None, metavar="TIER=S[,TIER=S]",
                     help="minimum runtime before preemption per tier, replacing the config's tiers' "
                          "min_runtime_seconds ('' or 'none': none)")
+    rp.add_argument("--estimates", default="learned", choices=("learned", "runs", "declared", "off"),
+                    help="record the estimated start the scheduler would publish for every waiting gang (at "
+                         "submission and hourly) against its real start (sim/start_accuracy.py): 'learned' (default) "
+                         "as the scheduler: run lengths learned from the gangs that left and the stretch learned "
+                         "from earlier estimates; 'runs': run lengths only; 'declared': declared durations only; "
+                         "'off': not recorded (faster)")
+    rp.add_argument("--error-table", type=Path, metavar="FILE",
+                    help="write the full platform's per-tier estimate error (p90, seconds) as a quota-file "
+                         "`scheduling.estimate_error_seconds` snippet (YAML) for the queue page's intervals")
     rp.add_argument("--jobs", type=int, default=None, metavar="N",
                     help="replay the platforms in N processes (default: one per CPU; 1: one after another)")
     rp.add_argument("--json", action="store_true", help="print one JSON object")
@@ -168,7 +177,7 @@ def _replay(args) -> int:
 
     from dataclasses import replace as _with
 
-    setting = _with(setting, duration_estimate=args.duration_estimate)
+    setting = _with(setting, duration_estimate=args.duration_estimate, estimates=args.estimates)
     if args.reservation_hold is not None:
         setting = _with(setting, reservation_hold=args.reservation_hold)
     from airflow_gpu.sim.settings import with_restart_cost
@@ -184,7 +193,7 @@ def _replay(args) -> int:
     else:
         results = replay_platforms(setting, names, args.jobs)
     doc = {"trace": trace, "capacity": args.capacity, "seed": args.seed, "duration_estimate": args.duration_estimate,
-           "reservation_hold": setting.reservation_hold,
+           "reservation_hold": setting.reservation_hold, "estimates": args.estimates,
            "restart_overhead": {t: tier.restart_overhead_seconds for t, tier in setting.tiers.items()},
            "min_runtime": dict(setting.preemption_policy.min_runtime),
            "nodes": len(setting.nodes), "gpus": sum(n.gpu_count for n in setting.nodes), "jobs": len(setting.jobs),
@@ -198,6 +207,12 @@ def _replay(args) -> int:
             write_events(r, args.events)
     if args.plots:
         plot(results, doc["platforms"], args.plots)
+    if args.error_table:
+        from airflow_gpu.sim.start_accuracy import error_table_yaml
+
+        full = doc["platforms"].get("full") or next(iter(doc["platforms"].values()))
+        args.error_table.parent.mkdir(parents=True, exist_ok=True)
+        args.error_table.write_text(error_table_yaml(full.get("estimated_start_error") or {}, doc))
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(markdown(doc))

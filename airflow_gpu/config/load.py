@@ -104,6 +104,9 @@ def check_references(cfg: QuotaConfig) -> list[ConfigIssue]:
     missing = [t for t in constants.TIERS if t not in tiers]
     if missing:
         add("tiers", f"missing tier(s) {', '.join(missing)}; every tier must be defined: {', '.join(constants.TIERS)}")
+    for tier in cfg.scheduling.estimate_error_seconds:
+        if tier not in tiers:
+            add(f"scheduling.estimate_error_seconds.{tier}", f"unknown tier {tier!r}; defined tiers: {', '.join(tiers)}")
 
     def known_product(path: str, name: str) -> bool:
         if name not in products:

@@ -222,6 +222,10 @@ class Scheduling(_Strict):
     # seconds a SIGTERM checkpoint takes when the gang declares none: it is lost (and the work since
     # the last periodic checkpoint with it) when the pod's grace period is shorter
     checkpoint_seconds: Seconds = constants.DEFAULT_CHECKPOINT_SECONDS
+    # tier -> how far off the published estimated start may be, in seconds: the p90 absolute error
+    # `airflow-gpu simulate replay --error-table FILE` measured on this cluster's history. The queue
+    # shows each estimate as an interval of +/- this; a tier not listed shows the estimate alone
+    estimate_error_seconds: dict[str, Annotated[float, Field(ge=0, le=365 * 86400, allow_inf_nan=False)]] = {}
 
 
 class QuotaConfig(_Strict):

@@ -4,9 +4,11 @@ ReservationHold) and every waiting gang's estimated start as the scheduler publi
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -18,6 +20,7 @@ from airflow_gpu.core.gang import admit, place_gang
 from airflow_gpu.core.model import Gang, Placement, RunningGang
 from airflow_gpu.core.room import RoomEstimate
 from airflow_gpu.core.snapshot import OverCommitError, Snapshot
+from airflow_gpu.core.topology import members_per_node
 
 if TYPE_CHECKING:
     from airflow_gpu.core.queue import CycleResult
@@ -149,6 +152,142 @@ def estimate_start(snap: Snapshot, gang: Gang, running: Sequence[RunningGang], p
     return None
 
 
+class RunLengths:
+    """How long gangs run, learned from the ones that left (finished, failed, preempted or
+    interrupted: whatever frees their GPUs), per team and tier: the run length of a gang without a
+    declared duration, for the estimated starts (estimate_starts). The scheduler feeds it the
+    running gangs of every cycle (observe); the replay the same runs as they end (record).
+
+    A running gang of age a is expected to run the median of the learned runs longer than a, minus
+    a (so a long runner is not expected to end at once); one older than every learned run, as long
+    again as it ran (the median remaining life of a heavy tail). The runs of its team and tier when
+    there are MIN_RUNS of them, else of its tier, else of all; fewer than MIN_RUNS in all: unknown.
+    The last KEEP runs of each team and tier are kept (the workload drifts)."""
+
+    KEEP = 256
+    MIN_RUNS = 5
+    QUANTILE = 0.5
+
+    def __init__(self) -> None:
+        self._sorted: dict[tuple[str | None, str | None], list[float]] = {}
+        self._order: dict[tuple[str | None, str | None], deque[float]] = {}
+        self._seen: dict[str, tuple[str, str, float]] = {}  # running at the last observe: name -> (team, tier, since)
+
+    def record(self, team: str, tier: str, seconds: float) -> None:
+        """A gang of `team` and `tier` ran `seconds`, then left."""
+        for key in ((team, tier), (None, tier), (None, None)):
+            runs, order = self._sorted.setdefault(key, []), self._order.setdefault(key, deque())
+            keep = self.KEEP if key[0] is not None else 4 * self.KEEP
+            if len(order) >= keep:
+                runs.pop(bisect.bisect_left(runs, order.popleft()))
+            order.append(seconds)
+            bisect.insort(runs, seconds)
+
+    def observe(self, running: Iterable[RunningGang], now: float) -> None:
+        """The gangs running now; those running at the last call and gone (or restarted) since ran
+        from their start until now."""
+        current = {r.gang.name: (r.gang.team, r.gang.tier, r.started_at) for r in running}
+        for name, (team, tier, since) in self._seen.items():
+            if current.get(name, (None, None, None))[2] != since:
+                self.record(team, tier, max(0.0, now - since))
+        self._seen = current
+
+    def _runs(self, team: str, tier: str) -> list[float] | None:
+        for key in ((team, tier), (None, tier), (None, None)):
+            runs = self._sorted.get(key)
+            if runs is not None and len(runs) >= self.MIN_RUNS:
+                return runs
+        return None
+
+    def remaining(self, team: str, tier: str, age: float) -> float | None:
+        """Seconds a gang that has run `age` seconds is expected to run on (None: not known)."""
+        runs = self._runs(team, tier)
+        if runs is None:
+            return None
+        i = bisect.bisect_right(runs, age)
+        if i == len(runs):
+            return age
+        return runs[i + int((len(runs) - i) * self.QUANTILE)] - age
+
+    def __len__(self) -> int:
+        return len(self._sorted.get((None, None), ()))
+
+
+class StartCalibration:
+    """How much later than first estimated gangs of a tier really started, learned online: the
+    conservative estimate counts the work running and waiting now, not the work of higher priority
+    that arrives while the gang waits and goes ahead of it, so a long predicted wait is too short by
+    a factor that grows with the load of the tiers above. For each gang its first raw estimate
+    (first_seen) is compared with its real start (started): the ratio real wait / predicted wait,
+    per tier and band of the predicted wait (BANDS); an estimate of that tier and band is then
+    stretched by the median ratio (RunLengths' fallbacks: the tier's when its band has fewer than
+    MIN_RUNS, none with fewer in all). Waits predicted shorter than BANDS[0] are not learned nor
+    stretched (a start that close is what the running work decides)."""
+
+    BANDS = (300.0, 3600.0, 4 * 3600.0, 16 * 3600.0)  # predicted wait bands (lower bounds, seconds)
+    KEEP = 256
+    MIN_RUNS = 5
+
+    def __init__(self) -> None:
+        self._first: dict[str, tuple[str, float, float]] = {}  # gang -> (tier, at, predicted wait)
+        self._ratios: dict[tuple[str, int | None], deque[float]] = {}
+
+    def _band(self, wait: float) -> int | None:
+        return None if wait < self.BANDS[0] else bisect.bisect_right(self.BANDS, wait) - 1
+
+    def first_seen(self, gang: Gang, start: float | None, now: float) -> None:
+        """A waiting gang's raw estimate (None: unknown) at `now`; only the first known one counts."""
+        if start is not None and gang.name not in self._first:
+            self._first[gang.name] = (gang.tier, now, start - now)
+
+    def started(self, name: str, now: float) -> None:
+        hit = self._first.pop(name, None)
+        if hit is None:
+            return
+        tier, at, predicted = hit
+        band = self._band(predicted)
+        if band is None:
+            return
+        ratio = (now - at) / predicted
+        for key in ((tier, band), (tier, None)):
+            ratios = self._ratios.setdefault(key, deque(maxlen=self.KEEP))
+            ratios.append(ratio)
+
+    def forget(self, keep: Iterable[str]) -> None:
+        """Drop the first estimates of gangs no longer waiting nor known (deleted before they started)."""
+        keep = set(keep)
+        for name in [n for n in self._first if n not in keep]:
+            del self._first[name]
+
+    def adjust(self, tier: str, start: float, now: float) -> float:
+        wait = start - now
+        band = self._band(wait)
+        if band is None:
+            return start
+        for key in ((tier, band), (tier, None)):
+            ratios = self._ratios.get(key)
+            if ratios is not None and len(ratios) >= self.MIN_RUNS:
+                return now + wait * float(np.median(ratios))
+        return start
+
+
+def _duration(gang: Gang, run_lengths: RunLengths | None) -> float:
+    """A gang's expected run: declared, else learned (math.inf: unknown)."""
+    if gang.expected_duration is not None:
+        return gang.expected_duration
+    learned = run_lengths.remaining(gang.team, gang.tier, 0.0) if run_lengths is not None else None
+    return math.inf if learned is None else learned
+
+
+def _end_of(r: RunningGang, now: float, run_lengths: RunLengths | None) -> float:
+    """A running gang's expected end: declared, else learned from its age (math.inf: unknown)."""
+    end = r.expected_end
+    if end is not None:
+        return end
+    rest = run_lengths.remaining(r.gang.team, r.gang.tier, now - r.started_at) if run_lengths is not None else None
+    return math.inf if rest is None else now + rest
+
+
 ESTIMATE_LIMIT = 25  # estimated starts for the first N waiting gangs of the cluster's queue (cost bound)
 ESTIMATE_TRIES = 64  # full admissions tried per gang at most (cost bound; the room estimate skips most)
 # why a waiting gang has no estimated start, or what its estimate waits for
@@ -184,7 +323,9 @@ class _Ahead:
 
 def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleResult, profile: Profile,
                     now: float, limit: int = ESTIMATE_LIMIT,
-                    nominated: Mapping[str, Sequence[str]] | None = None) -> dict[str, StartEstimate]:
+                    nominated: Mapping[str, Sequence[str]] | None = None,
+                    run_lengths: RunLengths | None = None,
+                    calibration: StartCalibration | None = None) -> dict[str, StartEstimate]:
     """When and where each of the first `limit` gangs of `waiting` (queue order, what the cycle of
     `result` left waiting) is expected to start, under the cycle's own profile, quota book and
     reservation (conservative backfilling: each estimate holds its placement on the what-if from its
@@ -196,7 +337,26 @@ def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRes
       expected end until core.gang.admit admits it, capacity AND quota (a quota-blocked gang gets
       the end of the gang of its team or cohort that frees its quota, not the time capacity frees).
       Releases that add no room for it and free no quota of its cohort are skipped (RoomEstimate).
+    A gang's run is its declared expected duration, else (with `run_lengths`) the run learned for
+    its team and tier given how long it has run (RunLengths); a head whose reservation waits on
+    work of unknown end is then estimated like the others, first. With `calibration`, each gang's
+    first raw estimate is recorded and the estimates returned are stretched (StartCalibration); the
+    gangs ahead are held at their raw estimates.
     `state` is the cycle's state before the cycle (changed nothing)."""
+    out = _estimate_starts(state, waiting, result, profile, now, limit, nominated, run_lengths)
+    if calibration is None:
+        return out
+    by_name = {g.name: g for g in waiting}
+    for name, est in out.items():
+        calibration.first_seen(by_name[name], est.start, now)
+        if est.start is not None and est.start > now:
+            out[name] = replace(est, start=calibration.adjust(by_name[name].tier, est.start, now))
+    return out
+
+
+def _estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleResult, profile: Profile,
+                     now: float, limit: int, nominated: Mapping[str, Sequence[str]] | None,
+                     run_lengths: RunLengths | None) -> dict[str, StartEstimate]:
     order = list(waiting)
     out: dict[str, StartEstimate] = {}
     base = state.capacity_view()
@@ -213,7 +373,8 @@ def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRes
         ends = [r for r in ends if r.gang.name not in gone or not any(r is v for v in plan.victims)]
         _hold_where_free(base, plan.gang.team, plan.placements)
         ends.append(RunningGang(plan.gang, tuple(plan.placements), now))
-    ends.sort(key=lambda r: (math.inf if r.expected_end is None else r.expected_end, r.started_at, r.gang.name))
+    ends = sorted(((_end_of(r, now, run_lengths), r) for r in ends),
+                  key=lambda e: (e[0], e[1].started_at, e[1].gang.name))
     ahead: list[_Ahead] = []
     nominated = dict(nominated or {})
     res = result.reservation
@@ -221,12 +382,16 @@ def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRes
     if head is not None and head in {g.name for g in order[:limit]}:
         # the scheduler keeps every other gang off the head's nodes, those ahead of it in the queue too
         # (a quota-blocked gang is never head): its reservation is held first
-        out[head] = StartEstimate(None if math.isinf(res.start) else res.start, tuple(sorted(res.nodes)),
-                                  NOTE_NO_END if math.isinf(res.start) else "")
-        if not math.isinf(res.start):
-            d = res.gang.expected_duration
-            ahead.append(_Ahead(res.gang.team, tuple(res.placements), res.start,
-                                math.inf if d is None else res.start + d))
+        start, placements = res.start, tuple(res.placements)
+        if math.isinf(start) and run_lengths is not None:
+            est, placements = _estimate_one(base, ends, ahead, res.gang, profile, now, run_lengths)
+            out[head] = est
+            start = math.inf if est.start is None else est.start
+        else:
+            out[head] = StartEstimate(None if math.isinf(start) else start, tuple(sorted(res.nodes)),
+                                      NOTE_NO_END if math.isinf(start) else "")
+        if not math.isinf(start):
+            ahead.append(_Ahead(res.gang.team, placements, start, start + _duration(res.gang, run_lengths)))
     for i, gang in enumerate(order):
         if i >= limit:
             out[gang.name] = StartEstimate(None, (), NOTE_NOT_ESTIMATED.format(limit=limit))
@@ -238,17 +403,18 @@ def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRes
             nodes = tuple(sorted({p.node for p in plan.placements})) if plan is not None else nominated[gang.name]
             out[gang.name] = StartEstimate(now, tuple(nodes), NOTE_PREEMPTING)
             continue
-        est, placements = _estimate_one(base, ends, ahead, gang, profile, now)
+        est, placements = _estimate_one(base, ends, ahead, gang, profile, now, run_lengths)
         out[gang.name] = est
         if est.start is not None:
-            d = gang.expected_duration
-            ahead.append(_Ahead(gang.team, tuple(placements), est.start, math.inf if d is None else est.start + d))
+            ahead.append(_Ahead(gang.team, tuple(placements), est.start, est.start + _duration(gang, run_lengths)))
     return out
 
 
-def _hold_where_free(state: CycleState, team: str, placements: Iterable[Placement]) -> set[str]:
+def _hold_where_free(state: CycleState, team: str, placements: Iterable[Placement],
+                     assumed: list[str] | None = None) -> set[str]:
     """Hold what fits of `placements` on `state` (quota counted whole); the nodes where a placement
-    does not fit (still taken at that time) are returned, to be kept off instead."""
+    does not fit (still taken at that time) are returned, to be kept off instead. `assumed`: the pods
+    held are appended to it."""
     blocked = set()
     placements = tuple(placements)
     for p in placements:
@@ -256,6 +422,8 @@ def _hold_where_free(state: CycleState, team: str, placements: Iterable[Placemen
             continue
         try:
             state.snap.assume(p)
+            if assumed is not None:
+                assumed.append(p.pod)
         except OverCommitError:
             blocked.add(p.node)
     if state.usage is not None:
@@ -263,39 +431,117 @@ def _hold_where_free(state: CycleState, team: str, placements: Iterable[Placemen
     return blocked
 
 
-def _estimate_one(base: CycleState, ends: Sequence[RunningGang], ahead: Sequence[_Ahead], gang: Gang,
-                  profile: Profile, now: float) -> tuple[StartEstimate, tuple[Placement, ...]]:
-    """estimate_starts for one gang that is neither head nor preempting."""
+class _Held:
+    """`work` (a what-if being released) with the estimated gangs ahead that overlap a tried time held
+    on a copy (_hold_where_free), kept from one tried time to the next: releases are mirrored, the
+    holds of gangs that stopped overlapping dropped, those of gangs that started overlapping added,
+    and the placements that did not fit (their nodes kept off) tried again, in queue order. Holding
+    them afresh on a new copy at every tried time cost most of an estimate on a deep queue."""
+
+    def __init__(self, work: CycleState):
+        self.work = work
+        self.trial: CycleState | None = None
+        # id(ahead) -> (ahead, pods held for it, its placements that did not fit), in queue order
+        self.held: dict[int, tuple[_Ahead, list[str], list[Placement]]] = {}
+        self.changed = False
+        self.freed: set[str] = set()  # nodes with room freed since the last holding (retry only there)
+
+    @property
+    def kept_off(self) -> set[str]:
+        return {p.node for _, _, failed in self.held.values() for p in failed}
+
+    def released(self, r: RunningGang, demand) -> None:
+        """`r` was released on `work`: the same on the copy."""
+        if self.trial is None:
+            return
+        snap = self.trial.snap
+        for p in r.placements:
+            if p.pod in snap.placements:
+                snap.forget(p.pod)
+                self.freed.add(p.node)
+        if demand is not None and self.trial.usage is not None:
+            self.trial.usage.remove(r.gang.team, demand)
+        self.changed = True
+
+    def holding(self, overlapping: Sequence[_Ahead]) -> CycleState:
+        if self.trial is None:
+            self.trial = self.work.capacity_view()
+        want = [id(a) for a in overlapping]
+        if not self.changed and list(self.held) == want:
+            return self.trial
+        trial, wanted = self.trial, set(want)
+        for key in [key for key in self.held if key not in wanted]:  # its hold ended
+            a, pods, _ = self.held.pop(key)
+            for pod in pods:
+                self.freed.add(trial.snap.placements[pod].node)
+                trial.snap.forget(pod)
+            if trial.usage is not None:
+                trial.usage.remove(a.team, trial.demand(a.placements))
+        for a in overlapping:
+            entry = self.held.get(id(a))
+            if entry is None:
+                pods: list[str] = []
+                _hold_where_free(trial, a.team, a.placements, pods)
+                held = set(pods)
+                self.held[id(a)] = (a, pods, [p for p in a.placements if p.pod not in held
+                                              and p.pod not in trial.snap.placements])
+            elif entry[2] and self.freed:  # what did not fit may now, where room was freed
+                still = []
+                for p in entry[2]:
+                    if p.node not in self.freed:
+                        still.append(p)
+                        continue
+                    try:
+                        trial.snap.assume(p)
+                        entry[1].append(p.pod)
+                    except OverCommitError:
+                        still.append(p)
+                entry[2][:] = still
+        self.held = {key: self.held[key] for key in want}
+        self.changed = False
+        self.freed.clear()
+        return trial
+
+
+def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], ahead: Sequence[_Ahead], gang: Gang,
+                  profile: Profile, now: float,
+                  run_lengths: RunLengths | None = None) -> tuple[StartEstimate, tuple[Placement, ...]]:
+    """estimate_starts for one gang that is neither head nor preempting. `ends`: (expected end,
+    running gang) by end (math.inf: unknown)."""
     work = base.capacity_view()
     tracker = RoomEstimate.for_gang(work.snap, gang, profile).tracker(work.snap)
     room = tracker.room
     cohort = _cohort_of(base, gang.team)
-    duration = math.inf if gang.expected_duration is None else gang.expected_duration
-    times = sorted({now} | {r.expected_end for r in ends if r.expected_end is not None and r.expected_end > now}
+    duration = _duration(gang, run_lengths)
+    times = sorted({now} | {end for end, _ in ends if now < end < math.inf}
                    | {a.end for a in ahead if now < a.end < math.inf})
     times.append(math.inf)  # every gang gone, the unknown ones too
     k, tries = 0, 0
+    held = _Held(work)
     for t in times:
         worth = t == now
-        while k < len(ends) and (math.inf if ends[k].expected_end is None else ends[k].expected_end) <= t:
-            r = ends[k]
+        while k < len(ends) and ends[k][0] <= t:
+            r = ends[k][1]
             k += 1
             worth = tracker.release(r) or worth
             if work.usage is not None:
                 work.usage.remove(r.gang.team, work.demand_of(r))
                 worth = worth or _cohort_of(base, r.gang.team) == cohort
+            held.released(r, demand)
         worth = worth or any(a.end == t for a in ahead)
         if not worth or not room.holds(tracker.fit):
             continue
+        overlapping = [a for a in ahead if a.overlaps(t, t + duration)]
+        trial = held.holding(overlapping) if overlapping else work  # admit changes neither snap nor usage
+        kept_off = held.kept_off if overlapping else set()
+        exclude = node_mask(trial.snap, kept_off) if kept_off else None
+        if overlapping:  # the room the estimated gangs ahead leave (the tracker does not see them): often none
+            fit = members_per_node(trial.snap, gang, room.by_set)
+            if not room.holds(fit if exclude is None else np.where(exclude, 0, fit)):
+                continue
         tries += 1
         if tries > ESTIMATE_TRIES:
             return StartEstimate(None, (), NOTE_TOO_MANY_TRIES.format(tries=ESTIMATE_TRIES)), ()
-        trial = work.capacity_view()
-        kept_off: set[str] = set()
-        for a in ahead:
-            if a.overlaps(t, t + duration):
-                kept_off |= _hold_where_free(trial, a.team, a.placements)
-        exclude = node_mask(trial.snap, kept_off) if kept_off else None
         decision = admit(trial.snap, gang, profile, trial.book, trial.usage, exclude, explain=False)
         if decision.admitted:
             nodes = tuple(sorted({p.node for p in decision.placements}))

@@ -17,7 +17,7 @@ from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.model import GPU_MILLI, Gang, PodRequest
 from airflow_gpu.core.plugins.fgd import FGDScore, TypicalPods
-from airflow_gpu.core.estimate import ESTIMATE_LIMIT, estimate_starts
+from airflow_gpu.core.estimate import ESTIMATE_LIMIT, RunLengths, StartCalibration, estimate_starts
 from airflow_gpu.core.queue import CycleResult, queue_order
 from airflow_gpu.core.snapshot import Snapshot
 
@@ -71,19 +71,22 @@ def gpus_of(members: Iterable[PodRequest], mig_gpus: Callable[[str], float] | No
 def waiting_entries(state: CycleState, pending: Sequence[Gang], result: CycleResult, profile: Profile,
                     now: float, nominated: Sequence[tuple[Gang, Sequence[str]]] = (),
                     reasons: Mapping[str, str] | None = None,
-                    limit: int = ESTIMATE_LIMIT,
-                    mig_gpus: Callable[[str], float] | None = None) -> list[WaitingEntry]:
+                    limit: int = ESTIMATE_LIMIT, mig_gpus: Callable[[str], float] | None = None,
+                    run_lengths: RunLengths | None = None,
+                    calibration: StartCalibration | None = None) -> list[WaitingEntry]:
     """Every gang of `pending` the cycle of `result` did not admit, and every gang of `nominated`
     ((gang, its nodes): a held preemption plan waiting for its victims, not pending any more), in
     queue order.
     Reason: `reasons` where given (the scheduler passes the reason it last wrote for a gang the
     cycle skipped in back-off, or one that preempts), else the cycle's. `state`: the cycle's state
-    before the cycle. `mig_gpus`: what a MIG slice counts in GPUs (gpus_of)."""
+    before the cycle. `mig_gpus`: what a MIG slice counts in GPUs (gpus_of); `run_lengths`,
+    `calibration`: what was learned so far (core.estimate.RunLengths, StartCalibration)."""
     reasons = reasons or {}
     admitted = {d.gang.name for d in result.admitted}
     waiting = queue_order([g for g in pending if g.name not in admitted] + [g for g, _ in nominated])
     starts = estimate_starts(state, waiting, result, profile, now, limit,
-                             nominated={g.name: tuple(nodes) for g, nodes in nominated})
+                             nominated={g.name: tuple(nodes) for g, nodes in nominated}, run_lengths=run_lengths,
+                             calibration=calibration)
     product = state.node_product
     per_team: dict[str, int] = {}
     out = []

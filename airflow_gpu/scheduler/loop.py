@@ -56,7 +56,7 @@ from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPlan
 from airflow_gpu.core.backoff import Backoff
-from airflow_gpu.core.estimate import ReservationHold
+from airflow_gpu.core.estimate import ReservationHold, RunLengths, StartCalibration
 from airflow_gpu.core.queue import Queue
 from airflow_gpu.kube import preemptions, queue_status
 from airflow_gpu.kube.cleanup import expired_kept
@@ -152,6 +152,10 @@ class Scheduler:
         self._preempted: dict[str, preemptions.Preempted] | None = None  # the record, as last written
         self.publisher = Publisher(self.settings.publish_interval)
         self._swept = 0.0  # when kept pods were last swept
+        self.run_lengths = RunLengths()  # how long gangs ran, for the published estimated starts
+        self.calibration = StartCalibration()  # how much later than estimated gangs started
+        # tier -> the p90 error of the estimated start the replay measured (shown as an interval)
+        self.estimate_error = dict(quota_config.scheduling.estimate_error_seconds) if quota_config is not None else {}
 
     @property
     def profile(self) -> Profile:
@@ -212,6 +216,11 @@ class Scheduler:
         self._was_leader = leader
         self.metrics.is_leader.set(1 if leader else 0)
         self.metrics.observe(world)
+        self.run_lengths.observe(world.running, now)  # a standby learns too: it may lead next
+        for rg in world.running:
+            self.calibration.started(rg.gang.name, rg.started_at or now)
+        if self.cycles % 50 == 1:
+            self.calibration.forget(g.name for _, g in world.pending)
         if not leader:
             return world
         ignored: dict[str, dict[str, None]] = {}
@@ -262,7 +271,9 @@ class Scheduler:
                    for name, u in units.items() if name not in tried}
         doc = publish_document(world, state, result, self.profile, self.settings.policy, self.settings.scheduler_name,
                                self.cycles, now, self.settings.publish_interval, nominated,
-                               {k: v for k, v in reasons.items() if v}, self.ctx, self.mig_gpus)
+                               {k: v for k, v in reasons.items() if v}, self.ctx, mig_gpus=self.mig_gpus,
+                               run_lengths=self.run_lengths, estimate_error=self.estimate_error,
+                               calibration=self.calibration)
         try:
             blob = queue_status.encode(doc)
             self.api.write_queue_status(queue_status.manifest(self.settings.state_namespace,

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from airflow_gpu import constants as C
 from airflow_gpu.config.core import mig_gpus as config_mig_gpus
 from airflow_gpu.core.cycle import CycleState
+from airflow_gpu.core.estimate import RunLengths, StartCalibration
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.queue import CycleResult
 from airflow_gpu.core.visibility import cluster_picture, gpus_of, waiting_entries
@@ -61,24 +62,33 @@ class Publisher:
 def document(world: World, state: CycleState, result: CycleResult, profile: Profile, profile_name: str,
              scheduler_name: str, cycle: int, now: float, interval: float,
              nominated: list, reasons: dict[str, str], ctx: ConversionContext | None = None,
-             mig_gpus: Callable[[str], float] = config_mig_gpus) -> dict:
+             mig_gpus: Callable[[str], float] = config_mig_gpus, run_lengths: RunLengths | None = None,
+             estimate_error: dict[str, float] | None = None,
+             calibration: StartCalibration | None = None) -> dict:
     """The published queue of one cycle. `state`: the cycle's state before schedule_cycle;
     `nominated`: [(unit, gang)] of held preemption plans still waiting for their victims; `reasons`:
     gang name -> the last wait reason written, for gangs the cycle did not try (back-off) or that
     preempt. `ctx`: the scheduler's conversion context, for the team (the namespace's) and tier (the
     PriorityClass's) of gangs not read yet: never their labels. `mig_gpus`: GPUs of one MIG slice by
-    the scheduler's config (config.core.mig_gpus)."""
+    the scheduler's config (config.core.mig_gpus). `run_lengths`: the runs the scheduler learned
+    (core.estimate.RunLengths), for the estimated starts of gangs without a declared duration;
+    `calibration`: the stretch learned from earlier estimates and real starts (StartCalibration);
+    `estimate_error`: tier -> seconds (config scheduling.estimate_error_seconds, measured by the replay):
+    an entry with an estimated start carries its tier's as `estimate_error` (None: not measured)."""
     ctx = ctx or ConversionContext()
     units = {g.name: u for u, g in world.pending} | {g.name: u for u, g in nominated}
     pending = [g for _, g in world.pending]
     entries = waiting_entries(state, pending, result, profile, now,
                               nominated=[(g, sorted({p.node for p in world.plans[u.key].placements.values()}))
-                                         for u, g in nominated], reasons=reasons, mig_gpus=mig_gpus)
+                                         for u, g in nominated], reasons=reasons, mig_gpus=mig_gpus,
+                              run_lengths=run_lengths, calibration=calibration)
     waiting = []
+    errors = estimate_error or {}
     for e in entries:
         unit = units[e.gang]
         waiting.append(e.as_dict() | {"namespace": unit.key.partition("/")[0],
-                                      "ti": Q.task_instance_of(unit.pods)})
+                                      "ti": Q.task_instance_of(unit.pods),
+                                      "estimate_error": errors.get(e.tier) if e.estimated_start is not None else None})
     incomplete = []
     for unit, reason in list(world.incomplete) + list(world.invalid):
         who = gang_identity(unit.key, unit.podgroup, unit.pods, ctx)

@@ -38,16 +38,18 @@ from airflow_gpu.core.policies import DEFAULT_POLICY, SPREAD_POLICY, make_profil
 from airflow_gpu.core.preemption import PreemptionPolicy
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.backoff import Backoff, NoPlanMemo, RefusedAsks
-from airflow_gpu.core.estimate import ReservationHold, StartMemo
+from airflow_gpu.core.estimate import ReservationHold, RunLengths, StartCalibration, StartMemo
 from airflow_gpu.core.queue import QUEUE_KEY, Queue
 from airflow_gpu.core.live import LiveState
 from airflow_gpu.core.quota import QuotaBook, TeamQuota
 from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.core.tiers import TierPolicy, decide
+from airflow_gpu.sim.start_accuracy import REQUEUE, SUBMIT, Sample, StartRecorder
 from airflow_gpu.sim.workload import Job, mark_spot, whole_gpus
 
 FINISHED, PREEMPTED, INTERRUPTED, FAILED = "finished", "preempted", "interrupted", "failed"
 UNASSIGNED = "(unassigned)"  # the quota book's lender of the GPUs no team is guaranteed
+ESTIMATES = ("learned", "runs", "declared", "off")  # Setting.estimates
 NEVER = 1e15  # back-off of a gang that did not fit: until room appears (Queue.room_appeared)
 
 
@@ -122,6 +124,11 @@ class Setting:
     # only within the grace period: the spot notice, or for a preemption the pods' grace period
     checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS
     grace_seconds: float = DEFAULT_GRACE_SECONDS
+    # the estimated starts the scheduler would publish, recorded (sim/start_accuracy.py): "learned"
+    # as the scheduler's: run lengths learned from the gangs that left (core.estimate.RunLengths) and
+    # the stretch learned from earlier estimates and starts (StartCalibration); "runs": run lengths
+    # only; "declared": declared durations only (the estimator before both); "off": not recorded
+    estimates: str = "learned"
 
 
 @dataclass
@@ -167,6 +174,9 @@ class ReplayResult:
     util_curve: list[tuple[float, float, float, bool]]
     seconds: float = 0.0  # wall clock of the replay
     cpu_seconds: float = 0.0  # CPU time of the replay (its process's)
+    # the estimated starts the scheduler would have published, and the real starts (sim/start_accuracy.py);
+    # None: the platform publishes none (the naive FIFO)
+    start_samples: list[Sample] | None = None
 
 
 def _wall(work: float, speed: float) -> float:
@@ -250,6 +260,7 @@ class _Cycle:
         else:
             state = CycleState(live.snap, None, None, running, live.snap.shape.node_product)
         result = self.queue.cycle(state, pending, now)
+        self.last = (state, result)  # what the scheduler publishes from (sim/start_accuracy.py)
         admitted = [(d.gang, d.placements, d.borrowed) for d in result.admitted]
         return admitted, result.preemptions
 
@@ -369,6 +380,12 @@ class Replay:
         self.last_t = 0.0
         self.running: dict[str, tuple[RunningGang, float]] = {}  # unit -> (as the cycle sees it, valid until)
         self.fifo: _Fifo | None = None  # the naive platform's queue (built with the jobs' units)
+        if setting.estimates not in ESTIMATES:
+            raise ValueError(f"estimates: {setting.estimates!r}; choose from {', '.join(ESTIMATES)}")
+        record = platform.queue == "cycle" and setting.estimates != "off"
+        self.recorder = StartRecorder() if record else None
+        self.run_lengths = RunLengths() if record and setting.estimates in ("learned", "runs") else None
+        self.calibration = StartCalibration() if record and setting.estimates == "learned" else None
 
     # --- events -----------------------------------------------------------------------------------
     def push(self, t: float, kind: str, what: object) -> None:
@@ -400,8 +417,10 @@ class Replay:
                 acc[1] += dt * min(self.team_alloc[team] + self.team_pending[team], guar)
         self.last_t = now
 
-    def _enqueue(self, st: JobState) -> None:
+    def _enqueue(self, st: JobState, kind: str = SUBMIT) -> None:
         for name, gang in st.units.items():
+            if self.recorder is not None:
+                self.recorder.enqueued(gang, kind)
             if name in self.pending:
                 self._dequeue(self.pending[name])
             self.pending[name] = gang
@@ -429,6 +448,10 @@ class Replay:
         self.allocated += milli
         self.placed[gang.name] = (job_name, placements, now)
         st.borrowed[gang.name] = borrowed
+        if self.recorder is not None:
+            self.recorder.started(gang.name, now)
+        if self.calibration is not None:
+            self.calibration.started(gang.name, now)
         if st.attempt is None:
             st.attempts += 1
             st.attempt = Attempt(st.job, st.attempts)
@@ -455,9 +478,11 @@ class Replay:
         products: set[str] = set()
         for unit in st.units:
             if unit in self.placed:
-                _, placements, _ = self.placed.pop(unit)
+                _, placements, since = self.placed.pop(unit)
                 self.running.pop(unit, None)
                 self.live.end(unit)
+                if self.run_lengths is not None:
+                    self.run_lengths.record(st.job.team, st.job.tier, now - since)
                 freed.update(self.snap.node_index(p.node) for p in placements)
                 if self.quota is not None:
                     products.update(self.node_product[p.node] for p in placements if self.node_product[p.node])
@@ -492,7 +517,7 @@ class Replay:
         if outcome == FINISHED:
             st.finished_at = now
         else:
-            self._enqueue(st)
+            self._enqueue(st, REQUEUE)
         self._room_appeared(sorted(freed), products)
 
     def _room_appeared(self, nodes: list[int], quota_freed: Iterable[str] = ()) -> None:
@@ -574,7 +599,8 @@ class Replay:
                 self._release(st, end, FAILED)
         result = ReplayResult(self.platform, self.setting, self.attempts, self.states, self.nodes, self.quota,
                               horizon, end, self.preemptions, self.interruptions,
-                              {t: (a[0], a[1]) for t, a in self.guarantee.items()}, self.util_curve)
+                              {t: (a[0], a[1]) for t, a in self.guarantee.items()}, self.util_curve,
+                              start_samples=None if self.recorder is None else self.recorder.samples)
         result.seconds, result.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
         return result
 
@@ -598,13 +624,17 @@ class Replay:
                 self.cycle.queue.reset()  # a new preemption candidate: plans refused before may exist now
 
     def _cycles(self, now: float) -> None:
-        for _ in range(4):  # victims stop at once and the preemptor binds its plan; then another cycle
+        for i in range(4):  # victims stop at once and the preemptor binds its plan; then another cycle
             if not self.pending:
                 break
             if self.fifo is not None:
                 admitted, plans = self.fifo.run(self.snap), []
             else:
                 admitted, plans = self.cycle.run(self.live, list(self.queue), self._running(now), now)
+                if self.recorder is not None and (not plans or i == 3) and self.recorder.due(now):  # the instant's last cycle, before it binds
+                    state, result = self.cycle.last
+                    self.recorder.sample(state, self.queue, result, self.cycle.profile, now, self.run_lengths,
+                                         self.calibration)
             for gang, placements, borrowed in admitted:
                 self._bind(gang, placements, borrowed, now)
             for job in sorted({v.gang.name.split("/")[0] for p in plans for v in p.victims}):

@@ -11,6 +11,7 @@ import numpy as np
 from airflow_gpu.constants import CAPACITY_SPOT, TIERS
 from airflow_gpu.core.model import GPU_MILLI
 from airflow_gpu.sim.replay import FINISHED, ReplayResult
+from airflow_gpu.sim.start_accuracy import error_table, write_estimates
 
 STARVED_AFTER = 24 * 3600.0
 EVENT_COLUMNS = ("job", "attempt", "team", "tier", "gpu_milli", "submit", "start", "end", "outcome", "kept_seconds",
@@ -94,12 +95,15 @@ def summarize(r: ReplayResult) -> dict:
         "finished_jobs": sum(1 for st in r.jobs.values() if st.finished_at is not None),
         "guarantee_met_pct": {t: round(100 * m / w, 1) if w else 100.0 for t, (m, w) in r.guarantee.items()},
         "seconds": round(r.seconds, 2),
+        # per tier, how right the published estimated start was (sim/start_accuracy.py); None: none published
+        "estimated_start_error": None if r.start_samples is None else error_table(r.start_samples),
     }
 
 
 def write_events(r: ReplayResult, directory: Path) -> Path:
     """One row per job attempt; `pods` = node:gpu_index=milli[+...]@since per pod, ';'-separated.
-    Beside it, <platform>.quota.json: each team's guarantee and borrowing limit (milli-GPU per product)."""
+    Beside it, <platform>.quota.json: each team's guarantee and borrowing limit (milli-GPU per product),
+    and <platform>.estimates.csv: every estimated start sampled and the real start (sim/start_accuracy.py)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{r.platform.name}.csv"
     with path.open("w", newline="") as fh:
@@ -119,6 +123,8 @@ def write_events(r: ReplayResult, directory: Path) -> Path:
                            "borrowing_limit": {k[0]: v for k, v in tq.borrowing_limit.items()}}
     nodes = {n.name: {"gpus": n.gpu_count, "product": n.gpu_product} for n in r.nodes}
     (directory / f"{r.platform.name}.quota.json").write_text(json.dumps({"teams": quota, "nodes": nodes}, indent=1))
+    if r.start_samples is not None:
+        write_estimates(r.start_samples, directory / f"{r.platform.name}.estimates.csv")
     return path
 
 
@@ -226,4 +232,20 @@ def markdown(doc: dict) -> str:
                           f"% -> {full['useful_gpu_utilization_pct']} %, computing while GPU work waits "
                           f"{naive['computing_when_contended_pct']} % -> {full['computing_when_contended_pct']} % "
                           f"(allocated {naive['gpu_utilization_pct']} % -> {full['gpu_utilization_pct']} %)."]
+    lines += _estimate_lines(doc["platforms"])
     return "\n".join(lines) + "\n"
+
+
+def _estimate_lines(platforms: dict[str, dict]) -> list[str]:
+    """The predicted-start accuracy table: per platform that publishes estimates and tier."""
+    rows = [(name, tier, e) for name, s in platforms.items() for tier, e in (s.get("estimated_start_error") or {}).items()]
+    if not rows:
+        return []
+    dash = lambda v: "-" if v is None else v  # noqa: E731
+    out = ["", "Estimated start (as published) against the real start, sampled at submission and hourly:", "",
+           "| platform | tier | median error (s) | p90 error (s) | within 15 min % | within 25 % of the wait % "
+           "| unknown % | samples |", "|---|---|---|---|---|---|---|---|"]
+    for name, tier, e in rows:
+        out.append(f"| {name} | {tier} | {dash(e['median_s'])} | {dash(e['p90_s'])} | {dash(e['within_15min_pct'])} "
+                   f"| {dash(e['within_25pct_pct'])} | {dash(e['unknown_pct'])} | {e['samples']} |")
+    return out
