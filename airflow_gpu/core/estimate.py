@@ -524,8 +524,9 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
             r = ends[k][1]
             k += 1
             worth = tracker.release(r) or worth
-            if work.usage is not None:
-                work.usage.remove(r.gang.team, work.demand_of(r))
+            demand = work.demand_of(r) if work.usage is not None else None
+            if demand is not None:
+                work.usage.remove(r.gang.team, demand)
                 worth = worth or _cohort_of(base, r.gang.team) == cohort
             held.released(r, demand)
         worth = worth or any(a.end == t for a in ahead)
