@@ -1,6 +1,6 @@
 """The whole scheduler process at scale, through the API (issue 31): the local cluster in scale mode
 (`mode: scale`: pods and nodes simulated without processes or heartbeats, as KWOK does; see
-airflow_gpu/localcluster/simkubelet.py) with N nodes x 8 GPUs in zones, racks and NVLink cliques, and
+airflow_gpu/localcluster/kubelet/simkubelet.py) with N nodes x 8 GPUs in zones, racks and NVLink cliques, and
 the real `airflow-gpu scheduler` process over HTTP. Phases:
 
 1. fill: P one-GPU pods (best-effort, running until deleted) created at once from client threads

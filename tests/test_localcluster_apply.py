@@ -126,8 +126,8 @@ def test_apply_api_details(kube_cluster, ns):
 
 DROP_ENV_ITEM = """
 import json
-from airflow_gpu.localcluster import fieldmanager
-from airflow_gpu.localcluster.resources import Registry
+from airflow_gpu.localcluster.registry import fieldmanager
+from airflow_gpu.localcluster.registry.resources import Registry
 rt = Registry().by_key("apps/deployments")
 def deployment(env):
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "api"},

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from airflow_gpu.devtools.kube import start_kube_cluster
-from airflow_gpu.localcluster.store import CorruptLog, Store
+from airflow_gpu.localcluster.registry.store import CorruptLog, Store
 
 SPEC = {"name": "durable", "pools": [{"name": "a", "count": 1, "gpu": {"count": 8}}]}
 ROUNDS = 20

@@ -14,7 +14,7 @@ import uuid
 
 from airflow_gpu.devtools.kube import start_kube_cluster
 from airflow_gpu.devtools.processes import wait_until
-from airflow_gpu.localcluster.security import SETPRIV
+from airflow_gpu.localcluster.kubelet.security import SETPRIV
 
 SPEC = {"name": "fallback", "pools": [{"name": "cpu", "count": 1, "cpu": "8", "memory": "16Gi"}]}
 

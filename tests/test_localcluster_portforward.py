@@ -16,7 +16,7 @@ import requests
 from kubernetes import client
 
 from airflow_gpu.devtools.processes import free_port, wait_until
-from airflow_gpu.localcluster import spdy
+from airflow_gpu.localcluster.kubelet import spdy
 
 
 @pytest.fixture(scope="module")

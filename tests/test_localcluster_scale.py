@@ -1,4 +1,4 @@
-"""The local cluster's scale mode (spec `mode: scale`, localcluster/simkubelet.py): pods bind, run and
+"""The local cluster's scale mode (spec `mode: scale`, localcluster/kubelet/simkubelet.py): pods bind, run and
 succeed without a process, working directory or log; nodes have no Leases; an over-committed node
 rejects a pod as a kubelet does; a deleted pod is gone at once. In process: no HTTP, under a second."""
 

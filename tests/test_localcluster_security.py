@@ -229,8 +229,8 @@ def test_seccomp_runtime_default_is_enforced_and_unconfined_is_not(kube_cluster,
 def test_the_runtime_default_profile_follows_the_containers_capabilities():
     """As containerd's DefaultProfile: CAP_SYS_ADMIN in the bounding set allows unshare (a user namespace
     here, outside any chroot), the default set does not; clone3 answers ENOSYS so libc falls back."""
-    from airflow_gpu.localcluster import seccomp
-    from airflow_gpu.localcluster.security import DEFAULT_CAPS
+    from airflow_gpu.localcluster.kubelet import seccomp
+    from airflow_gpu.localcluster.kubelet.security import DEFAULT_CAPS
 
     def run(caps, *argv):
         return subprocess.run(seccomp.loader_argv(seccomp.runtime_default(caps)) + list(argv),

@@ -8,10 +8,10 @@ import pytest
 
 from airflow_gpu import constants as C
 from airflow_gpu.localcluster.errors import ApiError
-from airflow_gpu.localcluster.patch import merge_patch, strategic_merge
-from airflow_gpu.localcluster.resources import Registry
-from airflow_gpu.localcluster.schema import decode_object
-from airflow_gpu.localcluster.selectors import labels_match, parse_field_selector, parse_label_selector
+from airflow_gpu.localcluster.registry.patch import merge_patch, strategic_merge
+from airflow_gpu.localcluster.registry.resources import Registry
+from airflow_gpu.localcluster.registry.schema import decode_object
+from airflow_gpu.localcluster.registry.selectors import labels_match, parse_field_selector, parse_label_selector
 from airflow_gpu.localcluster.spec import SpecError, initial_nodes, load_spec, parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -117,8 +117,8 @@ def test_decode_normalises_quantities_and_reports_unknown_fields():
 def test_custom_resources_are_validated_against_their_crd_schema():
     import yaml
 
-    from airflow_gpu.localcluster import admission
-    from airflow_gpu.localcluster.resources import from_crd
+    from airflow_gpu.localcluster.admission import admission
+    from airflow_gpu.localcluster.registry.resources import from_crd
 
     crd = Path(__file__).resolve().parents[1] / "airflow_gpu" / "localcluster" / "crds" / "scheduling.x-k8s.io_podgroups.yaml"
     rt = from_crd(yaml.safe_load(crd.read_text()))
@@ -136,7 +136,7 @@ def test_custom_resources_are_validated_against_their_crd_schema():
 
 
 def test_store_log_compacts_and_reloads(tmp_path):
-    from airflow_gpu.localcluster.store import Store
+    from airflow_gpu.localcluster.registry.store import Store
 
     store = Store(tmp_path, history_size=100, compact_bytes=20_000)
     for i in range(300):
@@ -159,10 +159,10 @@ def test_pods_share_the_injected_volume_and_intern_strings(tmp_path):
     """Every pod's kube-api-access volume is one read-only object in memory and repeated strings are
     interned, whatever path the pod took into the store (create, patch, a replayed log); the JSON served
     is the same as for plain copies, and the shared value cannot be changed through one pod."""
-    from airflow_gpu.localcluster.admission import share_pod_values
-    from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
-    from airflow_gpu.localcluster.serviceaccounts import INJECTED_PROJECTED, namespace_created
-    from airflow_gpu.localcluster.store import Store, decode, encode
+    from airflow_gpu.localcluster.admission.admission import share_pod_values
+    from airflow_gpu.localcluster.registry.objects import ObjectAPI, deep_copy
+    from airflow_gpu.localcluster.admission.serviceaccounts import INJECTED_PROJECTED, namespace_created
+    from airflow_gpu.localcluster.registry.store import Store, decode, encode
 
     def build():
         store = Store(tmp_path, share={"/pods": share_pod_values})

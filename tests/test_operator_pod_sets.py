@@ -3,7 +3,7 @@
 - the Kubernetes shape (kube.manifests): per-set containers, rank env per set, the launcher's
   address, every set's host list, the gang's minMember and minResources over all sets;
 - parse-time errors naming the field (pod_sets[1].replicas...) and the exclusivity with workers;
-- the local cluster's kubelet-managed hosts file (localcluster/clusterdns.py): the headless
+- the local cluster's kubelet-managed hosts file (localcluster/kubelet/clusterdns.py): the headless
   Service's records;
 - end to end: dags/launcher_workers.py (a CPU-only launcher + 2 x 8-GPU workers) runs to success
   through dag.test() on the local cluster with the GPU scheduler, the launcher reaching both workers
@@ -26,7 +26,7 @@ from airflow_gpu import constants as C
 from airflow_gpu.devtools.dag_test import DAG_TEST_SCRIPT
 from airflow_gpu.kube.manifests import build
 from airflow_gpu.kube.spec import WorkloadSpec, WorkloadSpecError
-from airflow_gpu.localcluster.clusterdns import hosts_text, service_records
+from airflow_gpu.localcluster.kubelet.clusterdns import hosts_text, service_records
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = REPO / "examples" / "seed-quotas.yaml"

@@ -121,7 +121,7 @@ def _up(args) -> int:
         runner = asyncio.run
     from airflow_gpu.cli.secrets import SecretError, read_secret
     from airflow_gpu.localcluster.cluster import StateDirBusy
-    from airflow_gpu.localcluster.store import CorruptLog
+    from airflow_gpu.localcluster.registry.store import CorruptLog
 
     try:
         args.token = read_secret(args.token_file, C.ENV_CLUSTER_TOKEN, "--token-file")

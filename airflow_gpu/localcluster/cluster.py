@@ -28,27 +28,28 @@ import uvicorn
 import yaml
 
 from airflow_gpu import constants as C
-from airflow_gpu.localcluster import errors, upgrades
-from airflow_gpu.localcluster.admission import share_pod_values
-from airflow_gpu.localcluster.apiserver import APIServer
-from airflow_gpu.localcluster.audit import AuditLog
-from airflow_gpu.localcluster.controllers import Controllers
+from airflow_gpu.localcluster import errors
+from airflow_gpu.localcluster.kubelet import upgrades
+from airflow_gpu.localcluster.admission.admission import share_pod_values
+from airflow_gpu.localcluster.handlers.apiserver import APIServer
+from airflow_gpu.localcluster.handlers.audit import AuditLog
+from airflow_gpu.localcluster.controllers.controllers import Controllers
 from airflow_gpu.localcluster.events import Recorder
 from airflow_gpu.localcluster.faults import MODES, Faults
-from airflow_gpu.localcluster.kubelet import Kubelet
-from airflow_gpu.localcluster.nodelease import NodeHeartbeats
-from airflow_gpu.localcluster.nodeagent import node_status
-from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
-from airflow_gpu.localcluster.podstream import PodStreams
-from airflow_gpu.localcluster.rbac import Access
-from airflow_gpu.localcluster.resources import CRD_KEY, Registry
-from airflow_gpu.localcluster.scheduler import DefaultScheduler
-from airflow_gpu.localcluster.simkubelet import SimulatedKubelet
-from airflow_gpu.localcluster.serviceaccounts import TokenIssuer, namespace_created
+from airflow_gpu.localcluster.kubelet.kubelet import Kubelet
+from airflow_gpu.localcluster.kubelet.nodelease import NodeHeartbeats
+from airflow_gpu.localcluster.kubelet.nodeagent import node_status
+from airflow_gpu.localcluster.registry.objects import ObjectAPI, deep_copy
+from airflow_gpu.localcluster.kubelet.podstream import PodStreams
+from airflow_gpu.localcluster.handlers.rbac import Access
+from airflow_gpu.localcluster.registry.resources import CRD_KEY, Registry
+from airflow_gpu.localcluster.controllers.scheduler import DefaultScheduler
+from airflow_gpu.localcluster.kubelet.simkubelet import SimulatedKubelet
+from airflow_gpu.localcluster.admission.serviceaccounts import TokenIssuer, namespace_created
 from airflow_gpu.localcluster.spec import ClusterSpec, initial_nodes, node_manifest
-from airflow_gpu.localcluster.store import Store
-from airflow_gpu.localcluster.tls import ensure_certificate
-from airflow_gpu.localcluster.workloads import Workloads
+from airflow_gpu.localcluster.registry.store import Store
+from airflow_gpu.localcluster.handlers.tls import ensure_certificate
+from airflow_gpu.localcluster.controllers.workloads import Workloads
 
 log = logging.getLogger(__name__)
 BUNDLED_CRDS = sorted((Path(__file__).parent / "crds").glob("*.yaml"))

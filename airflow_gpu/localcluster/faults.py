@@ -19,9 +19,9 @@ import logging
 
 from airflow_gpu import constants as C
 from airflow_gpu.localcluster import errors
-from airflow_gpu.localcluster.kubelet import SHUTDOWN_MESSAGE
-from airflow_gpu.localcluster.nodeagent import node_status
-from airflow_gpu.localcluster.objects import deep_copy
+from airflow_gpu.localcluster.kubelet.kubelet import SHUTDOWN_MESSAGE
+from airflow_gpu.localcluster.kubelet.nodeagent import node_status
+from airflow_gpu.localcluster.registry.objects import deep_copy
 from airflow_gpu.localcluster.podutil import is_terminal, now_iso, set_condition
 
 log = logging.getLogger(__name__)

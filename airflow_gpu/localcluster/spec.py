@@ -149,7 +149,7 @@ class ClusterSpec(_Model):
         default="processes",
         description="processes: each node's kubelet runs bound pods as local processes and renews its Lease; "
                     "scale: pods are simulated without processes and nodes without heartbeats, as KWOK does "
-                    "(thousands of nodes; see localcluster/simkubelet.py for what is simulated)",
+                    "(thousands of nodes; see localcluster/kubelet/simkubelet.py for what is simulated)",
     )
     pod_isolation: Literal["mountns", "none"] = Field(
         alias="podIsolation", default="mountns",

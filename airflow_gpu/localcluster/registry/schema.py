@@ -15,7 +15,7 @@ from functools import lru_cache
 import kubernetes.client as k8s_models
 
 from airflow_gpu.localcluster.errors import bad_request
-from airflow_gpu.localcluster.resources import ResourceType
+from airflow_gpu.localcluster.registry.resources import ResourceType
 
 QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
 QUANTITY_MESSAGE = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"

@@ -12,9 +12,9 @@ import asyncio
 import logging
 
 from airflow_gpu.localcluster.events import Recorder
-from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
+from airflow_gpu.localcluster.registry.objects import ObjectAPI, deep_copy
 from airflow_gpu.localcluster.podutil import is_terminal, pod_requests, quantity, set_condition, tolerates
-from airflow_gpu.localcluster.selectors import match_expression
+from airflow_gpu.localcluster.registry.selectors import match_expression
 
 log = logging.getLogger(__name__)
 POD_KEY = "/pods"

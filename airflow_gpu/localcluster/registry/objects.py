@@ -11,12 +11,14 @@ import random
 import uuid
 
 from airflow_gpu import constants as C
-from airflow_gpu.localcluster import admission, errors, fieldmanager, workloadspec
-from airflow_gpu.localcluster.patch import apply_patch
+from airflow_gpu.localcluster.admission import admission
+from airflow_gpu.localcluster import errors
+from airflow_gpu.localcluster.registry import fieldmanager, workloadspec
+from airflow_gpu.localcluster.registry.patch import apply_patch
 from airflow_gpu.localcluster.podutil import is_terminal, now_iso, set_condition
-from airflow_gpu.localcluster.resources import CRD_KEY, Registry, ResourceType
-from airflow_gpu.localcluster.schema import decode_object
-from airflow_gpu.localcluster.store import Store, decode, encode
+from airflow_gpu.localcluster.registry.resources import CRD_KEY, Registry, ResourceType
+from airflow_gpu.localcluster.registry.schema import decode_object
+from airflow_gpu.localcluster.registry.store import Store, decode, encode
 
 NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # as the real name generator
 POD_KEY = "/pods"

@@ -27,7 +27,7 @@ import msgspec
 
 from airflow_gpu.constants import ENV_CLUSTER_UNSAFE_ACK
 from airflow_gpu.localcluster import errors
-from airflow_gpu.localcluster.selectors import fields_match, labels_match
+from airflow_gpu.localcluster.registry.selectors import fields_match, labels_match
 
 log = logging.getLogger(__name__)
 

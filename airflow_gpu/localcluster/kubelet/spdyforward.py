@@ -20,7 +20,7 @@ import contextlib
 import logging
 from typing import Awaitable, Callable
 
-from airflow_gpu.localcluster import spdy
+from airflow_gpu.localcluster.kubelet import spdy
 
 log = logging.getLogger(__name__)
 TUNNEL_PROTOCOL = "SPDY/3.1+portforward.k8s.io"

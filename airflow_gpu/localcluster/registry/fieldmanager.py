@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 
 from airflow_gpu.localcluster import errors
-from airflow_gpu.localcluster.openapidocs import builtin_docs
-from airflow_gpu.localcluster.patch import MERGE_KEYS
+from airflow_gpu.localcluster.registry.openapidocs import builtin_docs
+from airflow_gpu.localcluster.registry.patch import MERGE_KEYS
 from airflow_gpu.localcluster.podutil import now_iso
-from airflow_gpu.localcluster.schema import model_fields
+from airflow_gpu.localcluster.registry.schema import model_fields
 
 UNTRACKED_META = {"managedFields", "resourceVersion", "uid", "creationTimestamp", "generation", "selfLink",
                   "deletionTimestamp", "deletionGracePeriodSeconds", "name", "namespace"}

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from airflow_gpu.localcluster import errors
-from airflow_gpu.localcluster.shared import freeze
+from airflow_gpu.localcluster.registry.shared import freeze
 
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 API_AUDIENCES = (ISSUER,)  # kube-apiserver's --api-audiences default to the issuer

@@ -151,7 +151,7 @@ def runtime_paths() -> tuple[set[str], list[str]]:
     """(trusted, others): what runs this project's Python as the cluster runs it. Trusted: the
     interpreter's prefixes, this project's source and editable installs' mapped directories, shown even
     where they lie in a hidden root (pyenv under /root, a worktree under /tmp); others: its import path."""
-    trusted = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, str(Path(__file__).resolve().parents[2])}
+    trusted = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, str(Path(__file__).resolve().parents[3])}
     for name, module in list(sys.modules.items()):
         if name.startswith("__editable__"):  # setuptools' editable finders: MAPPING and NAMESPACES
             trusted.update((getattr(module, "MAPPING", None) or {}).values())

@@ -7,7 +7,7 @@ import datetime as dt
 import uuid
 from pathlib import Path
 
-from airflow_gpu.localcluster.store import encode
+from airflow_gpu.localcluster.registry.store import encode
 
 _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from airflow_gpu import constants as C
 from airflow_gpu.localcluster import errors
 from airflow_gpu.localcluster.events import Recorder
-from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
+from airflow_gpu.localcluster.registry.objects import ObjectAPI, deep_copy
 from airflow_gpu.localcluster.podutil import get_condition, is_terminal, now_iso, parse_time
-from airflow_gpu.localcluster.selectors import label_selector_object_matches
-from airflow_gpu.localcluster.store import encode
-from airflow_gpu.localcluster.workloadspec import int_or_percent
+from airflow_gpu.localcluster.registry.selectors import label_selector_object_matches
+from airflow_gpu.localcluster.registry.store import encode
+from airflow_gpu.localcluster.registry.workloadspec import int_or_percent
 
 log = logging.getLogger(__name__)
 POD_KEY = "/pods"

@@ -17,8 +17,8 @@ import base64
 import os
 from pathlib import Path, PurePosixPath
 
-from airflow_gpu.localcluster.isolation import Bind
-from airflow_gpu.localcluster.serviceaccounts import INJECTED_TOKEN_SECONDS
+from airflow_gpu.localcluster.kubelet.isolation import Bind
+from airflow_gpu.localcluster.admission.serviceaccounts import INJECTED_TOKEN_SECONDS
 
 SUPPORTED = ("emptyDir", "configMap", "secret", "downwardAPI", "projected")
 NOT_SUPPORTED_HINT = "use emptyDir, configMap, secret, downwardAPI or projected"

@@ -9,7 +9,7 @@ import datetime as dt
 
 from airflow_gpu import constants as C
 from airflow_gpu.localcluster import errors
-from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
+from airflow_gpu.localcluster.registry.objects import ObjectAPI, deep_copy
 from airflow_gpu.localcluster.podutil import now_iso
 
 NODE_KEY, LEASE_KEY = "/nodes", "coordination.k8s.io/leases"

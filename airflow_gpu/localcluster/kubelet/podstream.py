@@ -32,12 +32,13 @@ import termios
 from typing import Callable
 from urllib.parse import parse_qs, unquote
 
-from airflow_gpu.localcluster import errors, isolation, security
-from airflow_gpu.localcluster.spdyforward import TUNNEL_PROTOCOL, SpdyPortForward
-from airflow_gpu.localcluster.upgrades import SPDY_EXTENSION
+from airflow_gpu.localcluster import errors
+from airflow_gpu.localcluster.kubelet import isolation, security
+from airflow_gpu.localcluster.kubelet.spdyforward import TUNNEL_PROTOCOL, SpdyPortForward
+from airflow_gpu.localcluster.kubelet.upgrades import SPDY_EXTENSION
 from airflow_gpu.localcluster.errors import ApiError
-from airflow_gpu.localcluster.kubelet import _die_with_parent
-from airflow_gpu.localcluster.podenv import VAR_REF
+from airflow_gpu.localcluster.kubelet.kubelet import _die_with_parent
+from airflow_gpu.localcluster.kubelet.podenv import VAR_REF
 from airflow_gpu.localcluster.podutil import is_terminal
 
 log = logging.getLogger(__name__)

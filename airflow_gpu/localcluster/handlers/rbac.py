@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from airflow_gpu.localcluster import errors
-from airflow_gpu.localcluster.serviceaccounts import ADMIN, API_AUDIENCES, TokenIssuer, User
+from airflow_gpu.localcluster.admission.serviceaccounts import ADMIN, API_AUDIENCES, TokenIssuer, User
 
 CR_KEY, CRB_KEY = "rbac.authorization.k8s.io/clusterroles", "rbac.authorization.k8s.io/clusterrolebindings"
 ROLE_KEY, RB_KEY = "rbac.authorization.k8s.io/roles", "rbac.authorization.k8s.io/rolebindings"

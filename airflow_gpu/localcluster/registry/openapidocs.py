@@ -13,8 +13,8 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from airflow_gpu.localcluster.resources import BUILTINS
-from airflow_gpu.localcluster.schema import model_fields
+from airflow_gpu.localcluster.registry.resources import BUILTINS
+from airflow_gpu.localcluster.registry.schema import model_fields
 
 KUBE_MINOR = "1.32"
 EXTENSIONS = ("x-kubernetes-patch-strategy", "x-kubernetes-patch-merge-key", "x-kubernetes-list-type",

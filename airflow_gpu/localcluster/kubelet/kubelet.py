@@ -21,19 +21,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from airflow_gpu import constants as C
-from airflow_gpu.localcluster import errors, seccomp, security
-from airflow_gpu.localcluster.containerlog import LogReader, LogWriter
+from airflow_gpu.localcluster import errors
+from airflow_gpu.localcluster.kubelet import seccomp, security
+from airflow_gpu.localcluster.kubelet.containerlog import LogReader, LogWriter
 from airflow_gpu.localcluster.events import Recorder
-from airflow_gpu.localcluster import isolation
-from airflow_gpu.localcluster.clusterdns import ClusterHosts
-from airflow_gpu.localcluster.isolation import ImageRoot, MountPlan, image_root, probe
-from airflow_gpu.localcluster.nodeagent import Devices, PodIPs, admit
-from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
-from airflow_gpu.localcluster.podenv import VAR_REF, PodEnv
+from airflow_gpu.localcluster.kubelet import isolation
+from airflow_gpu.localcluster.kubelet.clusterdns import ClusterHosts
+from airflow_gpu.localcluster.kubelet.isolation import ImageRoot, MountPlan, image_root, probe
+from airflow_gpu.localcluster.kubelet.nodeagent import Devices, PodIPs, admit
+from airflow_gpu.localcluster.registry.objects import ObjectAPI, deep_copy
+from airflow_gpu.localcluster.kubelet.podenv import VAR_REF, PodEnv
 from airflow_gpu.localcluster.podutil import is_terminal, now_iso, pod_requests, set_condition
-from airflow_gpu.localcluster.store import Store
-from airflow_gpu.localcluster.serviceaccounts import TOKEN_MOUNT_PATH
-from airflow_gpu.localcluster.volumes import PodVolumes, VolumeError
+from airflow_gpu.localcluster.registry.store import Store
+from airflow_gpu.localcluster.admission.serviceaccounts import TOKEN_MOUNT_PATH
+from airflow_gpu.localcluster.kubelet.volumes import PodVolumes, VolumeError
 
 log = logging.getLogger(__name__)
 POD_KEY = "/pods"

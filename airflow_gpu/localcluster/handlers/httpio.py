@@ -9,8 +9,9 @@ import msgspec
 import yaml
 
 from airflow_gpu.bounded import tree_problem
-from airflow_gpu.localcluster import errors, protobuf
-from airflow_gpu.localcluster.store import decode, encode
+from airflow_gpu.localcluster import errors
+from airflow_gpu.localcluster.handlers import protobuf
+from airflow_gpu.localcluster.registry.store import decode, encode
 
 JSON = [(b"content-type", b"application/json")]
 # what the real API server accepts: 3 MiB a request (etcd's 1.5 MiB object limit, doubled for encoding);

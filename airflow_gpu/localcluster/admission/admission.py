@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import re
 
-from airflow_gpu.localcluster import errors, quota, security, serviceaccounts, workloadspec
+from airflow_gpu.localcluster import errors
+from airflow_gpu.localcluster.admission import quota, serviceaccounts
+from airflow_gpu.localcluster.kubelet import security
+from airflow_gpu.localcluster.registry import workloadspec
 from airflow_gpu.localcluster.podutil import quantity
-from airflow_gpu.localcluster.resources import ResourceType
-from airflow_gpu.localcluster.schema import crd_causes
-from airflow_gpu.localcluster.serviceaccounts import INJECTED_PROJECTED
-from airflow_gpu.localcluster.shared import intern_strings
-from airflow_gpu.localcluster.volumes import volume_causes
+from airflow_gpu.localcluster.registry.resources import ResourceType
+from airflow_gpu.localcluster.registry.schema import crd_causes
+from airflow_gpu.localcluster.admission.serviceaccounts import INJECTED_PROJECTED
+from airflow_gpu.localcluster.registry.shared import intern_strings
+from airflow_gpu.localcluster.kubelet.volumes import volume_causes
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-from airflow_gpu.localcluster import discovery, errors
+from airflow_gpu.localcluster.handlers import discovery
+from airflow_gpu.localcluster import errors
 from airflow_gpu.localcluster.errors import ApiError
-from airflow_gpu.localcluster.httpio import JSON, TRUE, Request
-from airflow_gpu.localcluster.resources import ResourceType
-from airflow_gpu.localcluster.selectors import parse_field_selector, parse_label_selector
-from airflow_gpu.localcluster.store import Store, encode
+from airflow_gpu.localcluster.handlers.httpio import JSON, TRUE, Request
+from airflow_gpu.localcluster.registry.resources import ResourceType
+from airflow_gpu.localcluster.registry.selectors import parse_field_selector, parse_label_selector
+from airflow_gpu.localcluster.registry.store import Store, encode
 
 
 async def stream_watch(store: Store, req: Request, send, rt: ResourceType, version: str, namespace: str | None,

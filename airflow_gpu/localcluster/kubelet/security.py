@@ -29,7 +29,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 
-from airflow_gpu.localcluster import seccomp
+from airflow_gpu.localcluster.kubelet import seccomp
 
 SETPRIV = shutil.which("setpriv")
 MAX_ID = 2147483647

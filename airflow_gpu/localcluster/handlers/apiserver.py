@@ -12,21 +12,24 @@ import logging
 from typing import AsyncIterator, Awaitable, Callable
 from urllib.parse import unquote
 
-from airflow_gpu.localcluster import discovery, errors, podstream, serviceaccounts
-from airflow_gpu.localcluster.audit import AuditLog
-from airflow_gpu.localcluster.audit import now as audit_now
+from airflow_gpu.localcluster.handlers import discovery
+from airflow_gpu.localcluster import errors
+from airflow_gpu.localcluster.kubelet import podstream
+from airflow_gpu.localcluster.admission import serviceaccounts
+from airflow_gpu.localcluster.handlers.audit import AuditLog
+from airflow_gpu.localcluster.handlers.audit import now as audit_now
 from airflow_gpu.localcluster.errors import ApiError
-from airflow_gpu.localcluster.httpio import MAX_BODY_BYTES, TRUE, Request, Response, json_response
-from airflow_gpu.localcluster.objects import ObjectAPI
-from airflow_gpu.localcluster.patch import apply_patch
-from airflow_gpu.localcluster.podstream import PodStreams
-from airflow_gpu.localcluster.rbac import REVIEW_VERBS, UNAUTHENTICATED_PATHS, Access
-from airflow_gpu.localcluster.resources import Registry, ResourceType
-from airflow_gpu.localcluster.schema import decode_object
-from airflow_gpu.localcluster.selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
-from airflow_gpu.localcluster.store import Store, decode, encode
-from airflow_gpu.localcluster.streaming import stream_log, stream_watch
-from airflow_gpu.localcluster.workloads import evict_pod
+from airflow_gpu.localcluster.handlers.httpio import MAX_BODY_BYTES, TRUE, Request, Response, json_response
+from airflow_gpu.localcluster.registry.objects import ObjectAPI
+from airflow_gpu.localcluster.registry.patch import apply_patch
+from airflow_gpu.localcluster.kubelet.podstream import PodStreams
+from airflow_gpu.localcluster.handlers.rbac import REVIEW_VERBS, UNAUTHENTICATED_PATHS, Access
+from airflow_gpu.localcluster.registry.resources import Registry, ResourceType
+from airflow_gpu.localcluster.registry.schema import decode_object
+from airflow_gpu.localcluster.registry.selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
+from airflow_gpu.localcluster.registry.store import Store, decode, encode
+from airflow_gpu.localcluster.handlers.streaming import stream_log, stream_watch
+from airflow_gpu.localcluster.controllers.workloads import evict_pod
 
 log = logging.getLogger(__name__)
 

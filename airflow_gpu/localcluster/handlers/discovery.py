@@ -5,11 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 
-from airflow_gpu.localcluster import openapidocs, openapiv2, workloadtables
+from airflow_gpu.localcluster.registry import openapidocs
+from airflow_gpu.localcluster.handlers import openapiv2, workloadtables
 from airflow_gpu.localcluster.podutil import parse_time
-from airflow_gpu.localcluster.resources import Registry, ResourceType
-from airflow_gpu.localcluster.schema import openapi_document
-from airflow_gpu.localcluster.store import decode, encode
+from airflow_gpu.localcluster.registry.resources import Registry, ResourceType
+from airflow_gpu.localcluster.registry.schema import openapi_document
+from airflow_gpu.localcluster.registry.store import decode, encode
 
 VERSION_INFO = {
     "major": "1", "minor": "32", "gitVersion": "v1.32.0-airflow-gpu-local", "gitCommit": "0" * 40,

@@ -6,7 +6,7 @@ from decimal import Decimal
 
 from airflow_gpu.localcluster import errors
 from airflow_gpu.localcluster.podutil import is_terminal, pod_limits, pod_requests, quantity
-from airflow_gpu.localcluster.resources import ResourceType
+from airflow_gpu.localcluster.registry.resources import ResourceType
 
 QUOTA_KEY = "/resourcequotas"
 POD_KEY = "/pods"

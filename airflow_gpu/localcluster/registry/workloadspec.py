@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from airflow_gpu import constants as C
-from airflow_gpu.localcluster.selectors import label_selector_object_matches
+from airflow_gpu.localcluster.registry.selectors import label_selector_object_matches
 
 WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "Job", "PodDisruptionBudget")
 JOB_MAX_BACKOFF = 2147483647

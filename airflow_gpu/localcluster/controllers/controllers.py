@@ -10,9 +10,10 @@ import logging
 from collections import defaultdict
 
 from airflow_gpu import constants as C
-from airflow_gpu.localcluster import errors, quota
+from airflow_gpu.localcluster import errors
+from airflow_gpu.localcluster.admission import quota
 from airflow_gpu.localcluster.events import Recorder
-from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
+from airflow_gpu.localcluster.registry.objects import ObjectAPI, deep_copy
 from airflow_gpu.localcluster.podutil import is_terminal, now_iso, parse_time, tolerates
 
 log = logging.getLogger(__name__)

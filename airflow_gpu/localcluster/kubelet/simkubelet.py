@@ -17,8 +17,8 @@ from collections import defaultdict
 
 from airflow_gpu import constants as C
 from airflow_gpu.localcluster import errors
-from airflow_gpu.localcluster.nodeagent import PodIPs
-from airflow_gpu.localcluster.objects import ObjectAPI, deep_copy
+from airflow_gpu.localcluster.kubelet.nodeagent import PodIPs
+from airflow_gpu.localcluster.registry.objects import ObjectAPI, deep_copy
 from airflow_gpu.localcluster.podutil import is_terminal, now_iso, pod_requests, set_condition
 
 POD_KEY, NODE_KEY = "/pods", "/nodes"

@@ -1,0 +1,1 @@
+"""Admission on create and update: defaults, validation, Priority, ResourceQuota, service accounts."""

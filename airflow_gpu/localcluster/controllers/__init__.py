@@ -1,0 +1,1 @@
+"""Control loops of kube-controller-manager and the default scheduler, scaled down."""

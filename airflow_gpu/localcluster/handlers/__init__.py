@@ -1,0 +1,1 @@
+"""The HTTP side (kube-apiserver's handler chain): the ASGI app and its request values, authentication and RBAC authorization, audit, discovery, OpenAPI v2, table printing, protobuf bodies, watch and log streaming, TLS."""

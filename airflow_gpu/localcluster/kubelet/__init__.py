@@ -1,0 +1,1 @@
+"""The simulated nodes' kubelets: running pods as local processes in a confined view of the filesystem, their environment, volumes, security context and seccomp, container logs, node status and leases, exec/attach/port-forward streaming."""

@@ -1,0 +1,1 @@
+"""Storage and the registry: the object store with watch fan-out, the served resource types and their schemas, object verbs, patches, server-side apply, selectors, workload API defaults and validation."""
