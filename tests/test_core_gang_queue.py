@@ -6,7 +6,7 @@ import math
 
 from fixtures.core_gang import cluster, gang, profile, run_cycle, start, state_of
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from airflow_gpu.constants import TIER_INTERACTIVE
@@ -402,7 +402,9 @@ def test_a_failed_preemption_plan_is_not_searched_again_for_the_same_ask(monkeyp
     assert calls == ["q", "p0", "p0"]
 
 
-@settings(max_examples=80, deadline=None)
+# about 2 in 3 scenes hold no reservation and are filtered out: Hypothesis' early health check sometimes
+# trips on that ratio (seen on some seeds before and after issue 30); the 80 examples still run
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(queues(), st.lists(st.booleans(), min_size=6, max_size=6))
 def test_work_on_reserved_nodes_ends_before_the_head_starts_or_is_the_heads_to_preempt(scene, ckpt):
     """Production is never held back by work it cannot take back: every gang admitted behind the
