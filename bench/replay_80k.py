@@ -42,14 +42,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--platforms", default="naive,full")
     ap.add_argument("--jobs", type=int, default=None, help="platforms in parallel processes (default: one per CPU)")
+    ap.add_argument("--estimates", default="learned", choices=("learned", "runs", "declared", "off"),
+                    help="recording of the predicted starts (sim/start_accuracy.py; off: the replay alone)")
     args = ap.parse_args(sys.argv[2:] if argv is None and len(sys.argv) > 1 and sys.argv[1] == "replay_80k"
                          else argv or [])
     t0 = time.perf_counter()
     p = params(args.scale, args.days)
-    setting = seed_setting(p, args.seed)
+    setting = replace(seed_setting(p, args.seed), estimates=args.estimates)
     gpus = sum(n.gpu_count for n in setting.nodes)
     print(f"generator x{args.scale:g}, {args.days:g} days, seed {args.seed}: {len(setting.nodes)} nodes, {gpus} GPUs, "
-          f"{len(setting.jobs)} jobs (built in {time.perf_counter() - t0:.1f} s); load average "
+          f"{len(setting.jobs)} jobs (built in {time.perf_counter() - t0:.1f} s), estimates {args.estimates}; load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     names = args.platforms.split(",")
     jobs = args.jobs or os.cpu_count() or 1
