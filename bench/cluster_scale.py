@@ -327,6 +327,8 @@ class Finished(threading.Thread):
                 group = name.rsplit("-", 1)[0]
                 groups[group] = groups.get(group, 0) + 1
             for group in [g for g, n in groups.items() if n >= self.members and g not in done]:
+                if self._stop.is_set():  # the window is over: the cluster may be stopping
+                    return
                 done.add(group)
                 retried(lambda g=group: custom.delete_namespaced_custom_object(
                     C.PODGROUP_GROUP, C.PODGROUP_VERSION, NS, C.PODGROUP_PLURAL, g), 404)
@@ -336,7 +338,9 @@ class Finished(threading.Thread):
                 self.deleted += 1
 
     def stop(self):
+        """Ends the deletions and waits for them, so none is in flight when the cluster stops."""
         self._stop.set()
+        self.join(timeout=60)
 
 
 def steady(api, nodes: int, port: int, sched: Proc, pending: int, churn: float, members: int, seconds: float) -> dict:
