@@ -87,8 +87,9 @@ def create_gang(api: client.ApiClient, namespace: str, name: str, members: int, 
     core = client.CoreV1Api(api)
     names = [member_name(name, i) for i in range(members)]
     for pod_name in names:
+        # the answer is read (.data): only then does the client put its connection back in the pool
         core.create_namespaced_pod(namespace, pod_manifest(pod_name, namespace, gpus, group=name, **pod_kw),
-                                   _preload_content=False)
+                                   _preload_content=False).data
     return names
 
 
