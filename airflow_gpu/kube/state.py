@@ -51,6 +51,21 @@ def disruption_target(pod: Any) -> tuple[str, str] | None:
     return None
 
 
+def stopping(pod: Any) -> bool:
+    """Being deleted or told to stop (DisruptionTarget): its last lines are still to come."""
+    return bool((as_dict(pod).get("metadata") or {}).get("deletionTimestamp")) or disruption_target(pod) is not None
+
+
+def container_ended(pod: Any, container: str | None = None) -> bool:
+    """The pod ended, or its training container did (a sidecar may still run)."""
+    status = as_dict(pod).get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return True
+    states = [cs.get("state") or {} for cs in status.get("containerStatuses") or []
+              if not container or cs.get("name") == container]
+    return bool(states) and all("terminated" in s for s in states)
+
+
 @dataclass(frozen=True)
 class MemberState:
     name: str

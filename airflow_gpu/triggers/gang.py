@@ -35,8 +35,8 @@ from airflow_gpu.kube import state as S
 from airflow_gpu.kube.outcome import STATUS_DISRUPTED, STATUS_ERROR, GangOutcome, outcome_of, with_recorded_preemption
 from airflow_gpu.kube.podlog import DEFAULT_TAIL_LINES, since_seconds, split_timestamp, stamp_key
 from airflow_gpu.kube.preemptions import read_record
-from airflow_gpu.kube.state import GangState, disruption_target, gang_state
-from airflow_gpu.triggers.ranklogs import SETTLE_MARGIN, LiveCopy, container_ended, rank_ends, stopping
+from airflow_gpu.kube.state import GangState, container_ended, disruption_target, gang_state, stopping
+from airflow_gpu.triggers.ranklogs import SETTLE_MARGIN, LiveCopy, rank_ends
 
 
 # seconds the live log's last flush (and its position record) may take; a bound only: the trigger that

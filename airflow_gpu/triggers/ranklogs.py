@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from airflow_gpu import constants as C
 from airflow_gpu.kube.podlog import TAIL_MAX_BYTES, rank_end, ranks_to_show, trim_tail, unstreamed
+from airflow_gpu.kube.state import container_ended, stopping
 
 # bytes of tails one event carries (it is stored in the metadata DB): shared by the ranks shown
 EVENT_TAIL_BUDGET = 512 * 1024
@@ -40,24 +40,6 @@ class LiveCopy:
 
     def tail(self) -> tuple[str, bool] | None:
         return ("".join(line + "\n" for line in self.lines), self.more) if self.lines else None
-
-
-def container_ended(pod: dict, container: str | None = None) -> bool:
-    """The pod ended, or its training container did (a sidecar may still run)."""
-    status = pod.get("status") or {}
-    if status.get("phase") in ("Succeeded", "Failed"):
-        return True
-    states = [cs.get("state") or {} for cs in status.get("containerStatuses") or []
-              if not container or cs.get("name") == container]
-    return bool(states) and all("terminated" in s for s in states)
-
-
-def stopping(pod: dict) -> bool:
-    """Being deleted or told to stop (DisruptionTarget): its last lines are still to come."""
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return True
-    return any(c.get("type") == C.CONDITION_DISRUPTION_TARGET and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
 
 
 async def _tail(core, namespace: str, pod: str, container: str | None, lines: int,
@@ -137,4 +119,4 @@ async def rank_ends(core, namespace: str, pods: dict[str, dict], container: str 
     return out
 
 
-__all__ = ["LiveCopy", "container_ended", "rank_ends", "stopping"]
+__all__ = ["LiveCopy", "rank_ends"]
