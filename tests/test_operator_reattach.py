@@ -169,3 +169,33 @@ def test_an_object_the_api_refuses_as_invalid_fails_without_retry(cluster):
     groups = cluster.custom().list_namespaced_custom_object("scheduling.x-k8s.io", "v1alpha1", "team-research",
                                                             "podgroups", label_selector=f"{C.LABEL_DAG_ID}=invalid")
     assert groups["items"] == []
+
+
+def test_a_spec_breaking_the_namespace_s_pod_security_level_fails_without_retry_and_kpo_s_contexts_fix_it(cluster):
+    """A namespace enforcing Pod Security "restricted" refuses the default spec with kube-apiserver's
+    403 "violates PodSecurity": the task fails without a retry, naming the fix (KPO's security
+    contexts), and nothing stays; with those contexts set the same gang is created."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    label = "pod-security.kubernetes.io/enforce"
+    cluster.core().patch_namespace("team-research", {"metadata": {"labels": {label: "restricted"}}})
+    try:
+        ti = FakeTaskInstance("podsecurity", "train", "manual__1")
+        with pytest.raises(AirflowFailException) as info:
+            operator("train").execute(context_for(ti, DictStateStore()))
+        message = str(info.value)
+        assert 'violates PodSecurity "restricted:latest"' in message and "allowPrivilegeEscalation != false" in message
+        assert "container_security_context" in message and "without spending a retry" in message, message
+        wait_until(lambda: not pods_of(cluster, "podsecurity"), timeout=60, what="nothing left")
+
+        compliant = operator("train", security_context={"runAsNonRoot": True, "runAsUser": 1000,
+                                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                             container_security_context={"allowPrivilegeEscalation": False,
+                                                         "capabilities": {"drop": ["ALL"]}})
+        deferred = execute_until_deferred(compliant, context_for(FakeTaskInstance("podsecurity", "train", "manual__2"),
+                                                                 DictStateStore()))
+        assert len(deferred.trigger.pod_uids) == 2
+        compliant.on_kill()
+    finally:
+        cluster.core().patch_namespace("team-research", {"metadata": {"labels": {label: None}}})
+    wait_until(lambda: not pods_of(cluster, "podsecurity"), timeout=60, what="on_kill deleted the pods")

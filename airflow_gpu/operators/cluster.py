@@ -15,6 +15,7 @@ from kubernetes.client.rest import ApiException
 from airflow_gpu.kube.cleanup import delete_task_instance_objects_sync
 
 QUOTA_REFUSAL = "exceeded quota"
+POD_SECURITY_REFUSAL = "violates PodSecurity"  # kube-apiserver's Pod Security admission
 
 
 class ForeignObjectError(RuntimeError):
@@ -178,11 +179,17 @@ def _json(resp) -> dict:
 
 
 def invalid_refusal(exc: BaseException) -> str | None:
-    """The API server's message when it refused an object as invalid (422: validation or an admission
-    plugin, e.g. a volume type the cluster does not offer), else None. The same spec is refused again:
-    a deterministic error, not one to retry."""
-    if isinstance(exc, ApiException) and exc.status == 422:
+    """The API server's message when it refused an object's spec for good, else None: 422 (validation
+    or an admission plugin, e.g. a volume type the cluster does not offer) or 403 from Pod Security
+    admission (the namespace enforces a level the spec breaks). The same spec is refused again: a
+    deterministic error, not one to retry. Other 403s (RBAC, a ResourceQuota) are not the spec's fault."""
+    if not isinstance(exc, ApiException):
+        return None
+    if exc.status == 422:
         return _status_message(exc)
+    if exc.status == 403 and POD_SECURITY_REFUSAL in (exc.body or ""):
+        return (f"{_status_message(exc)} (set the operator's security_context / container_security_context, "
+                "as for KubernetesPodOperator, to meet the namespace's Pod Security level)")
     return None
 
 

@@ -1,13 +1,14 @@
 """Admission on create/update, in the order of a real API server: defaults, validation (422 with
 causes, volumes included), namespace lifecycle, Priority (priorityClassName -> spec.priority),
-ServiceAccount (the account must exist; the kube-api-access token volume is added), ResourceQuota."""
+ServiceAccount (the account must exist; the kube-api-access token volume is added), PodSecurity
+(the namespace's enforced level), ResourceQuota."""
 
 from __future__ import annotations
 
 import re
 
 from airflow_gpu.localcluster import errors
-from airflow_gpu.localcluster.admission import quota, serviceaccounts
+from airflow_gpu.localcluster.admission import podsecurity, quota, serviceaccounts
 from airflow_gpu.localcluster.kubelet import security
 from airflow_gpu.localcluster.registry import workloadspec
 from airflow_gpu.localcluster.podutil import quantity
@@ -290,6 +291,7 @@ def share_pod_values(pod: dict, old: dict | None) -> None:
 def admit_create(store, rt: ResourceType, obj: dict) -> None:
     meta = obj["metadata"]
     name = meta.get("name", "")
+    ns_obj = None
     if rt.namespaced:
         ns_obj = store.get(NAMESPACE_KEY, "", meta["namespace"])
         if ns_obj is None:
@@ -300,6 +302,7 @@ def admit_create(store, rt: ResourceType, obj: dict) -> None:
     if rt.key == "/pods":
         _admit_priority(store, obj)
         serviceaccounts.admit_pod(store, obj)
+        podsecurity.admit_pod(ns_obj, obj)
     quota.admit(store, rt, obj)
 
 
