@@ -56,3 +56,14 @@ def test_the_scheduler_deletes_kept_pods_when_their_time_has_passed(kube_cluster
         scheduler.stop()
         runner.join(10)
         core.delete_collection_namespaced_pod(NS, grace_period_seconds=0)
+
+
+@pytest.mark.parametrize("flag,value", [("--kept-sweep-interval", "0"), ("--publish-interval", "-1"),
+                                        ("--bind-workers", "0")])
+def test_a_bad_interval_flag_is_refused_before_any_connection(flag, value, tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "airflow_gpu", "scheduler", flag, value,
+                           "--kubeconfig", str(tmp_path / "absent")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and f"scheduler: {flag} " in done.stderr and "must be" in done.stderr, done.stderr

@@ -30,6 +30,9 @@ def register(subparsers) -> None:
                         "namespace, read by the UI and `airflow-gpu queue`) at most every this many seconds "
                         "(default 5), and when the set of waiting gangs changes")
     p.add_argument("--bind-workers", type=int, default=16, help="Bindings of one gang sent in parallel")
+    p.add_argument("--kept-sweep-interval", type=float, default=60.0,
+                   help="pods kept after their task (on_finish_action) are deleted at most this many seconds "
+                        "after their keep-until time (default 60)")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port (0: off)")
     p.add_argument("--metrics-address", default="127.0.0.1", help="address for --metrics-port")
     p.add_argument("--leader-elect", action=argparse_bool(), default=True,
@@ -92,6 +95,18 @@ def run(args) -> int:
     if args.policy not in POLICIES:
         print(f"scheduler: --policy {args.policy!r}: choose one of {', '.join(POLICIES)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if args.bind_workers < 1:
+        print(f"scheduler: --bind-workers {args.bind_workers}: must be at least 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from airflow_gpu.constants import DEFAULT_PUBLISH_INTERVAL
+
+    interval = DEFAULT_PUBLISH_INTERVAL if args.publish_interval is None else args.publish_interval
+    if not interval > 0:
+        print(f"scheduler: --publish-interval {args.publish_interval}: must be > 0 seconds", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if not args.kept_sweep_interval > 0:
+        print(f"scheduler: --kept-sweep-interval {args.kept_sweep_interval}: must be > 0 seconds", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         api_client = _api_client(args)
     except SystemExit as exc:
@@ -108,17 +123,9 @@ def run(args) -> int:
             print(f"scheduler: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
     metrics = SchedulerMetrics()
-    if args.bind_workers < 1:
-        print(f"scheduler: --bind-workers {args.bind_workers}: must be at least 1", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    from airflow_gpu.constants import DEFAULT_PUBLISH_INTERVAL
-
-    interval = DEFAULT_PUBLISH_INTERVAL if args.publish_interval is None else args.publish_interval
-    if not interval > 0:
-        print(f"scheduler: --publish-interval {args.publish_interval}: must be > 0 seconds", file=sys.stderr)
-        return EXIT_BAD_INPUT
     settings = Settings(scheduler_name=args.scheduler_name, policy=args.policy, bind_workers=args.bind_workers,
-                        state_namespace=args.leader_elect_namespace, publish_interval=interval)
+                        state_namespace=args.leader_elect_namespace, publish_interval=interval,
+                        kept_sweep_interval=args.kept_sweep_interval)
     sched = Scheduler(api_client, quota_config, settings,
                       elector=elector, metrics=metrics, identity=identity)
     if args.metrics_port:
