@@ -124,10 +124,12 @@ class PlacementHold:
         """The held pods, oldest first: (pod, its reserved placement, release time)."""
         return [(e.pod, e.placement, e.until) for e in self._held.values()]
 
-    def offer(self, snap: Snapshot, pod: PodRequest, placement: Placement, now: float = 0.0) -> list[Placement]:
+    def offer(self, snap: Snapshot, pod: PodRequest, placement: Placement, now: float = 0.0,
+              until: float | None = None) -> list[Placement]:
         """Consider a placement just assumed in `snap`: hold it if it strands capacity. Returns the
         placements released to keep within the budget (oldest first), which are bound now; `pod`
-        itself is among them when it is not held."""
+        itself is among them when it is not held. `until`: a pod held before keeps its release time
+        (offer those oldest first)."""
         if not self.budget_milli or not self.strands(snap, placement):
             return [placement]
         g, milli = placement.gpu_shares[0]
@@ -138,7 +140,8 @@ class PlacementHold:
             self._by_slot.extend([None] * size)
             self._free_slots = list(range(2 * size - 1, size - 1, -1))
         slot = self._free_slots.pop()
-        entry = _Held(placement, pod, snap.node_index(placement.node), g, milli, slot, now + self.hold_seconds)
+        entry = _Held(placement, pod, snap.node_index(placement.node), g, milli, slot,
+                      now + self.hold_seconds if until is None else until)
         self._held[pod.name] = entry
         self._columns[:, slot] = (entry.node, g, milli, pod.cpu_milli, pod.memory_mib)
         self._alive[slot] = True
