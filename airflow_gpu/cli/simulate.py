@@ -84,7 +84,9 @@ def _register_replay(modes) -> None:
     rp.add_argument("--seed", type=int, default=42, help="seed of capacity, teams, spot and the generator")
     rp.add_argument("--days", type=float, help="seed scenario: days of arrivals (default from SeedParams)")
     rp.add_argument("--config", type=Path, help="quota config for tiers and prices (default examples/seed-quotas.yaml)")
-    rp.add_argument("--platforms", default=",".join(PLATFORMS), help=f"comma-separated, from {', '.join(PLATFORMS)}")
+    rp.add_argument("--platforms", default=",".join(n for n in PLATFORMS if n != "no-hold"),
+                    help=f"comma-separated, from {', '.join(PLATFORMS)} (default: all but no-hold, which is full "
+                         "unless placements are held)")
     rp.add_argument("--duration-estimate", type=float, default=0.0, metavar="X",
                     help="give the queue each gang's expected duration = X x its work (EASY backfilling through "
                          "reservations); 0 (default): none, like gangs without the expected-duration annotation; "
@@ -93,6 +95,14 @@ def _register_replay(modes) -> None:
                     help="a reservation of unknown start holds its nodes at most S s in a row, then pauses S s "
                          "(core.estimate.ReservationHold); 0: unbounded (default: the config's "
                          "scheduling.reservation_hold_seconds, as the scheduler runs it)")
+    rp.add_argument("--placement-hold", type=float, default=None, metavar="FRACTION",
+                    help="held placements (core/holding.py): at most this fraction of the GPU capacity held, a "
+                         "share that strands capacity reserved and not bound (default: the config's "
+                         "scheduling.placement_hold_budget, 0 = off, as the scheduler runs it); the platform "
+                         "no-hold is full without them")
+    rp.add_argument("--placement-hold-seconds", type=float, default=None, metavar="S",
+                    help="a held pod is bound where it was reserved after at most S s (default: the config's "
+                         "scheduling.placement_hold_seconds)")
     rp.add_argument("--restart-overhead", type=float, default=None, metavar="S",
                     help="every tier's restart overhead: seconds each restart computes nothing, charged as lost "
                          "(default: the config's scheduling/tier restart_overhead_seconds, as the scheduler runs it)")
@@ -143,6 +153,11 @@ def _replay(args) -> int:
     if args.reservation_hold is not None and args.reservation_hold < 0:
         print(f"--reservation-hold must be >= 0 (0: unbounded), got {args.reservation_hold}", file=sys.stderr)
         return 2
+    if (args.placement_hold is not None and not 0 <= args.placement_hold <= 1) or \
+            (args.placement_hold_seconds is not None and not args.placement_hold_seconds > 0):
+        print(f"--placement-hold must be in [0, 1] (a fraction of the GPU capacity) and --placement-hold-seconds "
+              f"> 0, got {args.placement_hold} and {args.placement_hold_seconds}", file=sys.stderr)
+        return 2
     try:
         min_runtime = parse_min_runtime(args.min_runtime)
     except ValueError as exc:
@@ -189,6 +204,10 @@ def _replay(args) -> int:
     setting = _with(setting, duration_estimate=args.duration_estimate, estimates=args.estimates)
     if args.reservation_hold is not None:
         setting = _with(setting, reservation_hold=args.reservation_hold)
+    if args.placement_hold is not None:
+        setting = _with(setting, placement_hold=args.placement_hold)
+    if args.placement_hold_seconds is not None:
+        setting = _with(setting, placement_hold_seconds=args.placement_hold_seconds)
     from airflow_gpu.sim.settings import with_restart_cost
 
     setting = with_restart_cost(setting, args.restart_overhead, min_runtime)
@@ -203,6 +222,7 @@ def _replay(args) -> int:
         results = replay_platforms(setting, names, args.jobs)
     doc = {"trace": trace, "capacity": args.capacity, "seed": args.seed, "duration_estimate": args.duration_estimate,
            "reservation_hold": setting.reservation_hold, "estimates": args.estimates,
+           "placement_hold": setting.placement_hold, "placement_hold_seconds": setting.placement_hold_seconds,
            "restart_overhead": {t: tier.restart_overhead_seconds for t, tier in setting.tiers.items()},
            "min_runtime": dict(setting.preemption_policy.min_runtime),
            "nodes": len(setting.nodes), "gpus": sum(n.gpu_count for n in setting.nodes), "jobs": len(setting.jobs),

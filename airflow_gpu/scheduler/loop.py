@@ -69,7 +69,7 @@ from airflow_gpu.kube.convert import (
 )
 from airflow_gpu.scheduler.actions import Api, default_identity, grace_seconds_of
 from airflow_gpu.scheduler.cache import ClusterCache, View
-from airflow_gpu.scheduler.holding import PlacementHolds, held_reason
+from airflow_gpu.core.holding import PlacementHolds, held_reason
 from airflow_gpu.scheduler.metrics import SchedulerMetrics
 from airflow_gpu.scheduler.publish import Publisher, nominated_gangs
 from airflow_gpu.scheduler.publish import document as publish_document
@@ -244,14 +244,14 @@ class Scheduler:
         holds = self.holds.after(state, result.admitted, [g for g in pending if g.name in result.waiting],
                                  {n for n, u in units.items() if u.podgroup is None}, self.profile, now, holds)
         admitted = [d for d in result.admitted if d.gang.name not in holds.kept]
-        admitted += [GangDecision(g, True, (p,)) for g, p in holds.bind]
+        admitted += [GangDecision(h.gang, True, (h.placement,), borrowed=h.borrowed) for h in holds.bind]
         futures = [self._gang_pool.submit(self._admit, units[d.gang.name], d, now) for d in admitted]
         for plan in result.preemptions:
             self._preempt(world, units[plan.gang.name], plan, now)
         for f in futures:
             f.result()
         preempting = {p.gang.name for p in result.preemptions}
-        bound = {g.name for g, _ in holds.bind}
+        bound = {h.gang.name for h in holds.bind}
         waits = [(units[name], reason) for name, reason in result.waiting.items()
                  if name not in preempting and name not in bound]
         waits += [(units[h.gang.name], held_reason(h)) for h in holds.held if h.gang.name in units]

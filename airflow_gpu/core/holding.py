@@ -1,6 +1,7 @@
-"""Held placements in the scheduler: a lone share whose placement strands GPU capacity is reserved
-and not bound for at most `scheduling.placement_hold_seconds`, so that a pod that fits nowhere may
-take its room (core/hold.py is the rule; this module is its bookkeeping across cycles).
+"""Held placements across cycles, as the scheduler and the replay run them: a lone share whose
+placement strands GPU capacity is reserved and not bound for at most
+`scheduling.placement_hold_seconds`, so that a pod that fits nowhere may take its room (core/hold.py
+is the rule; this module is its bookkeeping from one cycle to the next). Pure: no I/O.
 
 As a pod waiting at kube-scheduler's Permit stage ("Wait" with a timeout): its placement is assumed
 in every cycle's state (capacity and quota), not bound. It is bound where it was reserved when its
@@ -19,7 +20,7 @@ default): the scheduler binds at once.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
@@ -35,6 +36,8 @@ class Held:
     gang: Gang  # a lone pod's gang (one member)
     placement: Placement
     until: float  # bound at its reserved place by then at the latest
+    since: float = 0.0  # held since (its reserved GPUs idle from then)
+    borrowed: bool = False  # admitted on the cohort's idle quota
 
     @property
     def pod(self) -> PodRequest:
@@ -57,10 +60,10 @@ def holdable(gang: Gang, lone: bool) -> bool:
 class CycleHolds:
     """What this cycle decided about held pods."""
 
-    bind: list[tuple[Gang, Placement]] = field(default_factory=list)  # released: bind now
+    bind: list[Held] = field(default_factory=list)  # released (or admitted by displacement): bind now
     held: list[Held] = field(default_factory=list)  # still held after this cycle (wait reasons)
     kept: set[str] = field(default_factory=set)  # admitted this cycle and held instead of bound
-    displaced: list[str] = field(default_factory=list)  # gang names displaced: pending again
+    displaced: list[Held] = field(default_factory=list)  # displaced: pending again
 
 
 class PlacementHolds:
@@ -108,16 +111,16 @@ class PlacementHolds:
             except (OverCommitError, KeyError):  # its room was taken (or its node is gone)
                 del self._held[name]
                 continue
-            self._held[name] = h = Held(gang, h.placement, h.until)
+            self._held[name] = h = replace(h, gang=gang)
             if self._hold is None or h.until <= now:
                 del self._held[name]
-                out.bind.append((gang, h.placement))
+                out.bind.append(h)
                 continue
             for placement in self._hold.offer(state.snap, h.pod, h.placement, now, until=h.until):
                 self._release(placement, out)  # it no longer strands capacity, or the budget is full
         for placement in (self._hold.expire(now) if self._hold is not None else []):
             self._release(placement, out)
-        taken = set(self._held) | {g.name for g, _ in out.bind}
+        taken = set(self._held) | {h.gang.name for h in out.bind}
         return [g for g in pending if g.name not in taken], out
 
     def after(self, state: CycleState, admitted: list[GangDecision], waiting: list[Gang], lone: set[str],
@@ -139,7 +142,8 @@ class PlacementHolds:
                 continue
             released = self._hold.offer(work.snap, d.gang.members[0], d.placements[0], now)
             if d.gang.members[0].name in self._hold:
-                self._held[d.gang.name] = Held(d.gang, d.placements[0], self._hold.until(d.gang.members[0].name))
+                self._held[d.gang.name] = Held(d.gang, d.placements[0], self._hold.until(d.gang.members[0].name),
+                                               now, d.borrowed)
                 out.kept.add(d.gang.name)
             for placement in released:
                 if placement.pod != d.placements[0].pod:
@@ -174,12 +178,12 @@ class PlacementHolds:
             name, h = victims[m.pod]
             del self._held[name]
             work.hold(h.gang.team, [m], assume=False)
-            out.bind.append((h.gang, m))
+            out.bind.append(replace(h, placement=m))
         for gone in room.displaced:
-            name, _ = victims[gone.name]
+            name, h = victims[gone.name]
             del self._held[name]
-            out.displaced.append(name)
-        out.bind.append((gang, room.placement))
+            out.displaced.append(h)
+        out.bind.append(Held(gang, room.placement, now, now))
         for placement in room.released:
             if placement.pod != room.placement.pod and placement.pod not in {m.pod for m in room.moved}:
                 self._release(placement, out)
@@ -188,7 +192,7 @@ class PlacementHolds:
         for name, h in list(self._held.items()):
             if h.pod.name == placement.pod:
                 del self._held[name]
-                out.bind.append((h.gang, h.placement))
+                out.bind.append(h)
                 return
 
     def _flush(self, out: CycleHolds) -> None:

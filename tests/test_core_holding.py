@@ -1,4 +1,4 @@
-"""scheduler/holding.py without a cluster, composed as Scheduler.cycle composes it (reserve -> the
+"""core/holding.py without a cluster, composed as Scheduler.cycle composes it (reserve -> the
 queue's cycle -> after): a lone share that strands capacity is held (reserved, not bound) with a
 wait reason, bound at its reserved place when its time is up, displaced by a whole-GPU pod that
 fits nowhere (then pending again), never held when it is a gang member or when the budget is 0."""
@@ -13,7 +13,7 @@ from airflow_gpu.core.policies import make_profile
 from airflow_gpu.core.preemption import PreemptionPolicy
 from airflow_gpu.core.queue import Queue
 from airflow_gpu.core.snapshot import Snapshot
-from airflow_gpu.scheduler.holding import PlacementHolds, held_reason
+from airflow_gpu.core.holding import PlacementHolds, held_reason
 
 
 def share(name: str, milli: int = 810) -> PodRequest:
@@ -55,7 +55,7 @@ class Harness:
         holds = self.holds.after(state, result.admitted, [g for g in queued if g.name in result.waiting],
                                  units, self.profile, now, holds)
         bound = [d.placements[0] for d in result.admitted if d.gang.name not in holds.kept]
-        bound += [p for _, p in holds.bind]
+        bound += [h.placement for h in holds.bind]
         for p in bound:
             self.running[p.pod] = p
         return {p.pod: p.node for p in bound}, holds
@@ -84,7 +84,7 @@ def test_a_whole_gpu_pod_that_fits_nowhere_displaces_the_held_share_which_queues
     bound, holds = h.cycle([s, w0], now=10.0)  # w0 takes the other node; s keeps its reserved room
     assert set(bound) == {"w0"} and bound["w0"] != held_on and "s" in h.holds
     bound, holds = h.cycle([s, w1], now=20.0)  # w1 fits nowhere but where s is held
-    assert bound == {"w1": held_on} and holds.displaced == ["s"] and "s" not in h.holds
+    assert bound == {"w1": held_on} and [x.gang.name for x in holds.displaced] == ["s"] and "s" not in h.holds
     bound, holds = h.cycle([s], now=30.0)  # s is pending again, and there is no room left for it
     assert bound == {} and holds.held == []
 
