@@ -24,8 +24,8 @@ def whole(name: str) -> PodRequest:
     return PodRequest(name, cpu_milli=8000, memory_mib=8192, gpus=1)
 
 
-def lone(pod: PodRequest, at: float = 0.0) -> Gang:
-    return Gang(pod.name, "t", "inference", 0, (pod,), created_at=at)
+def lone(pod: PodRequest, at: float = 0.0, priority: int = 0) -> Gang:
+    return Gang(pod.name, "t", "inference", priority, (pod,), created_at=at)
 
 
 # a workload of 810-milli shares and whole GPUs: a lone 810 strands 190 milli nothing fills
@@ -103,3 +103,12 @@ def test_a_held_pod_no_longer_pending_is_forgotten():
     h.cycle([lone(share("s"))], now=0.0)
     bound, holds = h.cycle([], now=5.0)  # deleted (or bound by someone else) while held
     assert bound == {} and holds.held == [] and "s" not in h.holds
+
+
+def test_a_pod_of_lower_priority_does_not_displace_a_held_one():
+    h = Harness()
+    s, w0, w1 = lone(share("s"), priority=10), lone(whole("w0")), lone(whole("w1"))
+    h.cycle([s], now=0.0)
+    h.cycle([s, w0], now=10.0)
+    bound, holds = h.cycle([s, w1], now=20.0)  # w1 (priority 0) fits nowhere but s (10) keeps its room
+    assert bound == {} and holds.displaced == [] and "s" in h.holds

@@ -79,13 +79,14 @@ class PlacementHold:
     """The held (provisional) placements of one snapshot, oldest first."""
 
     def __init__(self, typical: TypicalPods, capacity_milli: int, budget_fraction: float = EXPERIMENT_HOLD_FRACTION,
-                 hold_seconds: float = math.inf):
+                 hold_seconds: float = math.inf, final_waste: np.ndarray | None = None):
         if not 0 <= budget_fraction <= 1:
             raise ValueError(f"hold: budget_fraction must be in [0, 1] (a fraction of the GPU capacity), "
                              f"got {budget_fraction}")
         if not hold_seconds > 0:
             raise ValueError(f"hold: hold_seconds must be > 0 (how long a pod may stay held), got {hold_seconds}")
-        self.final_waste = final_waste_table(typical)
+        # final_waste: the table of `typical`, when the caller keeps it (it costs ms to compute)
+        self.final_waste = final_waste_table(typical) if final_waste is None else final_waste
         self.budget_milli = int(budget_fraction * capacity_milli)
         self.hold_seconds = hold_seconds
         self._held: OrderedDict[str, _Held] = OrderedDict()

@@ -27,7 +27,7 @@ from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import GangDecision
 from airflow_gpu.core.hold import PlacementHold
 from airflow_gpu.core.model import Gang, Placement, PodRequest
-from airflow_gpu.core.plugins.fgd import TypicalPods
+from airflow_gpu.core.plugins.fgd import TypicalPods, final_waste_table
 from airflow_gpu.core.snapshot import OverCommitError
 
 
@@ -72,6 +72,7 @@ class PlacementHolds:
     def __init__(self, budget: float, seconds: float):
         self.budget, self.seconds = budget, seconds
         self.typical: TypicalPods | None = None  # the workload's typical pods (learnt with the profile)
+        self._table: tuple[TypicalPods, object] | None = None  # typical -> its final-waste table
         self._held: dict[str, Held] = {}  # gang name -> held, oldest first
         self._hold: PlacementHold | None = None  # this cycle's rule, on this cycle's snapshot
 
@@ -99,8 +100,7 @@ class PlacementHolds:
         if not self._held:
             return pending, out
         by_name = {g.name: g for g in pending}
-        self._hold = PlacementHold(self.typical, state.snap.shape.total_gpu_milli, self.budget, self.seconds) \
-            if self.enabled else None
+        self._hold = self._rule(state) if self.enabled else None
         for name, h in list(self._held.items()):  # oldest first: release times in order
             gang = by_name.get(name)
             if gang is None or gang.members != h.gang.members:
@@ -127,13 +127,14 @@ class PlacementHolds:
               profile: Profile, now: float, out: CycleHolds) -> CycleHolds:
         """After the cycle: admitted lone pods whose share strands capacity are held instead of bound
         (`out.kept`); the budget may release older ones (`out.bind`); then each waiting lone GPU pod
-        that fits nowhere may displace held pods of smaller GPU demand (its quota checked): it is
-        admitted (`out.bind`), the displaced are pending again. `state` is not changed."""
+        that fits nowhere may displace held pods of smaller GPU demand and no higher priority (its
+        quota checked): it is admitted (`out.bind`), the displaced are pending again. `state` is not
+        changed."""
         if not self.enabled:
             self._flush(out)
             return out
         if self._hold is None:
-            self._hold = PlacementHold(self.typical, state.snap.shape.total_gpu_milli, self.budget, self.seconds)
+            self._hold = self._rule(state)
         work = state.copy()
         for d in admitted:
             work.hold(d.gang.team, d.placements)
@@ -163,7 +164,9 @@ class PlacementHolds:
         for _, h in victims.values():
             if work.usage is not None:
                 work.usage.remove(h.gang.team, work.demand([h.placement]))
-        if not work.check(gang.team, work.demand([room.placement])).fits:  # its team may not: undo it all
+        verdict = work.check(gang.team, work.demand([room.placement]))
+        if not verdict.fits or any(h.gang.priority > gang.priority for _, h in victims.values()):
+            # its team may not take the room, or a held pod of higher priority would go: undo it all
             work.snap.forget(room.placement.pod)
             for m in room.moved:
                 work.snap.forget(m.pod)
@@ -183,10 +186,17 @@ class PlacementHolds:
             name, h = victims[gone.name]
             del self._held[name]
             out.displaced.append(h)
-        out.bind.append(Held(gang, room.placement, now, now))
+        out.bind.append(Held(gang, room.placement, now, now, verdict.borrowed))
         for placement in room.released:
             if placement.pod != room.placement.pod and placement.pod not in {m.pod for m in room.moved}:
                 self._release(placement, out)
+
+    def _rule(self, state: CycleState) -> PlacementHold:
+        """This cycle's PlacementHold on `state` (the final-waste table kept while typical is the same)."""
+        if self._table is None or self._table[0] is not self.typical:
+            self._table = (self.typical, final_waste_table(self.typical))
+        return PlacementHold(self.typical, state.snap.shape.total_gpu_milli, self.budget, self.seconds,
+                             self._table[1])
 
     def _release(self, placement: Placement, out: CycleHolds) -> None:
         for name, h in list(self._held.items()):
