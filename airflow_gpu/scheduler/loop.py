@@ -50,6 +50,7 @@ from airflow_gpu.config.core import mig_gpus, preemption_policy_from_config, quo
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import GangDecision
+from airflow_gpu.core.holding import PlacementHolds, held_reason
 from airflow_gpu.core.model import Placement
 from airflow_gpu.core.plans import nomination_lapsed
 from airflow_gpu.core.plugins.fgd import TypicalPods
@@ -69,7 +70,6 @@ from airflow_gpu.kube.convert import (
 )
 from airflow_gpu.scheduler.actions import Api, default_identity, grace_seconds_of
 from airflow_gpu.scheduler.cache import ClusterCache, View
-from airflow_gpu.core.holding import PlacementHolds, held_reason
 from airflow_gpu.scheduler.metrics import SchedulerMetrics
 from airflow_gpu.scheduler.publish import Publisher, nominated_gangs
 from airflow_gpu.scheduler.publish import document as publish_document
@@ -151,6 +151,9 @@ class Scheduler:
                            ReservationHold(hold, hold) if hold > 0 else None)
         self._room = RoomWatch()
         self.holds = PlacementHolds.from_config(quota_config)  # held placements (off unless budgeted)
+        if self.holds.budget > 0:
+            log.warning("scheduling.placement_hold_budget=%g: only GPU shares (gpu_milli) are held, and pods on "
+                        "Kubernetes request whole GPUs or MIG slices: nothing will be held", self.holds.budget)
         self._preempted: dict[str, preemptions.Preempted] | None = None  # the record, as last written
         self.publisher = Publisher(self.settings.publish_interval)
         self._swept = 0.0  # when kept pods were last swept
