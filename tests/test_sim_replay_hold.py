@@ -52,3 +52,25 @@ def test_a_held_share_binds_where_it_was_reserved_when_its_time_is_up_and_is_off
     assert r.jobs["s"].finished_at == 1045.0
     default = replay(_setting(jobs, [_node("n0", gpus=1)], {"a": 1.0}), PLATFORMS["full"])
     assert default.holds is None and default.jobs["s"].first_start == 0.0
+
+
+def test_the_cli_reports_the_cost_per_platform_and_refuses_a_bad_budget():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[1] / "examples" / "traces"
+    base = [sys.executable, "-m", "airflow_gpu", "simulate", "replay", "--trace", str(examples / "jobs.csv"),
+            "--nodes", str(examples / "nodes.csv"), "--platforms", "full,no-hold", "--jobs", "1", "--json"]
+    done = subprocess.run(base + ["--placement-hold", "0.5", "--placement-hold-seconds", "30"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["placement_hold"], doc["placement_hold_seconds"]) == (0.5, 30.0)
+    full, plain = doc["platforms"]["full"], doc["platforms"]["no-hold"]
+    assert set(full["held_placements"]) == {"pods", "displaced", "idle_gpu_seconds", "added_wait_seconds",
+                                            "added_wait_per_held_pod_seconds"}
+    assert plain["held_placements"] is None and full["finished_jobs"] == plain["finished_jobs"] == 10
+    bad = subprocess.run(base + ["--placement-hold", "2"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--placement-hold must be in [0, 1]" in bad.stderr and not bad.stdout
