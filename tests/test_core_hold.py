@@ -3,6 +3,8 @@ displacing the held pods), the budget, and that nothing else changes when no roo
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -29,17 +31,17 @@ def whole(name, gpus=1, cpu=8000, **kw) -> PodRequest:
 TYPICAL = TypicalPods.from_pods([share(f"s{i}") for i in range(3)] + [whole(f"w{i}") for i in range(7)])
 
 
-def setup(nodes, budget=0.5):
+def setup(nodes, budget=0.5, seconds=math.inf):
     snap = Snapshot.from_nodes(nodes)
-    return snap, PlacementHold(TYPICAL, snap.shape.total_gpu_milli, budget), make_profile(
+    return snap, PlacementHold(TYPICAL, snap.shape.total_gpu_milli, budget, seconds), make_profile(
         "fgd-lookahead", typical=TYPICAL, prefer_products=False)
 
 
-def put(snap, hold, pod, node_name, gpu=0):
+def put(snap, hold, pod, node_name, gpu=0, now=0.0):
     shares = ((gpu, pod.gpu_milli),) if pod.gpu_milli else tuple((g, 1000) for g in range(gpu, gpu + pod.gpus))
     placement = Placement(pod.name, node_name, shares, cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib)
     snap.assume(placement)
-    hold.offer(snap, pod, placement)
+    hold.offer(snap, pod, placement, now)
     return placement
 
 
@@ -109,3 +111,43 @@ def test_the_budget_releases_the_oldest_held_pod():
 def test_the_budget_must_be_a_fraction():
     with pytest.raises(ValueError, match="budget_fraction must be in"):
         PlacementHold(TYPICAL, 1000, 1.5)
+
+
+def test_a_held_pod_is_released_at_its_reserved_place_when_its_time_is_up():
+    snap, hold, profile = setup([node(f"n{i}") for i in range(3)], budget=1.0, seconds=60)
+    s0 = put(snap, hold, share("s0"), "n0", now=0)
+    put(snap, hold, share("s1"), "n1", now=30)
+    assert hold.until("s0") == 60 and [p.name for p, _, _ in hold.held()] == ["s0", "s1"]
+    assert hold.expire(59.9) == [] and len(hold) == 2
+    assert hold.expire(60) == [s0] and "s0" not in hold and "s1" in hold
+    assert snap.placements["s0"] == s0  # released means bound where it was: the snapshot keeps it
+    put(snap, hold, whole("w"), "n2")
+    room = hold.make_room(snap, whole("late"), profile, now=61)
+    assert room is not None and room.placement.node == "n1"  # s0 is bound for good, s1 still held
+
+
+def test_offer_returns_what_to_bind_now():
+    snap, hold, _ = setup([node("a", gpus=4)], budget=0.3)  # 1,200 milli
+    w = Placement("w", "a", ((0, 1000),), cpu_milli=8000, memory_mib=8192)
+    snap.assume(w)
+    assert hold.offer(snap, whole("w"), w) == [w]  # not held: bound at once
+    s0 = Placement("s0", "a", ((1, 810),), cpu_milli=3000, memory_mib=4096)
+    snap.assume(s0)
+    assert hold.offer(snap, share("s0"), s0) == []  # held
+    s1 = Placement("s1", "a", ((2, 810),), cpu_milli=3000, memory_mib=4096)
+    snap.assume(s1)
+    assert hold.offer(snap, share("s1"), s1) == [s0]  # past the budget: the oldest is bound
+
+
+def test_a_moved_share_is_bound_where_it_moved_so_its_wait_stays_bounded():
+    snap, hold, profile = setup([node("a"), node("b")], seconds=60)
+    put(snap, hold, share("s"), "a")
+    snap.assume(Placement("small", "b", ((0, 150),), cpu_milli=1000, memory_mib=1024))
+    room = hold.make_room(snap, whole("w"), profile, now=50)
+    assert room is not None and [p.pod for p in room.moved] == ["s"]
+    assert "s" in [p.pod for p in room.released] and "s" not in hold
+
+
+def test_hold_seconds_must_be_positive():
+    with pytest.raises(ValueError, match="hold_seconds must be > 0"):
+        PlacementHold(TYPICAL, 1000, 0.1, 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 import subprocess
 import sys
@@ -132,7 +133,7 @@ def test_held_placements_experiment_is_named_and_closes_more_of_the_gap(openb):
     nodes = load_nodes(openb / "openb_node_list_gpu_node.csv")
     result = run_inflation(nodes, _pods(openb, "default"), "fgd-lookahead", 42, hold=EXPERIMENT_HOLD_FRACTION)
     assert result.hold == EXPERIMENT_HOLD_FRACTION and result.displaced > 0
-    assert result.experiment == experiment_label(EXPERIMENT_HOLD_FRACTION)
+    assert result.experiment == experiment_label(EXPERIMENT_HOLD_FRACTION, math.inf) and "unbounded" in result.experiment
     assert "not run by the scheduler" in result.experiment
     assert result.gpu_allocation_pct >= 97.0 and result.unallocated_gpus <= 186
 
@@ -160,18 +161,43 @@ def test_cli_with_no_hold_option_runs_the_scheduler_policy_as_the_scheduler_runs
     text = run()
     assert f"policy={Settings().policy} " in text and "experiment" not in text and "hold" not in text
 
-    held = json.loads(run("--hold", "--json"))
-    assert held["hold"] == EXPERIMENT_HOLD_FRACTION
-    assert held["experiment"] == experiment_label(EXPERIMENT_HOLD_FRACTION)
-    assert json.loads(run("--json", "--hold", "0.05"))["experiment"] == experiment_label(0.05)
-    text = run("--hold", "0.05")
+    held = json.loads(run("--hold", "--json", "--arrival-rate", "2"))
+    assert (held["hold"], held["hold_seconds"], held["arrival_rate"]) == (EXPERIMENT_HOLD_FRACTION, 60.0, 2.0)
+    assert held["experiment"] == experiment_label(EXPERIMENT_HOLD_FRACTION, 60.0)
+    assert json.loads(run("--json", "--hold", "0.05", "--hold-seconds", "inf"))["experiment"] == experiment_label(0.05)
+    text = run("--hold", "0.05", "--hold-seconds", "inf")
     assert f"experiment: {experiment_label(0.05)}" in text and "hold=0.05:" in text
+    # a hold bounded in seconds on a trace without creation times: no clock to bound it with
+    proc = subprocess.run(
+        [sys.executable, "-m", "airflow_gpu", "simulate", "inflation", "--nodes", str(nodes_csv), "--pods",
+         str(pods_csv), "--hold"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--arrival-rate" in proc.stderr and not proc.stdout
+
+
+def test_a_hold_bounded_at_the_traces_arrival_rate_releases_before_the_next_pod(openb):
+    """The inflation method has no clock: pod k arrives at k / rate. At openb's rate (one pod per
+    1,583 s) a hold of 60 s ends before the next pod arrives, so nothing can take a held pod's room
+    and the run is the unheld one; 3,000 arrivals within the hold bring most of the gain back."""
+    from airflow_gpu.sim.inflation import trace_arrival_rate
+
+    nodes = load_nodes(openb / "openb_node_list_gpu_node.csv")
+    trace = load_pods(openb / "openb_pod_list_default.csv")
+    rate = trace_arrival_rate([p.creation_time for p in trace])
+    assert 1 / rate == pytest.approx(1582.8, abs=1)
+    pods = [p.request for p in trace]
+    free = run_inflation(nodes, pods, "fgd-lookahead", 42)
+    bounded = run_inflation(nodes, pods, "fgd-lookahead", 42, hold=0.12, hold_seconds=60, arrival_rate=rate)
+    assert bounded.displaced == 0 and np.array_equal(bounded.allocated, free.allocated)
+    assert bounded.experiment == experiment_label(0.12, 60)
+    fast = run_inflation(nodes, pods, "fgd-lookahead", 42, hold=0.12, hold_seconds=60, arrival_rate=50)
+    assert fast.displaced > 0 and fast.gpu_allocation_pct > free.gpu_allocation_pct + 1.0
 
 
 # --- the CLI: JSON and an independent check of the assignments CSV -------------------------------------
 
 
-@pytest.mark.parametrize("policy, seed, hold", [("bestfit", 44, []), ("fgd-lookahead", 45, ["--hold"])])
+@pytest.mark.parametrize("policy, seed, hold", [("bestfit", 44, []),
+                                                ("fgd-lookahead", 45, ["--hold", "--hold-seconds", "inf"])])
 def test_cli_json_and_assignments_verify_independently(openb, tmp_path, policy, seed, hold):
     # the second run: the held-placements experiment, so that displacements are re-checked too
     nodes_csv, pods_csv = openb / "openb_node_list_gpu_node.csv", openb / "openb_pod_list_default.csv"

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import sys
 from pathlib import Path
 
+from airflow_gpu.constants import DEFAULT_PLACEMENT_HOLD_SECONDS
 from airflow_gpu.core.hold import EXPERIMENT_HOLD_FRACTION
 from airflow_gpu.core.policies import DEFAULT_POLICY, POLICIES
 
@@ -44,6 +46,13 @@ def register(subparsers) -> None:
                                 "this budget as a fraction of GPU capacity (--hold alone: "
                                 f"{EXPERIMENT_HOLD_FRACTION:g}); default 0: off, as the scheduler places; the "
                                 "output names the experiment")
+    inflation.add_argument("--hold-seconds", type=float, default=DEFAULT_PLACEMENT_HOLD_SECONDS, metavar="S",
+                           help="with --hold: a pod stays held at most S s, pod k arriving at k / --arrival-rate s "
+                                f"(default {DEFAULT_PLACEMENT_HOLD_SECONDS:g}, the quota file's "
+                                "scheduling.placement_hold_seconds; inf: unbounded, the budget alone releases)")
+    inflation.add_argument("--arrival-rate", type=float, default=None, metavar="PODS_PER_S",
+                           help="with --hold: how arrival order maps to time (default: the trace's mean rate over "
+                                "its creation_time column, openb default one pod per 1,583 s)")
     inflation.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     inflation.add_argument("--assignments", type=Path, help="write the final placement as CSV to this file")
     inflation.add_argument("--bound", action="store_true",
@@ -75,7 +84,9 @@ def _register_replay(modes) -> None:
     rp.add_argument("--seed", type=int, default=42, help="seed of capacity, teams, spot and the generator")
     rp.add_argument("--days", type=float, help="seed scenario: days of arrivals (default from SeedParams)")
     rp.add_argument("--config", type=Path, help="quota config for tiers and prices (default examples/seed-quotas.yaml)")
-    rp.add_argument("--platforms", default=",".join(PLATFORMS), help=f"comma-separated, from {', '.join(PLATFORMS)}")
+    rp.add_argument("--platforms", default=",".join(n for n in PLATFORMS if n != "no-hold"),
+                    help=f"comma-separated, from {', '.join(PLATFORMS)} (default: all but no-hold, which is full "
+                         "unless placements are held)")
     rp.add_argument("--duration-estimate", type=float, default=0.0, metavar="X",
                     help="give the queue each gang's expected duration = X x its work (EASY backfilling through "
                          "reservations); 0 (default): none, like gangs without the expected-duration annotation; "
@@ -84,6 +95,14 @@ def _register_replay(modes) -> None:
                     help="a reservation of unknown start holds its nodes at most S s in a row, then pauses S s "
                          "(core.estimate.ReservationHold); 0: unbounded (default: the config's "
                          "scheduling.reservation_hold_seconds, as the scheduler runs it)")
+    rp.add_argument("--placement-hold", type=float, default=None, metavar="FRACTION",
+                    help="held placements (core/holding.py): at most this fraction of the GPU capacity held, a "
+                         "share that strands capacity reserved and not bound (default: the config's "
+                         "scheduling.placement_hold_budget, 0 = off, as the scheduler runs it); the platform "
+                         "no-hold is full without them")
+    rp.add_argument("--placement-hold-seconds", type=float, default=None, metavar="S",
+                    help="a held pod is bound where it was reserved after at most S s (default: the config's "
+                         "scheduling.placement_hold_seconds)")
     rp.add_argument("--restart-overhead", type=float, default=None, metavar="S",
                     help="every tier's restart overhead: seconds each restart computes nothing, charged as lost "
                          "(default: the config's scheduling/tier restart_overhead_seconds, as the scheduler runs it)")
@@ -134,6 +153,11 @@ def _replay(args) -> int:
     if args.reservation_hold is not None and args.reservation_hold < 0:
         print(f"--reservation-hold must be >= 0 (0: unbounded), got {args.reservation_hold}", file=sys.stderr)
         return 2
+    if (args.placement_hold is not None and not 0 <= args.placement_hold <= 1) or \
+            (args.placement_hold_seconds is not None and not args.placement_hold_seconds > 0):
+        print(f"--placement-hold must be in [0, 1] (a fraction of the GPU capacity) and --placement-hold-seconds "
+              f"> 0, got {args.placement_hold} and {args.placement_hold_seconds}", file=sys.stderr)
+        return 2
     try:
         min_runtime = parse_min_runtime(args.min_runtime)
     except ValueError as exc:
@@ -180,6 +204,10 @@ def _replay(args) -> int:
     setting = _with(setting, duration_estimate=args.duration_estimate, estimates=args.estimates)
     if args.reservation_hold is not None:
         setting = _with(setting, reservation_hold=args.reservation_hold)
+    if args.placement_hold is not None:
+        setting = _with(setting, placement_hold=args.placement_hold)
+    if args.placement_hold_seconds is not None:
+        setting = _with(setting, placement_hold_seconds=args.placement_hold_seconds)
     from airflow_gpu.sim.settings import with_restart_cost
 
     setting = with_restart_cost(setting, args.restart_overhead, min_runtime)
@@ -194,6 +222,7 @@ def _replay(args) -> int:
         results = replay_platforms(setting, names, args.jobs)
     doc = {"trace": trace, "capacity": args.capacity, "seed": args.seed, "duration_estimate": args.duration_estimate,
            "reservation_hold": setting.reservation_hold, "estimates": args.estimates,
+           "placement_hold": setting.placement_hold, "placement_hold_seconds": setting.placement_hold_seconds,
            "restart_overhead": {t: tier.restart_overhead_seconds for t, tier in setting.tiers.items()},
            "min_runtime": dict(setting.preemption_policy.min_runtime),
            "nodes": len(setting.nodes), "gpus": sum(n.gpu_count for n in setting.nodes), "jobs": len(setting.jobs),
@@ -243,22 +272,32 @@ def parse_min_runtime(text: str | None) -> dict[str, float] | None:
 
 
 def _inflation(args) -> int:
-    from airflow_gpu.sim.inflation import run_inflation, scaled
+    from airflow_gpu.sim.inflation import run_inflation, scaled, trace_arrival_rate
     from airflow_gpu.sim.traces import TraceError, load_nodes, load_pods, trace_name
 
     if not 0 <= args.hold <= 1:
         print(f"--hold must be in [0, 1] (a fraction of the GPU capacity), got {args.hold}", file=sys.stderr)
+        return 2
+    if not args.hold_seconds > 0 or (args.arrival_rate is not None and not args.arrival_rate > 0):
+        print(f"--hold-seconds ({args.hold_seconds}) and --arrival-rate ({args.arrival_rate}) must be > 0",
+              file=sys.stderr)
         return 2
     if not 0 < args.ratio <= 10:
         print(f"--ratio must be in (0, 10], got {args.ratio}; the artifact uses 1.3", file=sys.stderr)
         return 2
     try:
         nodes = load_nodes(args.nodes)
-        pods = [p.request for p in load_pods(args.pods)]
-        nodes, pods = scaled(nodes, pods, args.scale)
+        trace = load_pods(args.pods)
+        nodes, pods = scaled(nodes, [p.request for p in trace], args.scale)
     except (TraceError, ValueError) as exc:
         print(f"airflow-gpu simulate: {exc}", file=sys.stderr)
         return 2
+    rate = args.arrival_rate or trace_arrival_rate([p.creation_time for p in trace], args.scale)
+    if args.hold and rate is None and not math.isinf(args.hold_seconds):
+        print(f"--hold-seconds {args.hold_seconds:g} needs an arrival rate: {args.pods} has no creation_time "
+              "span; give --arrival-rate PODS_PER_S or --hold-seconds inf", file=sys.stderr)
+        return 2
+    hold = {"hold": args.hold, "hold_seconds": args.hold_seconds, "arrival_rate": rate}
 
     if sys.stderr.isatty():
         from rich.progress import Progress
@@ -267,10 +306,10 @@ def _inflation(args) -> int:
             task = bar.add_task(f"{args.policy} seed {args.seed}", total=None)
             result = run_inflation(
                 nodes, pods, args.policy, args.seed, args.ratio,
-                progress=lambda done, total: bar.update(task, completed=done, total=total), hold=args.hold,
+                progress=lambda done, total: bar.update(task, completed=done, total=total), **hold,
             )
     else:
-        result = run_inflation(nodes, pods, args.policy, args.seed, args.ratio, hold=args.hold)
+        result = run_inflation(nodes, pods, args.policy, args.seed, args.ratio, **hold)
 
     if args.assignments:
         write_assignments(args.assignments, result.placements)
@@ -290,6 +329,8 @@ def _inflation(args) -> int:
         "placed_pods": len(result.placements),
         "failed_pods": len(result.failed_pods),
         "hold": result.hold,
+        "hold_seconds": (None if math.isinf(result.hold_seconds) else result.hold_seconds) if result.hold else None,
+        "arrival_rate": result.arrival_rate if result.hold else None,
         "experiment": result.experiment,  # None: the scheduler's own placement
         "displaced_pods": result.displaced,
         "seconds": round(result.seconds, 3),

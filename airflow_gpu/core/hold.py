@@ -11,22 +11,27 @@ arriving later uses the same GPU fully.
 
 Rule: a share whose placement raises its GPU's expected final waste (the lookahead table of
 core/plugins/fgd.final_waste_table: the milli a hole of x still has free when the workload is
-over) is held. The held pods' GPU milli is capped at `budget_fraction` of the cluster's GPU milli;
-beyond it the oldest is released (bound for good). A pod that fits nowhere may displace held pods
-of smaller total GPU demand (fewest milli lost first, one node, at most as many as it needs GPUs).
+over) is held. A held pod is released (bound where it was reserved) after at most `hold_seconds`
+(expire), and earlier when the held pods' GPU milli passes `budget_fraction` of the cluster's GPU
+milli (the oldest first). A pod that fits nowhere may displace held pods of smaller total GPU
+demand (fewest milli lost first, one node, at most as many as it needs GPUs); a displaced pod
+placed again elsewhere is bound there at once (held once, so its wait stays bounded). Only single
+pods are offered: a gang member is never held (the caller's rule; shares are single pods).
 
-On a real cluster a held pod is one the scheduler has reserved but not yet bound (kube-scheduler's
-Permit stage can keep a pod waiting like this): its GPUs are reserved and idle while it waits, so
-holding costs GPU time the inflation experiment does not see, bounded by the budget. Once a pod is
-bound Kubernetes cannot move it (only delete it), so displacement applies to held pods only.
+On a real cluster a held pod is one the scheduler has reserved but not yet bound, as a pod waiting
+at kube-scheduler's Permit stage ("Wait" with a timeout; kube-scheduler rejects a pod whose wait
+times out, here the timeout allows it: its placement is still valid). Its GPUs are reserved and
+idle while it waits, and its start is delayed: both are costs the inflation experiment (no clock,
+no run time) does not see. Once a pod is bound Kubernetes cannot move it (only delete it), so
+displacement applies to held pods only.
 
-An experiment, not the policy: the scheduler binds at once and holds nothing, so the simulator
-holds only when asked (`simulate inflation --hold [F]`, off by default) and every output of such a
-run names it (experiment_label). Pure: no I/O.
+Off unless asked for (scheduling.placement_hold_budget = 0, `simulate inflation --hold [F]`); every
+output of such a run names it (experiment_label). Pure: no I/O.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -38,13 +43,14 @@ from airflow_gpu.core.plugins.fgd import TypicalPods, final_waste_table
 from airflow_gpu.core.snapshot import Snapshot
 
 # the experiment's budget when none is given (at most this fraction of the cluster's GPU milli held
-# at once); the scheduler holds none
+# at once); the scheduler holds none by default (constants.DEFAULT_PLACEMENT_HOLD_BUDGET)
 EXPERIMENT_HOLD_FRACTION = 0.08
 
 
-def experiment_label(budget_fraction: float) -> str:
+def experiment_label(budget_fraction: float, hold_seconds: float = math.inf) -> str:
     """How every output of a run with held placements names them: not what the scheduler runs."""
-    return f"held placements (hold={budget_fraction:g}), not run by the scheduler"
+    bound = "unbounded" if math.isinf(hold_seconds) else f"at most {hold_seconds:g} s"
+    return f"held placements (hold={budget_fraction:g}, {bound}), not run by the scheduler"
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,7 @@ class _Held:
     gpu: int  # the one GPU the share sits on
     milli: int
     slot: int  # its row in PlacementHold's arrays
+    until: float  # when it is released (bound) at the latest
 
 
 @dataclass(frozen=True)
@@ -65,17 +72,23 @@ class Displacement:
     placement: Placement
     moved: tuple[Placement, ...]
     displaced: tuple[PodRequest, ...]
+    released: tuple[Placement, ...] = ()  # placements to bind now (the budget, or not held at all)
 
 
 class PlacementHold:
     """The held (provisional) placements of one snapshot, oldest first."""
 
-    def __init__(self, typical: TypicalPods, capacity_milli: int, budget_fraction: float = EXPERIMENT_HOLD_FRACTION):
+    def __init__(self, typical: TypicalPods, capacity_milli: int, budget_fraction: float = EXPERIMENT_HOLD_FRACTION,
+                 hold_seconds: float = math.inf, final_waste: np.ndarray | None = None):
         if not 0 <= budget_fraction <= 1:
             raise ValueError(f"hold: budget_fraction must be in [0, 1] (a fraction of the GPU capacity), "
                              f"got {budget_fraction}")
-        self.final_waste = final_waste_table(typical)
+        if not hold_seconds > 0:
+            raise ValueError(f"hold: hold_seconds must be > 0 (how long a pod may stay held), got {hold_seconds}")
+        # final_waste: the table of `typical`, when the caller keeps it (it costs ms to compute)
+        self.final_waste = final_waste_table(typical) if final_waste is None else final_waste
         self.budget_milli = int(budget_fraction * capacity_milli)
+        self.hold_seconds = hold_seconds
         self._held: OrderedDict[str, _Held] = OrderedDict()
         self._held_milli = 0
         # the held pods as columns (node, GPU, milli, CPU, memory), one row a slot, so that the
@@ -104,10 +117,22 @@ class PlacementHold:
         after = int(snap.gpu_free[snap.node_index(placement.node), g])
         return self.final_waste[after] > self.final_waste[after + milli]
 
-    def offer(self, snap: Snapshot, pod: PodRequest, placement: Placement) -> None:
-        """Consider a placement just assumed in `snap`: hold it if it strands capacity."""
+    def until(self, name: str) -> float:
+        """When the held pod `name` is released at the latest."""
+        return self._held[name].until
+
+    def held(self) -> list[tuple[PodRequest, Placement, float]]:
+        """The held pods, oldest first: (pod, its reserved placement, release time)."""
+        return [(e.pod, e.placement, e.until) for e in self._held.values()]
+
+    def offer(self, snap: Snapshot, pod: PodRequest, placement: Placement, now: float = 0.0,
+              until: float | None = None) -> list[Placement]:
+        """Consider a placement just assumed in `snap`: hold it if it strands capacity. Returns the
+        placements released to keep within the budget (oldest first), which are bound now; `pod`
+        itself is among them when it is not held. `until`: a pod held before keeps its release time
+        (offer those oldest first)."""
         if not self.budget_milli or not self.strands(snap, placement):
-            return
+            return [placement]
         g, milli = placement.gpu_shares[0]
         if not self._free_slots:
             size = len(self._alive)
@@ -116,14 +141,35 @@ class PlacementHold:
             self._by_slot.extend([None] * size)
             self._free_slots = list(range(2 * size - 1, size - 1, -1))
         slot = self._free_slots.pop()
-        entry = _Held(placement, pod, snap.node_index(placement.node), g, milli, slot)
+        entry = _Held(placement, pod, snap.node_index(placement.node), g, milli, slot,
+                      now + self.hold_seconds if until is None else until)
         self._held[pod.name] = entry
         self._columns[:, slot] = (entry.node, g, milli, pod.cpu_milli, pod.memory_mib)
         self._alive[slot] = True
         self._by_slot[slot] = entry
         self._held_milli += milli
+        released = []
         while self._held_milli > self.budget_milli:
-            self._release(next(iter(self._held)))
+            released.append(self._release(next(iter(self._held))).placement)
+        return released
+
+    def expire(self, now: float) -> list[Placement]:
+        """Release (to be bound at their reserved places) the held pods whose time is up, oldest
+        first. Entries are kept in hold order and every one gets the same hold, so the expired ones
+        are a prefix."""
+        released = []
+        while self._held and next(iter(self._held.values())).until <= now:
+            released.append(self._release(next(iter(self._held))).placement)
+        return released
+
+    def release(self, name: str) -> Placement:
+        """Release one held pod now (bound at its reserved place)."""
+        return self._release(name).placement
+
+    def drop(self, name: str) -> None:
+        """Forget a held pod that is gone (deleted while held): its room is the caller's to free."""
+        if name in self._held:
+            self._release(name)
 
     def _release(self, name: str) -> _Held:
         entry = self._held.pop(name)
@@ -133,7 +179,7 @@ class PlacementHold:
         self._free_slots.append(entry.slot)
         return entry
 
-    def make_room(self, snap: Snapshot, pod: PodRequest, profile: Profile) -> Displacement | None:
+    def make_room(self, snap: Snapshot, pod: PodRequest, profile: Profile, now: float = 0.0) -> Displacement | None:
         """For `pod`, which fits nowhere: take the room of held pods of smaller GPU demand on one
         node, place it there (assumed in `snap`), place the displaced pods again where they fit.
         None (and `snap` unchanged) if no set of held pods makes room."""
@@ -148,7 +194,7 @@ class PlacementHold:
                     snap.assume(v.placement)
                 continue
             snap.assume(placement)
-            moved, displaced = [], []
+            moved, displaced, released = [], [], []
             for v in victims:
                 self._release(v.pod.name)
                 again, _ = place_pod(snap, v.pod, profile)
@@ -156,10 +202,10 @@ class PlacementHold:
                     displaced.append(v.pod)
                 else:
                     snap.assume(again)
-                    moved.append(again)
-                    self.offer(snap, v.pod, again)
-            self.offer(snap, pod, placement)
-            return Displacement(placement, tuple(moved), tuple(displaced))
+                    moved.append(again)  # bound where it moved: held once, its wait stays bounded
+                    released.append(again)
+            released += self.offer(snap, pod, placement, now)
+            return Displacement(placement, tuple(moved), tuple(displaced), tuple(released))
         return None
 
     def _candidates(self, snap: Snapshot, pod: PodRequest, tries: int = 3) -> list[list[_Held]]:

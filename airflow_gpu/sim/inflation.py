@@ -11,14 +11,19 @@ Method (the artifact's Simulate with shufflePod and workloadTuningConfig, seeds 
    distribution over seeds is the same)
 5. pods are placed one by one, never removed; a pod that fits nowhere fails and is skipped.
    Beyond the artifact, only as an experiment (hold > 0, core/hold.py; the scheduler does not hold
-   placements, so the default is 0): a share that strands capacity stays provisional, and a pod that
-   fits nowhere may take the room of held pods of smaller GPU demand; a displaced pod is placed again
-   where it fits, else it fails. Such a result names the experiment (InflationResult.experiment).
+   placements by default, so the default is 0): a share that strands capacity stays provisional for
+   at most hold_seconds, and a pod that fits nowhere may take the room of held pods of smaller GPU
+   demand; a displaced pod is placed again where it fits, else it fails. Such a result names the
+   experiment (InflationResult.experiment).
+   The method has no clock: pod k of the sequence arrives at k / arrival_rate seconds (the CLI uses
+   the trace's mean arrival rate, trace_arrival_rate: openb default 8,152 pods in 149 days, one per
+   1,583 s), which is what a hold of hold_seconds means here.
 The curve records allocated GPU milli against arrived (attempted) GPU milli, both over capacity.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 
@@ -48,11 +53,13 @@ class InflationResult:
     pods: list[PodRequest] = field(repr=False, default_factory=list)
     hold: float = 0.0  # budget of held placements (fraction of GPU capacity; 0: none, as the scheduler)
     displaced: int = 0  # held pods that gave their room to a larger pod and then fit nowhere
+    hold_seconds: float = math.inf  # the longest a pod stayed held (with hold > 0)
+    arrival_rate: float | None = None  # pods per second: pod k arrived at k / arrival_rate
 
     @property
     def experiment(self) -> str | None:
         """What this run did that the scheduler does not (None: the scheduler's own placement)."""
-        return experiment_label(self.hold) if self.hold else None
+        return experiment_label(self.hold, self.hold_seconds) if self.hold else None
 
     @property
     def gpu_allocation_pct(self) -> float:
@@ -109,6 +116,15 @@ def inflate(pods: list[PodRequest], nodes: list[Node], ratio: float, rng: np.ran
     return seq
 
 
+def trace_arrival_rate(creation_times: list[int | None], scale: int = 1) -> float | None:
+    """Pods per second over the trace's creation times (x `scale` for a scaled trace: as many copies
+    in the same span), or None without two distinct times."""
+    times = [t for t in creation_times if t is not None]
+    if len(times) < 2 or max(times) == min(times):
+        return None
+    return len(times) * scale / (max(times) - min(times))
+
+
 def scaled(nodes: list[Node], pods: list[PodRequest], factor: int) -> tuple[list[Node], list[PodRequest]]:
     """The node list and the trace pods each repeated `factor` times (copies renamed `<name>-x<k>`;
     copy 0 keeps its names): a cluster `factor` times larger with the same node and pod mix, for the
@@ -145,13 +161,19 @@ def run_inflation(
     ratio: float = DEFAULT_RATIO,
     progress=None,
     hold: float = 0.0,
+    hold_seconds: float = math.inf,
+    arrival_rate: float | None = None,
 ) -> InflationResult:
     """One inflation run. `progress(done, total)` is called now and then (for a progress bar).
     hold: the experiment of held placements (core/hold.py), its budget as a fraction of GPU capacity:
     shares that strand capacity stay provisional and a pod that fits nowhere may displace them;
-    0 (default) = off, as the scheduler places (and the artifact's method)."""
+    0 (default) = off, as the scheduler places (and the artifact's method). hold_seconds: the
+    longest a pod stays held, pod k arriving at k / arrival_rate s (needed unless unbounded)."""
     if not pods:
         raise ValueError("inflation: the pod list is empty")
+    if hold and not math.isinf(hold_seconds) and not (arrival_rate and arrival_rate > 0):
+        raise ValueError(f"inflation: a hold of at most {hold_seconds:g} s needs arrival_rate > 0 (pods per "
+                         f"second, e.g. the trace's: trace_arrival_rate), got {arrival_rate}")
     start = time.perf_counter()
     # one stream each for the arrival sequence, the node tie order and the policy (random), so a
     # run at a smaller ratio is exactly the first part of a run at a larger one
@@ -165,19 +187,22 @@ def run_inflation(
     allocated = np.zeros(len(seq), dtype=np.int64)
     failed: list[str] = []
     placed: dict[str, Placement] = {}
-    held = PlacementHold(typical, snap.shape.total_gpu_milli, hold) if hold else None
+    held = PlacementHold(typical, snap.shape.total_gpu_milli, hold, hold_seconds) if hold else None
     displaced = 0
     got = come = 0
     for k, pod in enumerate(seq):
         come += pod.gpu_milli_total
+        now = k / arrival_rate if arrival_rate else float(k)  # unbounded hold: only the order matters
+        if held is not None:
+            held.expire(now)
         placement, _ = place_pod(snap, pod, profile)
         if placement is not None:
             snap.assume(placement)
             placed[pod.name] = placement
             got += pod.gpu_milli_total
             if held is not None:
-                held.offer(snap, pod, placement)
-        elif held is not None and (room := held.make_room(snap, pod, profile)) is not None:
+                held.offer(snap, pod, placement, now)
+        elif held is not None and (room := held.make_room(snap, pod, profile, now)) is not None:
             placed[pod.name] = room.placement
             got += pod.gpu_milli_total
             for again in room.moved:
@@ -206,4 +231,6 @@ def run_inflation(
         pods=seq,
         hold=hold,
         displaced=displaced,
+        hold_seconds=hold_seconds,
+        arrival_rate=arrival_rate,
     )

@@ -28,8 +28,10 @@ from queue import Empty
 import numpy as np
 
 from airflow_gpu.constants import (CAPACITY_SPOT, DEFAULT_CHECKPOINT_SECONDS, DEFAULT_GRACE_SECONDS,
+                                   DEFAULT_PLACEMENT_HOLD_BUDGET, DEFAULT_PLACEMENT_HOLD_SECONDS,
                                    DEFAULT_RESERVATION_HOLD_SECONDS)
 from airflow_gpu.core.framework import place_pod
+from airflow_gpu.core.holding import PlacementHolds
 from airflow_gpu.core.model import (GPU_MILLI, Gang, Node, Placement, RunningGang, TopologyLevel, TopologyRequirement,
                                     periodic_checkpoint_work, restart_lost_gpu_seconds, sigterm_checkpoint_commits,
                                     work_kept_at_stop)
@@ -70,6 +72,7 @@ class Platform:
     checkpoints: bool = True
     sigterm_checkpoint: bool = True  # save at SIGTERM (preemption, spot notice); False: interval only
     policy: str = DEFAULT_POLICY
+    hold: bool = True  # held placements when the setting budgets them (Setting.placement_hold)
 
 
 FULL = Platform("full")
@@ -85,6 +88,7 @@ PLATFORMS: dict[str, Platform] = {
     "no-borrowing": replace(FULL, name="no-borrowing", borrowing=False),
     "bestfit-placement": replace(FULL, name="bestfit-placement", policy="bestfit"),
     "interval-checkpoints": replace(FULL, name="interval-checkpoints", sigterm_checkpoint=False),
+    "no-hold": replace(FULL, name="no-hold", hold=False),  # full without held placements (their gain)
 }
 
 
@@ -115,6 +119,11 @@ class Setting:
     # core.estimate.ReservationHold: seconds a reservation of unknown start holds its nodes in a row
     # (then it pauses as long); 0: unbounded. From the config's scheduling section, as the scheduler.
     reservation_hold: float = DEFAULT_RESERVATION_HOLD_SECONDS
+    # core.holding.PlacementHolds: at most this fraction of the GPU capacity held (a share that strands
+    # capacity reserved, not bound), each for at most placement_hold_seconds; 0: off. From the config's
+    # scheduling section, as the scheduler
+    placement_hold: float = DEFAULT_PLACEMENT_HOLD_BUDGET
+    placement_hold_seconds: float = DEFAULT_PLACEMENT_HOLD_SECONDS
     # gpu product -> relative speed (absent: 1.0): a job's work is in seconds on the reference
     # product and runs `speed` times as fast on another (sim/hetero.py)
     speeds: dict[str, float] = field(default_factory=dict)
@@ -177,6 +186,24 @@ class ReplayResult:
     # the estimated starts the scheduler would have published, and the real starts (sim/start_accuracy.py);
     # None: the platform publishes none (the naive FIFO)
     start_samples: list[Sample] | None = None
+    holds: HoldBooks | None = None  # the cost of held placements (None: the platform held none)
+
+
+@dataclass
+class HoldBooks:
+    """What held placements cost: the GPUs they reserved while idle and the wait they added."""
+
+    held: int = 0  # pods held (each once)
+    displaced: int = 0  # held pods that gave their room to a larger pod (then pending again)
+    idle_gpu_seconds: float = 0.0  # GPU milli reserved by held pods x the time they were held, in GPU-s
+    added_wait_seconds: float = 0.0  # summed time pods spent held (their start delayed by as much)
+
+    def ended(self, h, now: float, displaced: bool = False) -> None:
+        """A held pod left the hold at `now` (bound, or displaced)."""
+        held_for = max(0.0, now - h.since)
+        self.idle_gpu_seconds += held_for * sum(m for _, m in h.placement.gpu_shares) / GPU_MILLI
+        self.added_wait_seconds += held_for
+        self.displaced += displaced
 
 
 def _wall(work: float, speed: float) -> float:
@@ -243,26 +270,40 @@ class _Cycle:
     """The one adapter to core's queue: pending + running in, admissions and victims out."""
 
     def __init__(self, platform: Platform, profile, quota: QuotaBook | None, policy: PreemptionPolicy,
-                 hold: float = 0.0):
+                 hold: float = 0.0, holds: PlacementHolds | None = None):
         self.platform, self.profile, self.quota = platform, profile, quota
+        self.holds = holds if holds is not None and holds.enabled else None
         # no_plan: valid until the running set or the capacity changes; without preemption no plan is
         # ever searched. explain=False: the replay reads no wait reasons
         self.queue = Queue(profile, policy, Backoff(base=NEVER, cap=NEVER),
                            ReservationHold(hold, hold) if hold > 0 else None,
                            NoPlanMemo() if platform.preemption else _NoPlans(), StartMemo(), explain=False)
 
-    def run(self, live: LiveState, pending: list[Gang], running: list[RunningGang], now: float):
-        """-> (admitted [(gang, placements, borrowed)], plans [PreemptionPlan]). `live` holds every
-        running gang's capacity and quota (what CycleState.build would count); `running`: the same
-        gangs as the cycle sees them now (their last checkpoint moves)."""
+    def run(self, live: LiveState, pending: list[Gang], running: list[RunningGang], now: float,
+            lone: Callable[[Gang], bool] = lambda g: False):
+        """-> (admitted [(gang, placements, borrowed)], plans [PreemptionPlan], CycleHolds | None).
+        `live` holds every running gang's capacity and quota (what CycleState.build would count);
+        `running`: the same gangs as the cycle sees them now (their last checkpoint moves). With
+        held placements (as Scheduler.cycle runs them): the held pods are assumed on a copy and not
+        queued, admitted lone shares that strand capacity are held instead of bound, and the pods
+        released or admitted by displacement are bound; `lone(gang)`: may it be held."""
+        snap = live.snap.copy() if self.holds is not None else live.snap  # held pods go on a copy
         if live.ledger is not None:
-            state = live.ledger.cycle_state(live.snap, running)
+            state = live.ledger.cycle_state(snap, running)
         else:
-            state = CycleState(live.snap, None, None, running, live.snap.shape.node_product)
+            state = CycleState(snap, None, None, running, snap.shape.node_product)
+        holds = None
+        if self.holds is not None:
+            pending, holds = self.holds.reserve(state, pending, now)
         result = self.queue.cycle(state, pending, now)
         self.last = (state, result)  # what the scheduler publishes from (sim/start_accuracy.py)
         admitted = [(d.gang, d.placements, d.borrowed) for d in result.admitted]
-        return admitted, result.preemptions
+        if self.holds is not None:
+            holds = self.holds.after(state, result.admitted, [g for g in pending if g.name in result.waiting],
+                                     {g.name for g in pending if lone(g)}, self.profile, now, holds)
+            admitted = [a for a in admitted if a[0].name not in holds.kept]
+            admitted += [(h.gang, (h.placement,), h.borrowed) for h in holds.bind]
+        return admitted, result.preemptions, holds
 
     def room_appeared(self, snap: Snapshot, nodes: list[int], quota_freed: Iterable[str]) -> None:
         """Pods ended on `nodes` (or a node came back), quota usage fell on the GPU products
@@ -355,7 +396,12 @@ class Replay:
         policy = setting.preemption_policy
         if not platform.preemption:  # no tier preempts: nothing may backfill a reservation counting on it
             policy = replace(policy, never_preempting_tiers=frozenset(setting.tiers))
-        self.cycle = _Cycle(platform, profile, self.quota, policy, setting.reservation_hold)
+        holds = None
+        if platform.hold and platform.queue == "cycle" and setting.placement_hold > 0:
+            holds = PlacementHolds(setting.placement_hold, setting.placement_hold_seconds)
+            holds.typical = TypicalPods.from_pods(workers)  # the profile's typical pods
+        self.cycle = _Cycle(platform, profile, self.quota, policy, setting.reservation_hold, holds)
+        self.hold_books = HoldBooks() if self.cycle.holds is not None else None
         self.node_product = {n.name: n.gpu_product for n in self.nodes}
         self.events: list[tuple[float, int, str, object]] = []
         self.seq = 0
@@ -600,7 +646,8 @@ class Replay:
         result = ReplayResult(self.platform, self.setting, self.attempts, self.states, self.nodes, self.quota,
                               horizon, end, self.preemptions, self.interruptions,
                               {t: (a[0], a[1]) for t, a in self.guarantee.items()}, self.util_curve,
-                              start_samples=None if self.recorder is None else self.recorder.samples)
+                              start_samples=None if self.recorder is None else self.recorder.samples,
+                              holds=self.hold_books)
         result.seconds, result.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
         return result
 
@@ -617,11 +664,29 @@ class Replay:
         elif kind == "back":
             self.snap.forget(self.down.pop(what).pod)
             self._room_appeared([self.snap.node_index(what)])
+        elif kind == "held":
+            pass  # a held pod's time is up: this instant's cycle binds it
         elif kind == "aged":
             unit, since = what
             held = self.placed.get(unit)
             if held is not None and held[2] == since and self.pending:
                 self.cycle.queue.reset()  # a new preemption candidate: plans refused before may exist now
+
+    def _lone(self, gang: Gang) -> bool:
+        """A job of one pod (never a gang's member): what may be held."""
+        return len(gang.members) == 1 and len(self.states[gang.name.split("/")[0]].units) == 1
+
+    def _book_holds(self, holds, now: float) -> None:
+        """Held placements this cycle: a cycle at each new hold's end (it binds then at the latest)
+        and the cost of those that ended (bound now, or displaced)."""
+        for h in holds.held:
+            if h.gang.name in holds.kept:
+                self.hold_books.held += 1
+                self.push(h.until, "held", h.gang.name)
+        for h in holds.bind:  # released (a pod admitted by displacement was held 0 s)
+            self.hold_books.ended(h, now)
+        for h in holds.displaced:
+            self.hold_books.ended(h, now, displaced=True)
 
     def _cycles(self, now: float) -> None:
         for i in range(4):  # victims stop at once and the preemptor binds its plan; then another cycle
@@ -630,7 +695,10 @@ class Replay:
             if self.fifo is not None:
                 admitted, plans = self.fifo.run(self.snap), []
             else:
-                admitted, plans = self.cycle.run(self.live, list(self.queue), self._running(now), now)
+                admitted, plans, holds = self.cycle.run(self.live, list(self.queue), self._running(now), now,
+                                                        self._lone)
+                if holds is not None:
+                    self._book_holds(holds, now)
                 if self.recorder is not None and (not plans or i == 3) and self.recorder.due(now):  # the instant's last cycle, before it binds
                     state, result = self.cycle.last
                     self.recorder.sample(state, self.queue, result, self.cycle.profile, now, self.run_lengths,

@@ -97,6 +97,13 @@ def summarize(r: ReplayResult) -> dict:
         "seconds": round(r.seconds, 2),
         # per tier, how right the published estimated start was (sim/start_accuracy.py); None: none published
         "estimated_start_error": None if r.start_samples is None else error_table(r.start_samples),
+        # held placements (core/holding.py): their cost; None: the platform held none
+        "held_placements": None if r.holds is None else {
+            "pods": r.holds.held, "displaced": r.holds.displaced,
+            "idle_gpu_seconds": round(r.holds.idle_gpu_seconds, 1),
+            "added_wait_seconds": round(r.holds.added_wait_seconds, 1),
+            "added_wait_per_held_pod_seconds": round(r.holds.added_wait_seconds / r.holds.held, 1) if r.holds.held else 0.0,
+        },
     }
 
 
@@ -232,8 +239,25 @@ def markdown(doc: dict) -> str:
                           f"% -> {full['useful_gpu_utilization_pct']} %, computing while GPU work waits "
                           f"{naive['computing_when_contended_pct']} % -> {full['computing_when_contended_pct']} % "
                           f"(allocated {naive['gpu_utilization_pct']} % -> {full['gpu_utilization_pct']} %)."]
+    lines += _hold_lines(doc["platforms"])
     lines += _estimate_lines(doc["platforms"])
     return "\n".join(lines) + "\n"
+
+
+def _hold_lines(platforms: dict[str, dict]) -> list[str]:
+    """Held placements: their cost (GPUs reserved idle, start delayed) beside their gain (`no-hold`)."""
+    out = []
+    base = platforms.get("no-hold")
+    for name, s in platforms.items():
+        h = s.get("held_placements")
+        if not h:
+            continue
+        gain = (f"; utilisation {base['gpu_utilization_pct']} % without (no-hold) -> {s['gpu_utilization_pct']} %, "
+                f"useful {base['useful_gpu_utilization_pct']} % -> {s['useful_gpu_utilization_pct']} %") if base else ""
+        out.append(f"Held placements ({name}): {h['pods']} pods held, {h['displaced']} displaced; cost "
+                   f"{h['idle_gpu_seconds'] / 3600:.2f} GPU-h reserved idle, {h['added_wait_seconds']:.0f} s of added "
+                   f"queue wait ({h['added_wait_per_held_pod_seconds']:.0f} s per held pod){gain}.")
+    return [""] + out if out else []
 
 
 def _estimate_lines(platforms: dict[str, dict]) -> list[str]:
