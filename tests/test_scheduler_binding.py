@@ -36,24 +36,21 @@ def test_a_wait_reason_queued_before_a_binding_is_dropped_and_the_latest_value_w
     done, record = _recorder()
     hold = threading.Event()
     writes.write("status", "ns/other", 1, hold.wait)  # the one write worker is busy: the rest queue
-    writes.write("reason", "ns/g", "waiting 1", record("waiting 1"))
-    writes.write("reason", "ns/g", "waiting 2", record("waiting 2"))  # replaces the queued one
-    writes.write("reason", "ns/g", "waiting 2", record("duplicate"))  # the same value is queued once
+    writes.write("reason", "ns/g", "waiting 1", record("g waiting 1"))
+    writes.write("reason", "ns/g", "waiting 2", record("g waiting 2"))  # replaces the queued one
     writes.write("reason", "ns/h", "waiting", record("h waiting"))
-
-    def binding():
-        with writes.ordered("ns/g"):
-            done.append("g bound")
-
-    writes.bind("ns/g", binding)
+    writes.write("reason", "ns/h", "waiting", record("h duplicate"))  # the same value is queued once
+    writes.write("status", "ns/g", "Pending", record("g pending"))
+    # g is admitted: its binding tells the owner as a wait reason is written
+    writes.bind("ns/g", lambda: writes.write("reason", "ns/g", "bound", record("g bound")))
     hold.set()
     writes.shutdown()
-    assert done == ["g bound", "h waiting"]  # g's queued reason was decided before g was admitted
+    assert done == ["h waiting", "g bound"]  # g's queued reason and status were decided before it was admitted
 
 
-def test_a_binding_writes_its_annotations_after_a_wait_reason_in_progress():
-    writes = Writes(write_workers=1, gang_workers=1)
-    done: list[str] = []
+def test_bound_annotations_land_after_a_wait_reason_being_written():
+    writes = Writes(write_workers=2, gang_workers=1)
+    done, record = _recorder()
     entered, release = threading.Event(), threading.Event()
 
     def slow_wait():
@@ -61,18 +58,14 @@ def test_a_binding_writes_its_annotations_after_a_wait_reason_in_progress():
         release.wait(10)
         done.append("waiting")
 
-    def binding():
-        with writes.ordered("ns/g"):
-            done.append("bound")
-
     writes.write("reason", "ns/g", "waiting", slow_wait)
     assert entered.wait(5)
-    writes.bind("ns/g", binding)
-    time.sleep(0.2)
-    assert done == [] and writes.binding() == {"ns/g"}  # the binding waits for the gang's write in progress
+    writes.bind("ns/g", lambda: writes.write("reason", "ns/g", "bound", record("bound")))
+    time.sleep(0.3)
+    assert done == [] and writes.binding() == frozenset()  # bound, and its annotations wait for the write
     release.set()
     writes.shutdown()
-    assert done == ["waiting", "bound"] and writes.binding() == frozenset()
+    assert done == ["waiting", "bound"]
 
 
 def test_bindings_in_flight_are_bounded_and_the_cycle_waits_for_room():

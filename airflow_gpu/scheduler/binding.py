@@ -9,11 +9,12 @@ to the cycle (`set_aside`): no cycle completes, rolls back or preempts it meanwh
 ends the pods it did not bind are forgotten, so the next cycle sees them pending and completes or
 rolls back the plan as after a crash.
 
-The cycle's other per-gang writes (wait reason, PodGroup status) go off the cycle too (`Writes.write`):
-the latest value per gang and kind wins (one queued at a time), and none lands after a binding of
-that gang that started later: starting a binding drops the gang's queued writes, and a write in
-progress holds the gang's lock (`ordered`), which the binding takes for its own annotations. So a
-late "waiting" never overwrites "bound".
+The cycle's other per-gang writes (wait reason, PodGroup status) go off the cycle too (`Writes.write`),
+and so does telling the owner a gang is bound (annotations, Event: the binding's last writes, which
+need not hold its slot): the latest value per gang and kind wins (one queued at a time), one runs at
+a time per gang (`_ordered`), and starting a binding drops the gang's queued writes (decided before it
+was admitted). So a late "waiting" never overwrites "bound": queued, it is dropped or replaced by the
+"bound" annotations (same kind); being written, they wait for it.
 """
 
 from __future__ import annotations
@@ -29,12 +30,16 @@ from airflow_gpu.scheduler.state import World
 
 log = logging.getLogger(__name__)
 
-GANG_WORKERS = 8  # gangs binding at once (each its Bindings in parallel on the bind pool)
+# Gangs binding at once (each its Bindings in parallel on the bind pool). A gang's binding is three
+# round trips one after the other (plan record, Bindings, plan closed): at a hundred gangs a second
+# on a loaded API server, 8 workers were the bottleneck (py-spy: busy all the time, the cycle waiting
+# for room), and threads waiting on sockets cost nothing.
+GANG_WORKERS = 16
 # Gangs binding or queued to bind, at most. Each holds capacity the API server has not confirmed:
 # unbounded, decisions would run ever further ahead of a slow API server (every failure forgotten
 # and decided again) and pile writes onto the server that also answers the Lease renewal. Full, the
 # cycle waits for one to finish: a slow API server slows admissions instead of growing a backlog.
-MAX_BINDING = 8 * GANG_WORKERS
+MAX_BINDING = 4 * GANG_WORKERS
 STRIPES = 64  # per-gang ordering locks, striped: bounded memory, short holds
 
 
@@ -104,7 +109,7 @@ class Writes:
         self._write_pool.submit(self._run_write, kind, key, token, work)
 
     def _run_write(self, kind: str, key: str, token: int, work: Callable[[], object]) -> None:
-        with self.ordered(key):
+        with self._ordered(key):
             with self._lock:
                 if self._queued.get(key, {}).get(kind, (None,))[0] != token:
                     return  # replaced by a newer value, or a binding started since
@@ -120,9 +125,8 @@ class Writes:
                         if not lane:
                             del self._queued[key]
 
-    def ordered(self, key: str) -> threading.Lock:
-        """The gang's lock: held by a wait reason or status write while it runs, and by a binding
-        while it writes the gang's annotations."""
+    def _ordered(self, key: str) -> threading.Lock:
+        """The gang's lock, held by each of its writes while it runs."""
         return self._stripes[hash(key) % STRIPES]
 
     def shutdown(self) -> None:

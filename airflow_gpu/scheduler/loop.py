@@ -446,21 +446,29 @@ class Scheduler:
         if bound_on and unit.podgroup is not None:
             annotations[C.ANNOTATION_GPU_PRODUCT] = bound_on
         needs_patch = unit.podgroup is not None or borrowed or unit.annotation(C.ANNOTATION_WAIT_REASON)
-        if needs_patch:
-            try:
-                with self.writes.ordered(unit.key):  # after any wait reason being written: "bound" lands last
-                    self._patch_owner_annotations(unit, annotations)
-            except ApiException as exc:
-                log.info("gang %s: annotations not updated after binding (%s)", unit.key, exc.status)
+        message = ""
         if unit.podgroup is not None:
             nodes: dict[str, int] = {}
             for p in placements:
                 nodes[p.node] = nodes.get(p.node, 0) + 1
             where = ", ".join(f"{n} x{c}" for n, c in sorted(nodes.items()))
             verb = "completed binding" if recovered else "bound"
-            self.api.event(unit.podgroup, "Scheduled", f"{verb} {len(placements)} pods: {where}"
-                                                       + (f" ({domain})" if domain else ""))
+            message = f"{verb} {len(placements)} pods: {where}" + (f" ({domain})" if domain else "")
+        if needs_patch or message:
+            # told as a wait reason is written (the same kind, off the gang's binding): it replaces one
+            # queued and lands after one being written, never before
+            self.writes.write("reason", unit.key, annotations,
+                              partial(self._tell_bound, unit, annotations if needs_patch else None, message))
         return done
+
+    def _tell_bound(self, unit: Unit, annotations: dict | None, message: str) -> None:
+        if annotations is not None:
+            try:
+                self._patch_owner_annotations(unit, annotations)
+            except ApiException as exc:
+                log.info("gang %s: annotations not updated after binding (%s)", unit.key, exc.status)
+        if message:
+            self.api.event(unit.podgroup, "Scheduled", message)
 
     def _gpu_product_name(self, placements: list[Placement]) -> str:
         """The quota file's name of the one GPU product the GPU placements are on ("" for none or several)."""
