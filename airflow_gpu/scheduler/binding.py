@@ -30,16 +30,15 @@ from airflow_gpu.scheduler.state import World
 
 log = logging.getLogger(__name__)
 
-# Gangs binding at once (each its Bindings in parallel on the bind pool). A gang's binding is three
-# round trips one after the other (plan record, Bindings, plan closed): at a hundred gangs a second
-# on a loaded API server, 8 workers were the bottleneck (py-spy: busy all the time, the cycle waiting
-# for room), and threads waiting on sockets cost nothing.
-GANG_WORKERS = 16
+# Gangs binding at once, each its Bindings in parallel on the bind pool (whose size bounds the
+# Bindings in flight). A binding holds its worker for three round trips (plan record, Bindings, plan
+# closed); more workers than the bind pool can serve only lengthen each gang's binding.
+GANG_WORKERS = 8
 # Gangs binding or queued to bind, at most. Each holds capacity the API server has not confirmed:
 # unbounded, decisions would run ever further ahead of a slow API server (every failure forgotten
 # and decided again) and pile writes onto the server that also answers the Lease renewal. Full, the
 # cycle waits for one to finish: a slow API server slows admissions instead of growing a backlog.
-MAX_BINDING = 4 * GANG_WORKERS
+MAX_BINDING = 8 * GANG_WORKERS
 STRIPES = 64  # per-gang ordering locks, striped: bounded memory, short holds
 
 
