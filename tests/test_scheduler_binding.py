@@ -290,6 +290,60 @@ def test_a_late_wait_reason_never_lands_after_the_bound_annotations(kube_cluster
         _clean(api, ns)
 
 
+class Elector:
+    """Leadership as the test says (the Lease's own tests are test_scheduler_recovery and _leader_load)."""
+
+    renew_deadline = 0.1
+
+    def __init__(self):
+        self.leading = True
+
+    def is_leader(self) -> bool:
+        return self.leading
+
+    def wait_renewed(self, timeout: float) -> bool:
+        return self.leading
+
+
+def test_a_binding_is_refused_by_the_fence_once_leadership_is_lost_and_a_standby_starts_none(kube_cluster, api):
+    ns = "bind-fence"
+    G.ensure_namespace(api, ns)
+    try:
+        with cycles(kube_cluster, "bind-fence") as s:
+            s.elector = elector = Elector()
+            entered, release = threading.Event(), threading.Event()
+            real = s.api.write_plan
+
+            def slow_plan(*args):
+                entered.set()
+                release.wait(20)
+                return real(*args)
+
+            s.api.write_plan = slow_plan
+            a = G.create_gang(api, ns, "a", 2, 8, sim_seconds=120)
+            _seen(s, ns, *a)
+            s.cycle()
+            assert entered.wait(10)  # the binding is writing its plan record...
+            elector.leading = False  # ...when the Lease is lost: its Bindings meet the fence
+            release.set()
+            _settled(s)
+            get = s.metrics.registry.get_sample_value
+            assert get("airflow_gpu_scheduler_fence_refusals_total") == 2
+            assert not any(_nodes(api, ns).values())
+            assert not (set(s.cache.view().assumed) & {f"{ns}/{p}" for p in a})  # forgotten
+            for _ in range(2):
+                s.cycle()  # a standby: decides nothing, starts no binding
+                assert s.writes.binding() == frozenset()
+            assert not any(_nodes(api, ns).values())
+            elector.leading = True
+            s.cycle()  # the leader again: the plan record is completed where it said
+            _settled(s)
+            assert G.gang_binding_state(G.list_pods(api, ns))[f"{ns}/a"] == (2, 2)
+            assert get("airflow_gpu_partial_gang_recoveries_total", {"action": "completed"}) is None  # none was bound
+    finally:
+        _clean(api, ns)
+
+
 def test_stop_waits_for_the_bindings_in_flight(kube_cluster, api):
     ns = "bind-stop"
     G.ensure_namespace(api, ns)

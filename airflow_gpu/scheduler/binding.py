@@ -34,11 +34,13 @@ log = logging.getLogger(__name__)
 # Bindings in flight). A binding holds its worker for three round trips (plan record, Bindings, plan
 # closed); more workers than the bind pool can serve only lengthen each gang's binding.
 GANG_WORKERS = 8
-# Gangs binding or queued to bind, at most. Each holds capacity the API server has not confirmed:
-# unbounded, decisions would run ever further ahead of a slow API server (every failure forgotten
-# and decided again) and pile writes onto the server that also answers the Lease renewal. Full, the
-# cycle waits for one to finish: a slow API server slows admissions instead of growing a backlog.
-MAX_BINDING = 8 * GANG_WORKERS
+# Gangs binding or queued to bind, at most: a few seconds of a hundred gangs a second arriving, so a
+# burst of admissions after a slow cycle does not hold up the next one. Bounded because each holds
+# capacity the API server has not confirmed: unbounded, decisions would run ever further ahead of a
+# slow API server (every failure forgotten and decided again) and pile writes onto the server that
+# also answers the Lease renewal. Full, the cycle waits for one to finish: a slow API server slows
+# admissions instead of growing a backlog.
+MAX_BINDING = 32 * GANG_WORKERS
 STRIPES = 64  # per-gang ordering locks, striped: bounded memory, short holds
 
 
