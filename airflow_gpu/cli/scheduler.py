@@ -29,8 +29,7 @@ def register(subparsers) -> None:
                    help="publish the queue (ConfigMap airflow-gpu-queue-<scheduler name> in the leader-elect "
                         "namespace, read by the UI and `airflow-gpu queue`) at most every this many seconds "
                         "(default 5), and when the set of waiting gangs changes")
-    p.add_argument("--bind-workers", type=int, default=16,
-                   help="Bindings of one gang sent in parallel (and wait reasons and status written at once)")
+    p.add_argument("--bind-workers", type=int, default=16, help="Bindings of one gang sent in parallel")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port (0: off)")
     p.add_argument("--metrics-address", default="127.0.0.1", help="address for --metrics-port")
     p.add_argument("--leader-elect", action=argparse_bool(), default=True,

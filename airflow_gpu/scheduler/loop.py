@@ -109,7 +109,7 @@ class Settings:
     interval: float = 2.0  # a cycle at least this often; watch events wake it sooner
     debounce: float = 0.02  # gather events arriving together into one cycle
     nomination_slack: float = 30.0  # a nomination lapses this long after its victims' grace periods
-    bind_workers: int = 16
+    bind_workers: int = 16  # Bindings of one gang in parallel; also the writes off the cycle (binding.py)
     backoff_base: float = 1.0  # first retry delay of a gang that did not fit; doubles per failure
     backoff_cap: float = 30.0  # ... up to this
     state_namespace: str = "default"  # the scheduler's own namespace: its Lease, plan records, published queue
