@@ -42,7 +42,7 @@ def test_a_wait_reason_queued_before_a_binding_is_dropped_and_the_latest_value_w
     writes.write("reason", "ns/h", "waiting", record("h duplicate"))  # the same value is queued once
     writes.write("status", "ns/g", "Pending", record("g pending"))
     # g is admitted: its binding tells the owner as a wait reason is written
-    writes.bind("ns/g", lambda: writes.write("reason", "ns/g", "bound", record("g bound")))
+    writes.bind("ns/g", lambda: writes.write("bound", "ns/g", "bound", record("g bound")))
     hold.set()
     writes.shutdown()
     assert done == ["h waiting", "g bound"]  # g's queued reason and status were decided before it was admitted
@@ -60,7 +60,7 @@ def test_bound_annotations_land_after_a_wait_reason_being_written():
 
     writes.write("reason", "ns/g", "waiting", slow_wait)
     assert entered.wait(5)
-    writes.bind("ns/g", lambda: writes.write("reason", "ns/g", "bound", record("bound")))
+    writes.bind("ns/g", lambda: writes.write("bound", "ns/g", "bound", record("bound")))
     time.sleep(0.3)
     assert done == [] and writes.binding() == frozenset()  # bound, and its annotations wait for the write
     release.set()

@@ -2,8 +2,8 @@
 assumed in the cache when decided and bound in a goroutine; a failed binding forgets it).
 
 The scheduling cycle assumes an admitted gang's placements in the ClusterCache and hands its writes
-(plan record, Bindings, plan closed, annotations, Event) to `Writes.bind`; the next cycle starts
-without waiting for them. While a gang is binding, its members count as bound in every cycle's
+(plan record, Bindings, plan closed) to `Writes.bind`; the next cycle starts without waiting for
+them. While a gang is binding, its members count as bound in every cycle's
 World (capacity held, the gang not decided again) and its plan record belongs to the binding, not
 to the cycle (`set_aside`): no cycle completes, rolls back or preempts it meanwhile. When the binding
 ends the pods it did not bind are forgotten, so the next cycle sees them pending and completes or
@@ -13,8 +13,8 @@ The cycle's other per-gang writes (wait reason, PodGroup status) go off the cycl
 and so does telling the owner a gang is bound (annotations, Event: the binding's last writes, which
 need not hold its slot): the latest value per gang and kind wins (one queued at a time), one runs at
 a time per gang (`_ordered`), and starting a binding drops the gang's queued writes (decided before it
-was admitted). So a late "waiting" never overwrites "bound": queued, it is dropped or replaced by the
-"bound" annotations (same kind); being written, they wait for it.
+was admitted). So a late "waiting" never overwrites "bound": queued when the binding starts, it is
+dropped; being written, the bound annotations wait for it; and no gang binding gets a new one.
 """
 
 from __future__ import annotations

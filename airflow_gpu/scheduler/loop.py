@@ -455,9 +455,8 @@ class Scheduler:
             verb = "completed binding" if recovered else "bound"
             message = f"{verb} {len(placements)} pods: {where}" + (f" ({domain})" if domain else "")
         if needs_patch or message:
-            # told as a wait reason is written (the same kind, off the gang's binding): it replaces one
-            # queued and lands after one being written, never before
-            self.writes.write("reason", unit.key, annotations,
+            # off the binding, as a wait reason is written: after one being written, never before
+            self.writes.write("bound", unit.key, annotations,
                               partial(self._tell_bound, unit, annotations if needs_patch else None, message))
         return done
 
