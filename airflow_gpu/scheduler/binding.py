@@ -46,8 +46,8 @@ STRIPES = 64  # per-gang ordering locks, striped: bounded memory, short holds
 
 class Writes:
     """Per-gang writes off the scheduling cycle: bindings (bounded, counted per gang while in flight)
-    on one pool, wait reasons and status (latest wins per gang and kind) on another, so a binding
-    never queues behind a churning cycle's status writes."""
+    on one pool; wait reasons, status and the bound annotations (latest wins per gang and kind) on
+    another, so a binding never queues behind a churning cycle's status writes."""
 
     def __init__(self, write_workers: int, gang_workers: int = GANG_WORKERS, max_binding: int = MAX_BINDING):
         self._bind_pool = ThreadPoolExecutor(max_workers=gang_workers, thread_name_prefix="gang")
