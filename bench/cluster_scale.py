@@ -304,7 +304,7 @@ class Finished(threading.Thread):
         self.api, self.members = api, members
         self.ended: dict[str, int] = {}
         self.deleted = 0
-        self._stop = threading.Event()
+        self._halt = threading.Event()  # not _stop: that is a method of Thread, which join() calls
         self._resp = client.CoreV1Api(api).list_namespaced_pod(
             NS, watch=True, timeout_seconds=3600, _preload_content=False, _request_timeout=(10, 3900))
         threading.Thread(target=self._read, daemon=True).start()
@@ -321,13 +321,13 @@ class Finished(threading.Thread):
 
     def run(self):
         custom, core, done = client.CustomObjectsApi(self.api), client.CoreV1Api(self.api), set()
-        while not self._stop.wait(0.5):
+        while not self._halt.wait(0.5):
             groups: dict[str, int] = {}
             for name in list(self.ended):
                 group = name.rsplit("-", 1)[0]
                 groups[group] = groups.get(group, 0) + 1
             for group in [g for g, n in groups.items() if n >= self.members and g not in done]:
-                if self._stop.is_set():  # the window is over: the cluster may be stopping
+                if self._halt.is_set():  # the window is over: the cluster may be stopping
                     return
                 done.add(group)
                 retried(lambda g=group: custom.delete_namespaced_custom_object(
@@ -339,7 +339,7 @@ class Finished(threading.Thread):
 
     def stop(self):
         """Ends the deletions and waits for them, so none is in flight when the cluster stops."""
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=60)
 
 

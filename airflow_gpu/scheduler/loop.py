@@ -28,6 +28,12 @@ With spec.scheduleTimeoutSeconds a PodGroup still waiting that long after schedu
 its creation) gets phase TimedOut and one ScheduleTimeout Event with its last wait reason; its pods
 stay pending and it is still tried.
 
+Bindings run off the cycle (scheduler/binding.py, as kube-scheduler's binding cycle): the cycle
+assumes an admitted gang's placements in the cache and goes on; the gang's plan record, Bindings and
+annotations are written meanwhile, and a failed binding forgets the pods it did not bind, so the
+next cycle completes or rolls back the plan as above. Wait reasons and PodGroup status are written
+off the cycle too, never after the bound annotations of a binding that started later.
+
 Only the leader writes (LeaseElector.is_leader() is checked before every write batch and Binding).
 """
 
@@ -69,6 +75,7 @@ from airflow_gpu.kube.convert import (
     tiers_never_preempting,
 )
 from airflow_gpu.scheduler.actions import Api, default_identity, grace_seconds_of
+from airflow_gpu.scheduler.binding import Writes, set_aside
 from airflow_gpu.scheduler.cache import ClusterCache, View
 from airflow_gpu.scheduler.metrics import SchedulerMetrics
 from airflow_gpu.scheduler.publish import Publisher, nominated_gangs
@@ -103,7 +110,7 @@ class Settings:
     interval: float = 2.0  # a cycle at least this often; watch events wake it sooner
     debounce: float = 0.02  # gather events arriving together into one cycle
     nomination_slack: float = 30.0  # a nomination lapses this long after its victims' grace periods
-    bind_workers: int = 16
+    bind_workers: int = 16  # Bindings of one gang in parallel; also the writes off the cycle (binding.py)
     backoff_base: float = 1.0  # first retry delay of a gang that did not fit; doubles per failure
     backoff_cap: float = 30.0  # ... up to this
     state_namespace: str = "default"  # the scheduler's own namespace: its Lease, plan records, published queue
@@ -138,7 +145,7 @@ class Scheduler:
         profile: Profile = make_profile(self.settings.policy) if self.settings.policy not in LEARNING \
             else make_profile("bestfit")  # until there are pods to learn the workload's typical shapes from
         self._pool = ThreadPoolExecutor(max_workers=self.settings.bind_workers, thread_name_prefix="bind")
-        self._gang_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gang")
+        self.writes = Writes(write_workers=self.settings.bind_workers)  # bindings, wait reasons, status: off the cycle
         self._written: dict[str, tuple] = {}  # owner key -> last annotations/status written (dedup only)
         self._ignored: dict[str, tuple[str, ...]] = {}  # unit key -> this cycle's ignored hints (wait reasons)
         self.cycles = 0
@@ -195,12 +202,13 @@ class Scheduler:
             except Exception:  # noqa: BLE001 - one bad cycle must not stop the scheduler
                 log.exception("scheduling cycle failed")
                 self._stop.wait(0.5)
-        self._gang_pool.shutdown(wait=True)
+        self.writes.shutdown()  # the bindings in flight end first: their Bindings run on _pool
         self._pool.shutdown(wait=True)
         self.cache.stop()
 
     def stop(self) -> None:
-        """Ask run() to return after the cycle in progress (a gang's Bindings are never cut in half)."""
+        """Ask run() to return after the cycle in progress and the bindings in flight (a gang's
+        Bindings are never cut in half)."""
         self._stop.set()
         self._wake.set()
 
@@ -208,9 +216,13 @@ class Scheduler:
     def cycle(self) -> World:
         started = time.perf_counter()
         now = time.time()
+        # read before the view: a binding that ends after the view was read is still set aside (the
+        # view is older than its end, e.g. it still assumes pods the binding has since forgotten)
+        binding = self.writes.binding()
         view = self.cache.view()
         policy = self.policy.with_never_preempting(tiers_never_preempting(view.priorityclasses))
         world = build_world(view, self.settings.scheduler_name, self.ctx, now, self._memo, self.book, policy)
+        set_aside(world, binding)
         if self.cycles % 50 == 0:
             self._memo.prune(view)
             self._learn_profile()
@@ -248,11 +260,10 @@ class Scheduler:
                                  {n for n, u in units.items() if u.podgroup is None}, self.profile, now, holds)
         admitted = [d for d in result.admitted if d.gang.name not in holds.kept]
         admitted += [GangDecision(h.gang, True, (h.placement,), borrowed=h.borrowed) for h in holds.bind]
-        futures = [self._gang_pool.submit(self._admit, units[d.gang.name], d, now) for d in admitted]
+        for d in admitted:  # not waited for: the next cycle sees their members assumed bound
+            self._admit(units[d.gang.name], d, now)
         for plan in result.preemptions:
             self._preempt(world, units[plan.gang.name], plan, now)
-        for f in futures:
-            f.result()
         preempting = {p.gang.name for p in result.preemptions}
         bound = {h.gang.name for h in holds.bind}
         waits = [(units[name], reason) for name, reason in result.waiting.items()
@@ -263,7 +274,8 @@ class Scheduler:
             self._warn_once(unit, "InvalidHint", problem)
         timed_out, bad = timeouts(world, result.waiting, now)
         last = {u.key: (u, r) for u, r in waits + list(bad)}  # one write per gang: a later reason wins, as before
-        self._in_parallel([lambda u=u, r=r: self._wait(u, r) for u, r in last.values()])
+        for unit, reason in last.values():
+            self._wait(unit, reason)
         self._sync_status(world, view, timed_out)
         self._publish(world, view, state, result, now)
         self.metrics.cycle_seconds.observe(time.perf_counter() - started)
@@ -310,13 +322,37 @@ class Scheduler:
     def _admit(self, unit: Unit, decision: GangDecision, now: float) -> None:
         by_pod = {key_of(p): p for p in unit.pods}
         placements = [p for p in decision.placements if p.pod in by_pod]
+        self._bind_off_cycle(unit, placements, lambda: self._plan_and_bind(unit, decision, placements, by_pod, now))
+
+    def _plan_and_bind(self, unit: Unit, decision: GangDecision, placements: list[Placement],
+                       by_pod: dict[str, dict], now: float) -> set[str]:
         recorded = len(placements) > 1  # one Binding is atomic by itself; several need the plan first
         if recorded:
             plan = Plan(PLAN_BINDING, {p.pod: p for p in placements}, now, borrowed=decision.borrowed)
             if not self._write_plan(unit, plan):
-                return
-        self._bind_all(unit, placements, by_pod, decision.gang.created_at, decision.gang, decision.domain,
-                       borrowed=decision.borrowed, recorded=recorded)
+                return set()
+        return self._bind_all(unit, placements, by_pod, decision.gang.created_at, decision.gang, decision.domain,
+                              borrowed=decision.borrowed, recorded=recorded)
+
+    def _bind_off_cycle(self, unit: Unit, placements: list[Placement], work) -> None:
+        """Assume `placements` bound now (the next cycle counts them and does not decide the gang
+        again) and run `work` (returns the pod keys it bound) in the binding cycle; the pods it did
+        not bind are forgotten when it ends, failed or raised (kube-scheduler's ForgetPod)."""
+        for p in placements:
+            self.cache.assume_bound(p.pod, p.node)
+
+        def binding() -> None:
+            bound: set[str] = set()
+            try:
+                bound = work()
+            finally:
+                for p in placements:
+                    if p.pod not in bound:
+                        self.cache.forget_assumed(p.pod)
+                if len(bound) < len(placements):
+                    self._wake.set()  # forgotten pods are pending again: decide them without waiting for the interval
+
+        self.writes.bind(unit.key, binding)
 
     def _write_plan(self, unit: Unit, plan: Plan | None) -> bool:
         """Store (or, with None, delete) the gang's plan record, tied to the UIDs of its owner, its
@@ -379,7 +415,9 @@ class Scheduler:
 
     def _bind_all(self, unit: Unit, placements: list[Placement], by_pod: dict[str, dict], created_at: float,
                   gang, domain: str = "", borrowed: bool = False, recovered: bool = False,
-                  recorded: bool = True) -> bool:
+                  recorded: bool = True) -> set[str]:
+        """Bind every placement (in parallel), then close the plan and tell the owner; returns the pod
+        keys bound. Runs in the binding cycle (_bind_off_cycle): the placements are assumed already."""
         t0 = time.perf_counter()
 
         def bind(p: Placement) -> tuple[Placement, str]:
@@ -388,20 +426,19 @@ class Scheduler:
                 return p, "not leader"
             pod = by_pod[p.pod]
             try:
-                outcome = self.api.bind(p.pod, p.node, (pod.get("metadata") or {}).get("uid"))
-                self.cache.assume_bound(p.pod, p.node)
-                return p, outcome
+                return p, self.api.bind(p.pod, p.node, (pod.get("metadata") or {}).get("uid"))
             except ApiException as exc:
                 self.metrics.api_errors.labels("bind").inc()
                 return p, f"{exc.status} {exc.reason}"
 
         results = list(self._pool.map(bind, placements)) if len(placements) > 1 else [bind(p) for p in placements]
         failed = [(p, r) for p, r in results if r not in ("bound", "already")]
+        done = {p.pod for p, r in results if r in ("bound", "already")}
         self.metrics.bindings.inc(sum(1 for _, r in results if r == "bound"))
         if failed:
             # The plan stays: the next cycle completes it, or rolls it back if it cannot be completed.
             log.warning("gang %s: %d of %d bindings failed: %s", unit.key, len(failed), len(results), failed[:3])
-            return False
+            return done
         self.metrics.binding_latency.observe(time.perf_counter() - t0)
         team, tier = gang.team, gang.tier
         product = self._product_of(placements)
@@ -414,7 +451,7 @@ class Scheduler:
             self._close_plan(unit, borrowed, nodes)
         owner = unit.owner
         if owner is None:
-            return True
+            return done
         annotations = {C.ANNOTATION_WAIT_REASON: None}
         if unit.podgroup is not None:
             annotations[C.ANNOTATION_SCHEDULED] = f"{len(unit.bound({})) + len(placements)}/{unit.min_member}"
@@ -424,20 +461,28 @@ class Scheduler:
         if bound_on and unit.podgroup is not None:
             annotations[C.ANNOTATION_GPU_PRODUCT] = bound_on
         needs_patch = unit.podgroup is not None or borrowed or unit.annotation(C.ANNOTATION_WAIT_REASON)
-        if needs_patch:
-            try:
-                self._patch_owner_annotations(unit, annotations)
-            except ApiException as exc:
-                log.info("gang %s: annotations not updated after binding (%s)", unit.key, exc.status)
+        message = ""
         if unit.podgroup is not None:
             nodes: dict[str, int] = {}
             for p in placements:
                 nodes[p.node] = nodes.get(p.node, 0) + 1
             where = ", ".join(f"{n} x{c}" for n, c in sorted(nodes.items()))
             verb = "completed binding" if recovered else "bound"
-            self.api.event(unit.podgroup, "Scheduled", f"{verb} {len(placements)} pods: {where}"
-                                                       + (f" ({domain})" if domain else ""))
-        return True
+            message = f"{verb} {len(placements)} pods: {where}" + (f" ({domain})" if domain else "")
+        if needs_patch or message:
+            # off the binding, as a wait reason is written: after one being written, never before
+            self.writes.write("bound", unit.key, annotations,
+                              partial(self._tell_bound, unit, annotations if needs_patch else None, message))
+        return done
+
+    def _tell_bound(self, unit: Unit, annotations: dict | None, message: str) -> None:
+        if annotations is not None:
+            try:
+                self._patch_owner_annotations(unit, annotations)
+            except ApiException as exc:
+                log.info("gang %s: annotations not updated after binding (%s)", unit.key, exc.status)
+        if message:
+            self.api.event(unit.podgroup, "Scheduled", message)
 
     def _gpu_product_name(self, placements: list[Placement]) -> str:
         """The quota file's name of the one GPU product the GPU placements are on ("" for none or several)."""
@@ -476,8 +521,9 @@ class Scheduler:
             todo = [plan.placements[key_of(p)] for p in pending if key_of(p) in plan.placements]
             if world.plan_ready.get(key) and todo:
                 g = unit.gang  # converted once, by build_world
-                self._bind_all(unit, todo, by_pod, g.created_at, g, borrowed=plan.borrowed,
-                               recovered=plan.state == PLAN_BINDING and bound_before > 0)
+                recovered = plan.state == PLAN_BINDING and bound_before > 0
+                self._bind_off_cycle(unit, todo, partial(self._bind_all, unit, todo, by_pod, g.created_at, g,
+                                                         borrowed=plan.borrowed, recovered=recovered))
                 continue
             alive = [v for v in plan.victims if v in view.pods]
             grace = max((grace_seconds_of(view.pods[v]) or 30 for v in alive), default=0)
@@ -599,9 +645,10 @@ class Scheduler:
 
     # --- wait reasons, PodGroup status ----------------------------------------------------
     def _wait(self, unit: Unit, reason: str) -> None:
+        """Write the gang's wait reason (annotation and Event) off the cycle, if it changed."""
         owner = unit.owner
-        if owner is None or not self.is_leader():
-            return
+        if owner is None or not self.is_leader() or self.writes.is_binding(unit.key):
+            return  # a gang binding waits for nothing
         reason = "; ".join((reason, *self._ignored.get(unit.key, ())))  # ignored hints: said while it waits
         if unit.annotation(C.ANNOTATION_WAIT_REASON) == reason or self._written.get(("reason", unit.key)) == reason:
             return
@@ -610,6 +657,12 @@ class Scheduler:
         shape = _DIGITS.sub("#", reason)
         last = self._written.get(("shape", unit.key))
         if last and last[0] == shape and time.monotonic() - last[1] < REASON_REFRESH:
+            return
+        self.writes.write("reason", unit.key, reason, partial(self._write_wait, unit, reason, shape))
+
+    def _write_wait(self, unit: Unit, reason: str, shape: str) -> None:
+        owner = unit.owner
+        if not self.is_leader():
             return
         try:
             self._patch_owner_annotations(unit, {C.ANNOTATION_WAIT_REASON: reason})
@@ -643,10 +696,10 @@ class Scheduler:
         first write of phase TimedOut also records a ScheduleTimeout Event (once: after a restart
         the phase read back from the API is already TimedOut)."""
         timed_out = timed_out or {}
-        writes = []
+        binding = self.writes.binding()  # their status is the next cycle's, once they are bound or forgotten
         for key, unit in world.units.items():
             pg = unit.podgroup
-            if pg is None:
+            if pg is None or key in binding:
                 continue
             try:
                 want = desired_podgroup_status(unit, key in world.plans, view.assumed, key in timed_out)
@@ -655,15 +708,13 @@ class Scheduler:
             have = pg.get("status") or {}
             if all(have.get(k) == v for k, v in want.items()) or self._written.get(("status", key)) == want:
                 continue
-            writes.append(lambda key=key, pg=pg, want=want, have=have: self._write_status(key, pg, want, have, timed_out))
-        self._in_parallel(writes)
+            self.writes.write("status", key, want, partial(self._write_status, key, pg, want, have, timed_out))
 
     def _in_parallel(self, writes: list) -> None:
-        """A cycle's independent writes (wait reasons, PodGroup status: one per gang; a preemption's
-        Events and Evictions: one per victim) on the bind pool: with a hundred gangs arriving and
-        ending per second, or hundreds of victims, one after the other they made most of the cycle
-        (issue 31). Each write is a leaf (it waits on no other pool task), so sharing the pool with
-        the Bindings of the cycle's admitted gangs cannot deadlock."""
+        """A cycle's independent writes (a preemption's Events and Evictions: one per victim) on the
+        bind pool: with hundreds of victims, one after the other they made most of the cycle (issue
+        31). Each write is a leaf (it waits on no other pool task), so sharing the pool with the
+        Bindings of the gangs binding cannot deadlock."""
         if len(writes) > 1:
             list(self._pool.map(lambda write: write(), writes))
         elif writes:
