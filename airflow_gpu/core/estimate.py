@@ -553,7 +553,9 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
     times.append(math.inf)  # every gang gone, the unknown ones too
     k, tries = 0, 0
     held = _Held(work)
-    lag: list[RunningGang] = []  # released by the tracker, not yet on `work` (and the held copy)
+    # released by the tracker, not yet on `work` / on the held copy: each catches up when it is read
+    lag: list[RunningGang] = []
+    lag_held: list[RunningGang] = []
     for t in times:
         worth = t == now
         while k < len(ends) and ends[k][0] <= t:
@@ -563,13 +565,18 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
             if work.usage is not None:
                 worth = worth or _cohort_of(base, r.gang.team) == cohort
             lag.append(r)
+            if held.trial is not None:
+                lag_held.append(r)
         if not _SHARE_RELEASES:
-            _catch_up(work, held, lag)
+            _catch_up(work, lag)
+            _catch_up_held(work, held, lag_held)
         worth = worth or any(a.end == t for a in ahead)
         if not worth or not (tracker.holds() if _SHARE_RELEASES else room.holds(tracker.fit)):
             continue
-        _catch_up(work, held, lag)
         overlapping = [a for a in ahead if a.overlaps(t, t + duration)]
+        if not overlapping or held.trial is None:  # admitted on `work`, or the held copy made from it
+            _catch_up(work, lag)
+        _catch_up_held(work, held, lag_held)
         trial = held.holding(overlapping) if overlapping else work  # admit changes neither snap nor usage
         kept_off = held.kept_off if overlapping else set()
         exclude = node_mask(trial.snap, kept_off) if kept_off else None
@@ -589,16 +596,21 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
     return StartEstimate(None, (), NOTE_NEVER), ()
 
 
-def _catch_up(work: CycleState, held: _Held, lag: list[RunningGang]) -> None:
-    """Release on `work` (and the held copy) the gangs its room tracker released already."""
+def _catch_up(work: CycleState, lag: list[RunningGang]) -> None:
+    """Release on `work` the gangs its room tracker released already."""
     for r in lag:
         for p in r.placements:
             if p.pod in work.snap.placements:
                 work.snap.forget(p.pod)
-        demand = work.demand_of(r) if work.usage is not None else None
-        if demand is not None:
-            work.usage.remove(r.gang.team, demand)
-        held.released(r, demand)
+        if work.usage is not None:
+            work.usage.remove(r.gang.team, work.demand_of(r))
+    lag.clear()
+
+
+def _catch_up_held(work: CycleState, held: _Held, lag: list[RunningGang]) -> None:
+    """The same on the held copy (made after them, it mirrors them)."""
+    for r in lag:
+        held.released(r, work.demand_of(r) if work.usage is not None else None)
     lag.clear()
 
 
