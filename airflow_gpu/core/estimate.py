@@ -375,6 +375,7 @@ def _estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRe
         ends.append(RunningGang(plan.gang, tuple(plan.placements), now))
     ends = sorted(((_end_of(r, now, run_lengths), r) for r in ends),
                   key=lambda e: (e[0], e[1].started_at, e[1].gang.name))
+    releases = _Releases(base, ends) if _SHARE_RELEASES else None  # base is final from here
     ahead: list[_Ahead] = []
     nominated = dict(nominated or {})
     res = result.reservation
@@ -384,7 +385,7 @@ def _estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRe
         # (a quota-blocked gang is never head): its reservation is held first
         start, placements = res.start, tuple(res.placements)
         if math.isinf(start) and run_lengths is not None:
-            est, placements = _estimate_one(base, ends, ahead, res.gang, profile, now, run_lengths)
+            est, placements = _estimate_one(base, ends, ahead, res.gang, profile, now, run_lengths, releases)
             out[head] = est
             start = math.inf if est.start is None else est.start
         else:
@@ -403,7 +404,7 @@ def _estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRe
             nodes = tuple(sorted({p.node for p in plan.placements})) if plan is not None else nominated[gang.name]
             out[gang.name] = StartEstimate(now, tuple(nodes), NOTE_PREEMPTING)
             continue
-        est, placements = _estimate_one(base, ends, ahead, gang, profile, now, run_lengths)
+        est, placements = _estimate_one(base, ends, ahead, gang, profile, now, run_lengths, releases)
         out[gang.name] = est
         if est.start is not None:
             ahead.append(_Ahead(gang.team, tuple(placements), est.start, est.start + _duration(gang, run_lengths)))
@@ -503,13 +504,47 @@ class _Held:
         return trial
 
 
+# Off: each estimate releases on its own copy at once, as before the sharing (tests compare the two)
+_SHARE_RELEASES = True
+
+
+class _Releases:
+    """The release sequence of one estimate_starts call, shared by the gangs it estimates: every
+    estimate releases the same running gangs in the same order from the same state, so the nodes
+    each release frees and their free capacity after it are computed once (on one copy), and an
+    estimate's room tracker reads them; its own copy catches up only when a placement is tried."""
+
+    def __init__(self, base: CycleState, ends: Sequence[tuple[float, RunningGang]]):
+        self.ends = ends
+        self.snap: Snapshot | None = None  # made on first use
+        self.base = base
+        self.freed: list[list[tuple[int, list[int], int, int]]] = []  # per release: (node, GPU row, CPU, memory) after
+
+    def touched(self, k: int) -> list[tuple[int, list[int], int, int]]:
+        """The nodes release k freed, with their free capacity once releases 0..k are done."""
+        while len(self.freed) <= k:
+            if self.snap is None:
+                self.snap = self.base.snap.copy()
+            snap, r = self.snap, self.ends[len(self.freed)][1]
+            touched = set()
+            for p in r.placements:
+                if p.pod in snap.placements:
+                    snap.forget(p.pod)
+                    touched.add(snap.shape.index[p.node])
+            self.freed.append([(n, snap.gpu_free[n].tolist(), int(snap.cpu_free[n]), int(snap.mem_free[n]))
+                               for n in touched])
+        return self.freed[k]
+
+
 def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], ahead: Sequence[_Ahead], gang: Gang,
-                  profile: Profile, now: float,
-                  run_lengths: RunLengths | None = None) -> tuple[StartEstimate, tuple[Placement, ...]]:
+                  profile: Profile, now: float, run_lengths: RunLengths | None = None,
+                  releases: _Releases | None = None) -> tuple[StartEstimate, tuple[Placement, ...]]:
     """estimate_starts for one gang that is neither head nor preempting. `ends`: (expected end,
-    running gang) by end (math.inf: unknown)."""
+    running gang) by end (math.inf: unknown); `releases`: their release sequence, shared with the
+    other estimates of the call."""
+    releases = releases if releases is not None else _Releases(base, ends)
     work = base.capacity_view()
-    tracker = RoomEstimate.for_gang(work.snap, gang, profile).tracker(work.snap)
+    tracker = RoomEstimate.for_gang(work.snap, gang, profile).tracker(work.snap)  # updated from `releases`
     room = tracker.room
     cohort = _cohort_of(base, gang.team)
     duration = _duration(gang, run_lengths)
@@ -518,21 +553,30 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
     times.append(math.inf)  # every gang gone, the unknown ones too
     k, tries = 0, 0
     held = _Held(work)
+    # released by the tracker, not yet on `work` / on the held copy: each catches up when it is read
+    lag: list[RunningGang] = []
+    lag_held: list[RunningGang] = []
     for t in times:
         worth = t == now
         while k < len(ends) and ends[k][0] <= t:
             r = ends[k][1]
+            worth = tracker.update(releases.touched(k)) or worth
             k += 1
-            worth = tracker.release(r) or worth
-            demand = work.demand_of(r) if work.usage is not None else None
-            if demand is not None:
-                work.usage.remove(r.gang.team, demand)
+            if work.usage is not None:
                 worth = worth or _cohort_of(base, r.gang.team) == cohort
-            held.released(r, demand)
+            lag.append(r)
+            if held.trial is not None:
+                lag_held.append(r)
+        if not _SHARE_RELEASES:
+            _catch_up(work, lag)
+            _catch_up_held(work, held, lag_held)
         worth = worth or any(a.end == t for a in ahead)
-        if not worth or not room.holds(tracker.fit):
+        if not worth or not (tracker.holds() if _SHARE_RELEASES else room.holds(tracker.fit)):
             continue
         overlapping = [a for a in ahead if a.overlaps(t, t + duration)]
+        if not overlapping or held.trial is None:  # admitted on `work`, or the held copy made from it
+            _catch_up(work, lag)
+        _catch_up_held(work, held, lag_held)
         trial = held.holding(overlapping) if overlapping else work  # admit changes neither snap nor usage
         kept_off = held.kept_off if overlapping else set()
         exclude = node_mask(trial.snap, kept_off) if kept_off else None
@@ -550,6 +594,24 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
                 return StartEstimate(None, nodes, NOTE_NO_END), ()
             return StartEstimate(t, nodes), decision.placements
     return StartEstimate(None, (), NOTE_NEVER), ()
+
+
+def _catch_up(work: CycleState, lag: list[RunningGang]) -> None:
+    """Release on `work` the gangs its room tracker released already."""
+    for r in lag:
+        for p in r.placements:
+            if p.pod in work.snap.placements:
+                work.snap.forget(p.pod)
+        if work.usage is not None:
+            work.usage.remove(r.gang.team, work.demand_of(r))
+    lag.clear()
+
+
+def _catch_up_held(work: CycleState, held: _Held, lag: list[RunningGang]) -> None:
+    """The same on the held copy (made after them, it mirrors them)."""
+    for r in lag:
+        held.released(r, work.demand_of(r) if work.usage is not None else None)
+    lag.clear()
 
 
 def _cohort_of(state: CycleState, team: str) -> str | None:

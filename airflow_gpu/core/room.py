@@ -7,6 +7,7 @@ earliest-start estimate use it to skip full placements that cannot succeed. Pure
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
 import numpy as np
@@ -121,19 +122,38 @@ class RoomTracker:
                 size = int(ids.max()) + 1 if known.any() else 0
                 self.sums.append((ids, np.bincount(ids[known], weights=self.fit[known], minlength=size)))
 
+    def holds(self) -> bool:
+        """RoomEstimate.holds(self.fit), read from the per-domain sums kept up to date (no bincount
+        per question: the estimates ask it at every release time)."""
+        want = self.room.want
+        for _, sums in self.sums:
+            if sums is None:
+                if len(self.fit) and self.fit.max() >= want:
+                    return True
+            elif len(sums) and sums.max() >= want:
+                return True
+        return False
+
     def release(self, running: RunningGang) -> bool:
         """Forget the gang's pods; True if some domain may now hold the gang."""
-        snap, room = self.snap, self.room
+        snap = self.snap
         touched = set()
         for p in running.placements:
             if p.pod in snap.placements:
                 snap.forget(p.pod)
                 touched.add(snap.shape.index[p.node])
+        return self.update([(n, snap.gpu_free[n], int(snap.cpu_free[n]), int(snap.mem_free[n])) for n in touched])
+
+    def update(self, nodes: Iterable[tuple[int, object, int, int]]) -> bool:
+        """Nodes' free capacity rose to (node, free GPU row, CPU, memory), the snapshot being
+        released elsewhere (core.estimate shares one release sequence between the gangs it
+        estimates); True if some domain may now hold the gang."""
+        room = self.room
         hit = False
-        for n in touched:
+        for n, row, cpu, mem in nodes:
             if not room.eligible[n]:
                 continue
-            new = room.fit_one(snap.gpu_free[n], int(snap.cpu_free[n]), int(snap.mem_free[n]), n)
+            new = room.fit_one(row, cpu, mem, n)
             delta = new - int(self.fit[n])
             self.fit[n] = new
             for ids, sums in self.sums:

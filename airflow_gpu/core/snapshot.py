@@ -473,12 +473,14 @@ class Snapshot:
             raise OverCommitError(f"pod {name} is not placed in this snapshot; nothing to release")
         if not isinstance(placement, str) and placement is not held and placement != held:
             raise OverCommitError(f"pod {name}: release of {placement} does not match the held {held}")
-        i, need, mig = self._parse(held)
+        # validated when it was assumed: no second parse (what-ifs forget hundreds of thousands of pods)
+        i = self.shape.index[held.node]
         row = self.gpu_free[i]
-        for g, m in need.items():
+        for g, m in held.gpu_shares:
             row[g] += m
-        if need:
+        if held.gpu_shares:
             self._gpu_row_changed(i)
+        mig = None if held.mig_profile is None else self.shape.mig_profiles.index(held.mig_profile)
         self.cpu_free[i] += held.cpu_milli
         self.mem_free[i] += held.memory_mib
         if mig is not None:
