@@ -8,7 +8,8 @@ booked in the queue's back-off, memos and reservation hold (the scheduler and th
 CycleResult and changes nothing passed in. Its steps, as Kueue's schedule(): order, admit (or
 reserve: the head of line), backfill behind the reservation, plan a preemption behind the head.
 
-Order: priority (high first), then creation time, then name. A cycle admits gangs in that order on a
+Order: priority (high first), then creation time, then name (Gang.queue_key; tiers with a wait
+bound by due time in one band: core.tiers.wait_bands). A cycle admits gangs in that order on a
 working copy of the cycle state: each admission and each planned nomination counts against its
 team's quota for every later gang of the cycle. The first refused gang that preemption can serve,
 or that lacks capacity, is the head of line:
