@@ -98,3 +98,37 @@ def test_a_stopped_gang_is_due_a_bound_after_its_re_queue_not_at_once():
     assert [g.name for g in queue_order([again, newer])] == ["prod", "be"]
     plain = gang("plain", 1, 1)
     assert _requeued(plain, 5000.0) is plain  # no bound: nothing changes (today's replay, to the bit)
+
+
+def test_the_scheduler_builds_its_gangs_with_the_tiers_band():
+    """kube.convert (the scheduler's reader) gives a pending gang its tier's bound and band, so the
+    scheduler queues as the replay does; a relaunch is a new PodGroup: due from its creation."""
+    from airflow_gpu.kube.convert import ConversionContext, gang_from_k8s
+
+    def pod(tier, created):
+        return {"metadata": {"name": f"p-{tier}", "namespace": "a", "creationTimestamp": created},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                         "priorityClassName": f"airflow-gpu-{tier}"},
+                "status": {"phase": "Pending"}}
+
+    ctx = ConversionContext(tiers=wait_bands(TIERS))
+    be = gang_from_k8s("a/be", None, [pod(BE, "2026-01-01T00:00:00Z")], ctx)
+    prod = gang_from_k8s("a/prod", None, [pod(PROD, "2026-01-01T00:02:00Z")], ctx)
+    assert (be.max_wait, be.band_priority, prod.max_wait, prod.band_priority) == (100.0, 100, 0.0, 100)
+    assert [g.name for g in queue_order([prod, be])] == ["a/be", "a/prod"]  # due 00:01:40, before 00:02
+
+
+def test_serving_work_behind_an_overdue_sweep_still_preempts_off_its_reserved_nodes():
+    """core.queue.outranks_head: an overdue sweep at the head of line holds nodes for its start, but
+    never preempts the inference gang behind it; that gang, of a tier without preempt_behind_head,
+    may still preempt a running sweep elsewhere (the head keeps its reservation)."""
+    snap = Snapshot.from_nodes(cluster(2))
+    running = [start(snap, tiered("r0", BE, -9000.0, expected_duration=1000.0), profile(), at=0.0),  # n0 until 1000
+               start(snap, tiered("r1", BE, -9000.0, gpus=4, expected_duration=5000.0), profile(), at=0.0)]
+    tiers = wait_bands({**TIERS, TIER_INFERENCE: TierPolicy(priority=50, preemptible=False, max_wait_seconds=0.0)})
+    be = tiered("be", BE, created_at=0.0, tiers=tiers)  # due at 100: overdue at 200
+    serving = tiered("inf", TIER_INFERENCE, created_at=150.0, tiers=tiers, gpus=6)  # due at 150: behind it
+    assert [g.name for g in queue_order([serving, be])] == ["be", "inf"]
+    res = run_cycle(snap, [serving, be], running, profile(), now=200.0)
+    assert res.reservation.gang.name == "be" and res.reservation.nodes == {"n0000"}
+    assert [(p.gang.name, p.victim_names) for p in res.preemptions] == [("inf", ("r1",))]
