@@ -10,6 +10,9 @@ The generator offers about 39 GPUs of work on its 96 (12 nodes): uncontended, no
 `--gen-capacity 0.4` keeps 5 of its nodes (40 GPUs), about its offered load, as the README's
 seed-scenario example does.
 
+The tiers are the quota file's (examples/seed-quotas.yaml), wait bounds included (README "The wait
+bound": best-effort gives way to newer production and inference gangs for 4 h, then keeps its place).
+
 Acceptance (issue 30): with the cost, production p95 wait at least 60 % below naive's, best-effort
 p95 at most 10 % above naive's; preemptions per job and GPU-hours lost to restarts reported. Naive
 neither preempts nor runs on spot, so it restarts nothing: it runs once per input.

@@ -82,7 +82,9 @@ def test_config_adapter(repo_root):
                                                  preempts=tier.preemption_policy != "Never",
                                                  spot_fallback=tier.spot_fallback,
                                                  borrow_within_cohort=tier.borrow_within_cohort,
-                                                 preempt_behind_head=tier.preempt_behind_head)
+                                                 preempt_behind_head=tier.preempt_behind_head,
+                                                 max_wait_seconds=tier.max_wait_seconds,
+                                                 band_priority=None if tier.max_wait_seconds is None else 100000)
         assert tier.priority_class_name == priority_class_name(tier.name)
     assert policies["production-training"].spot_fallback and not policies["best-effort-training"].spot_fallback
     assert policies["production-training"].borrow_within_cohort and not policies["best-effort-training"].borrow_within_cohort

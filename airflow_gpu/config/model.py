@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from airflow_gpu import constants
-from airflow_gpu.core.tiers import TIER_CLASS_GUARANTEED, TierPolicy, priority_class_name, tier_class
+from airflow_gpu.core.tiers import TIER_CLASS_GUARANTEED, TierPolicy, priority_class_name, tier_class, wait_bands
 
 SLOTS_PER_GPU = 7
 """Airflow pool slots per whole GPU: one slot is one MIG compute slice (1/7 GPU)."""
@@ -128,6 +128,9 @@ class Tier(_Strict):
     min_runtime_seconds: Seconds = 0.0
     # true: reclaim of borrowed quota (a team taking back its guarantee) ignores min_runtime_seconds
     reclaim_ignores_min_runtime: StrictBool = False
+    # wait bound: its gangs are due at submission + this and are queued by due time among the gangs of
+    # every tier with a bound (core.tiers.wait_bands); absent: queued by priority alone. Queue order only
+    max_wait_seconds: Seconds | None = None
     description: str = ""
 
     @property
@@ -267,11 +270,11 @@ class QuotaConfig(_Strict):
     def tier_policies(self) -> dict[str, TierPolicy]:
         """The one adapter from this file to core's tier rule: tier name -> core.tiers.TierPolicy."""
         overhead = self.scheduling.restart_overhead_seconds
-        return {t.name: TierPolicy(t.priority, t.preemptible, t.spot_eligible, t.preemption_policy != "Never",
-                                   t.spot_fallback, t.borrow_within_cohort, t.preempt_behind_head,
-                                   t.restart_overhead_seconds if t.restart_overhead_seconds is not None else overhead,
-                                   t.min_runtime_seconds, t.reclaim_ignores_min_runtime)
-                for t in self.tiers}
+        return wait_bands({t.name: TierPolicy(
+            t.priority, t.preemptible, t.spot_eligible, t.preemption_policy != "Never", t.spot_fallback,
+            t.borrow_within_cohort, t.preempt_behind_head,
+            t.restart_overhead_seconds if t.restart_overhead_seconds is not None else overhead,
+            t.min_runtime_seconds, t.reclaim_ignores_min_runtime, t.max_wait_seconds) for t in self.tiers})
 
     def product_speeds(self) -> dict[str, float]:
         """Product -> relative_speed (the reference product is 1.0)."""

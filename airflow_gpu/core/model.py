@@ -214,6 +214,13 @@ class Gang:
     restart_overhead: float = 0.0
     # seconds its SIGTERM checkpoint takes (its own hint, else the config's default); None: unknown
     checkpoint_seconds: float | None = None
+    # its tier's wait bound (core.tiers.wait_bands): None, ordered by priority; else ordered by its due
+    # time (created_at + max_wait) among every bounded tier's gangs, at `band_priority`
+    max_wait: float | None = None
+    band_priority: int | None = None
+    # when its current wait began, if not at created_at (the replay's re-queue after a stop keeps the
+    # gang's place, created_at; the scheduler's relaunch is a new gang): its due time counts from it
+    queued_at: float | None = None
 
     @cached_property
     def gpu_milli_total(self) -> int:
@@ -259,7 +266,11 @@ class Gang:
 
     @cached_property
     def queue_key(self) -> tuple[int, float, str]:
-        """Its place in the queue (core.queue.queue_order): priority first, then first come first served."""
+        """Its place in the queue (core.queue.queue_order): priority first, then first come first served;
+        a gang of a tier with a wait bound by its due time, in the bounded tiers' band (core.tiers.wait_bands)."""
+        if self.max_wait is not None and self.band_priority is not None:
+            since = self.created_at if self.queued_at is None else self.queued_at
+            return (-self.band_priority, since + self.max_wait, self.name)
         return (-self.priority, self.created_at, self.name)
 
 

@@ -8,7 +8,8 @@ booked in the queue's back-off, memos and reservation hold (the scheduler and th
 CycleResult and changes nothing passed in. Its steps, as Kueue's schedule(): order, admit (or
 reserve: the head of line), backfill behind the reservation, plan a preemption behind the head.
 
-Order: priority (high first), then creation time, then name. A cycle admits gangs in that order on a
+Order: priority (high first), then creation time, then name (Gang.queue_key; tiers with a wait
+bound by due time in one band: core.tiers.wait_bands). A cycle admits gangs in that order on a
 working copy of the cycle state: each admission and each planned nomination counts against its
 team's quota for every later gang of the cycle. The first refused gang that preemption can serve,
 or that lacks capacity, is the head of line:
@@ -37,6 +38,9 @@ no preemption can serve would otherwise keep every gang behind it from preemptin
 waits. Still at most one plan per cycle; its nodes are closed to the rest of the cycle, and the head
 keeps its reservation. A gang that would search such a plan is never skipped by the back-off: room
 is not what it waits for.
+
+A gang of higher priority than the head (only a wait bound puts a lower-priority head ahead of
+it: core.tiers.wait_bands) may plan behind it whatever its tier says (`outranks_head`).
 
 Back-off and queueing hints: core.backoff. Reservations and estimated starts: core.estimate.
 """
@@ -87,6 +91,15 @@ def may_backfill_reserved(head: Gang, gang: Gang, policy: PreemptionPolicy) -> b
     admission): only a borrower is a victim across teams."""
     return (gang.preemptible and gang.checkpointable and gang.priority < head.priority
             and gang.tier not in policy.non_preemptible_tiers and head.tier not in policy.never_preempting_tiers)
+
+
+def outranks_head(head: Gang, gang: Gang, policy: PreemptionPolicy) -> bool:
+    """`gang` has a higher priority than the head of line ahead of it: only a wait bound puts one
+    there (an overdue gang of a lower tier, core.tiers.wait_bands). The head never preempts `gang`,
+    so it does not keep `gang` from preempting either: `gang` may search a plan behind it, off its
+    reserved nodes, whatever its tier's preempt_behind_head says (a tier that preempts keeps doing
+    so; without it, an overdue sweep would hold serving work behind it for as long as it waits)."""
+    return head.priority < gang.priority and gang.tier not in policy.never_preempting_tiers
 
 
 def _fits_somewhere(snap: Snapshot, gang: Gang, nodes: np.ndarray) -> bool:
@@ -295,7 +308,8 @@ class _Cycle:
     def may_plan_behind(self, gang: Gang, res: Reservation) -> bool:
         """Refused behind a capacity reservation, it would search a plan: the first of its team in
         this cycle whose ask is not known to have no plan (see the module docstring)."""
-        return (gang.tier in self.policy.preempt_behind_head_tiers and not res.by_preemption
+        return ((gang.tier in self.policy.preempt_behind_head_tiers or outranks_head(res.gang, gang, self.policy))
+                and not res.by_preemption
                 and not self.result.preemptions and gang.team not in self.searched_teams
                 and not self.no_plan.failed(gang, ("behind", res.nodes)))
 

@@ -40,6 +40,12 @@ class TierPolicy:
     # True: reclaim of borrowed quota (another team taking back its guarantee) ignores the minimum
     # runtime (KAI's reclaim-min-runtime 0); False: the minimum runtime protects from reclaim too
     reclaim_ignores_min_runtime: bool = False
+    # the wait bound (Slurm's age factor, as an earliest-due-date order): its gangs are due at submission
+    # + this, and gangs of every tier with a bound are ordered by due time, in one band at the highest
+    # of their priorities (wait_bands). None: ordered by priority alone. The queue order only: priority
+    # still decides preemption
+    max_wait_seconds: float | None = None
+    band_priority: int | None = None  # set by wait_bands: the band's priority (None: no band)
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,8 @@ class TierDecision:
     spot_eligible: bool
     members: tuple[PodRequest, ...]  # confined to on-demand unless spot-eligible
     restart_overhead: float = DEFAULT_RESTART_OVERHEAD_SECONDS  # seconds each restart costs it
+    max_wait: float | None = None  # its tier's wait bound and band (Gang.queue_key; wait_bands)
+    band_priority: int | None = None
 
 
 # Tier classes: what the team's Airflow pool and namespace ResourceQuota of a tier are sized at.
@@ -96,7 +104,23 @@ def decide(
         spot_eligible=spot,
         members=confine_to_eligible_capacity(members, spot, is_spot_eligible(policy.spot_fallback, checkpointable)),
         restart_overhead=overhead,
+        max_wait=policy.max_wait_seconds if policy.band_priority is not None else None,
+        band_priority=policy.band_priority,
     )
+
+
+def wait_bands(tiers: Mapping[str, TierPolicy]) -> dict[str, TierPolicy]:
+    """The tiers with their queue band: every tier with a wait bound (`max_wait_seconds`) joins one
+    band at the highest priority among them, where its gangs are ordered by due time (submission +
+    bound: earliest due date first, which bounds the lateness of every gang against its tier's
+    bound). So a lower tier with a bound of B gives way to newer gangs of a higher bounded tier only
+    during its first B seconds of waiting, then keeps its place ahead of them; they may still preempt
+    it once it runs (priority decides preemption). Tiers without a bound keep their priority order
+    (one above the band comes first, one below after it). No bounds: no band, today's order."""
+    bounded = [p.priority for p in tiers.values() if p.max_wait_seconds is not None]
+    band = max(bounded) if bounded else None
+    return {name: replace(p, band_priority=band if p.max_wait_seconds is not None else None)
+            for name, p in tiers.items()}
 
 
 def restart_overhead_of(policy: TierPolicy | None, own: float | None = None) -> float:

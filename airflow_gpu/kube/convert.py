@@ -478,6 +478,8 @@ def gang_from_k8s(
         products_mixed=mixed,
         restart_overhead=decision.restart_overhead,
         checkpoint_seconds=checkpoint_seconds,
+        max_wait=decision.max_wait,
+        band_priority=decision.band_priority,
     )
 
 

@@ -365,7 +365,7 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
     closing = b.closing_victims(records, units, running_units)
     if closing:  # after the re-checks, which judged every plan with these gangs still candidates
         state.running = [rg for rg in state.running if rg.gang.name not in closing]
-    pending.sort(key=lambda ug: (-ug[1].priority, ug[1].created_at, ug[1].name))
+    pending.sort(key=lambda ug: ug[1].queue_key)  # core's queue order (core.queue.queue_order)
     return World(snap, units, pending, incomplete, running, running_units, plans, plan_ready, b.invalid, nodes,
                  b.ignored_hints, rejected, stale_plans, records, state)
 

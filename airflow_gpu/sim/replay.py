@@ -252,10 +252,20 @@ def _unit_gangs(job: Job, platform: Platform, tiers: dict[str, TierPolicy],
                   checkpointable=checkpointable, spot_eligible=decision.spot_eligible, created_at=job.submit,
                   topology=TopologyRequirement(TopologyLevel.CLIQUE, hard=False),
                   expected_duration=job.work * duration_estimate if duration_estimate > 0 else None,
-                  restart_overhead=decision.restart_overhead, checkpoint_seconds=job.checkpoint_seconds)
+                  restart_overhead=decision.restart_overhead, checkpoint_seconds=job.checkpoint_seconds,
+                  # fifo: one priority and arrival order, no wait bands
+                  **({} if platform.queue == "fifo" else
+                     {"max_wait": decision.max_wait, "band_priority": decision.band_priority}))
     if platform.gang:
         return {job.name: Gang(name=job.name, members=decision.members, **common)}
     return {m.name: Gang(name=m.name, members=(m,), **common) for m in decision.members}
+
+
+def _requeued(gang: Gang, now: float) -> Gang:
+    """A stopped gang back in the queue: its place (created_at) kept, its wait bound counted from now,
+    as the scheduler's relaunch (a new gang) counts it; otherwise a preempted sweep would be overdue at
+    once and go ahead of the production work that just preempted it, to be preempted again."""
+    return gang if gang.max_wait is None else replace(gang, queued_at=now)
 
 
 class _NoPlans(NoPlanMemo):
@@ -463,7 +473,9 @@ class Replay:
                 acc[1] += dt * min(self.team_alloc[team] + self.team_pending[team], guar)
         self.last_t = now
 
-    def _enqueue(self, st: JobState, kind: str = SUBMIT) -> None:
+    def _enqueue(self, st: JobState, kind: str = SUBMIT, now: float = 0.0) -> None:
+        if kind == REQUEUE:
+            st.units = {name: _requeued(gang, now) for name, gang in st.units.items()}
         for name, gang in st.units.items():
             if self.recorder is not None:
                 self.recorder.enqueued(gang, kind)
@@ -563,7 +575,7 @@ class Replay:
         if outcome == FINISHED:
             st.finished_at = now
         else:
-            self._enqueue(st, REQUEUE)
+            self._enqueue(st, REQUEUE, now)
         self._room_appeared(sorted(freed), products)
 
     def _room_appeared(self, nodes: list[int], quota_freed: Iterable[str] = ()) -> None:
