@@ -132,3 +132,23 @@ def test_serving_work_behind_an_overdue_sweep_still_preempts_off_its_reserved_no
     res = run_cycle(snap, [serving, be], running, profile(), now=200.0)
     assert res.reservation.gang.name == "be" and res.reservation.nodes == {"n0000"}
     assert [(p.gang.name, p.victim_names) for p in res.preemptions] == [("inf", ("r1",))]
+
+
+def test_the_published_queue_says_when_a_sweep_keeps_its_place_and_nothing_for_a_bound_of_zero():
+    """The scheduler publishes each waiting gang's due time (core.visibility: Gang.due_at, the same
+    value its queue order reads) when its tier has a bound > 0; the page and `airflow-gpu queue` show
+    it and decide nothing."""
+    from fixtures.core_gang import state_of
+
+    from airflow_gpu.core.queue import schedule_cycle
+    from airflow_gpu.core.visibility import waiting_entries
+
+    snap = Snapshot.from_nodes(cluster(1, gpus=8))
+    busy = start(snap, gang("busy", 1, 8, created_at=0), profile(), at=0)
+    pending = [tiered("sweep", BE, 10), tiered("prod", PROD, 50), tiered("plain", TIER_INFERENCE, 60)]
+    state = state_of(snap, [busy])
+    result = schedule_cycle(state, pending, profile(), 70, PreemptionPolicy())
+    rows = {r.gang: r for r in waiting_entries(state, pending, result, profile(), 70)}
+    assert rows["sweep"].due_at == 110 == pending[0].due_at and pending[0].queue_key[1] == 110
+    assert rows["prod"].due_at is None and rows["plain"].due_at is None  # bound 0, and no bound
+    assert rows["sweep"].as_dict()["due_at"] == 110

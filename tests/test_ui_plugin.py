@@ -77,7 +77,8 @@ def script_cluster(api) -> None:
     of 8, ends in an hour), vision's best-effort scratch 1 x 4 (ignores SIGTERM: a long preemption),
     research's best-effort sweep 1 x 4 (ends in 10 min). Then waiting: nlp's `more` 1 x 4 (quota:
     starts when finetune ends, not when sweep frees its GPUs), vision's `train` 1 x 4 (preempts
-    scratch), recsys's `big` 2 x 4 (capacity: the head's reservation)."""
+    scratch), recsys's `big` 2 x 4 (capacity: the head's reservation), research's best-effort `sweep2`
+    1 x 4 (under its tier's wait bound: the page says from when it keeps its place)."""
     G.install_priority_classes(api)
     for ns in ("team-nlp", "team-vision", "team-research", "team-recsys"):
         G.ensure_namespace(api, ns)
@@ -96,6 +97,10 @@ def script_cluster(api) -> None:
     gang(api, "team-vision", "train", 1, 4, PROD, ti_labels("vision_detector", "fit", "vision"), 1800,
          sim_seconds=1800)
     gang(api, "team-recsys", "big", 2, 4, PROD, ti_labels("recsys_big", "train", "recsys"), 1800, sim_seconds=1800)
+    # a sweep waiting under its tier's wait bound (seed-quotas: best-effort 4 h): it keeps its place from then
+    gang(api, "team-research", "sweep2", 1, 4, BEST_EFFORT,
+         ti_labels("research_sweep", "trial2", "research", C.TIER_BEST_EFFORT_TRAINING), SWEEP_SECONDS,
+         sim_seconds=SWEEP_SECONDS)
     # a gang whose second member was never created: not in the queue, shown after it with the scheduler's reason
     G.create_podgroup(api, "team-nlp", "half", 2)
     client.CoreV1Api(api).create_namespaced_pod("team-nlp", G.pod_manifest(
@@ -306,6 +311,9 @@ def test_page_in_airflow_ui_headless_chromium(stack, tmp_path):
             expected = {", ".join(e["expected_products"]) for e in pub["waiting"] if e["expected_products"]}
             shown_waiting = frame.inner_text("#waiting")
             assert expected and all(f"on {p}" in shown_waiting for p in expected), (expected, shown_waiting)
+            # a sweep under its tier's wait bound says from when it keeps its place (issue 30), as published
+            bounded = [e for e in pub["waiting"] if e.get("due_at") is not None]
+            assert bounded and shown_waiting.count("keeps its place") == len(bounded), (bounded, shown_waiting)
             assert "STALE" not in text
             # GPUs first in the pools, slots in brackets: nlp's preemptible pool has 8 GPUs (56 slots) queued
             assert "8 (56)" in frame.inner_text("#teams")

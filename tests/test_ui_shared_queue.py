@@ -148,3 +148,21 @@ def test_the_queue_says_on_which_product_a_gang_is_expected_to_start(capsys):
     assert "in 60 s on NVIDIA-H100-80GB-HBM3" in out, out
     page = (UI / "static" / "index.html").read_text()
     assert "w.expected_products" in page and "onProduct(w)" in page  # the page's estimate column shows it
+
+
+def test_the_queue_says_when_a_gang_keeps_its_place_under_its_tiers_wait_bound(capsys):
+    """The wait bound (issue 30): the scheduler publishes `due_at` for a gang of a tier with
+    max_wait_seconds > 0; the page and `airflow-gpu queue` say from when it keeps its place."""
+    from airflow_gpu.cli.queue import print_queue
+
+    later, overdue = {**entry(0), "due_at": 2000.0}, {**entry(1), "due_at": 1800.0}
+    pub = {"version": 1, "generated_at": 1900.0, "cycle": 3, "scheduler": "s", "profile": "fgd-lookahead",
+           "publish_interval": 5.0, "waiting": [later, overdue, entry(2)], "incomplete": [], "running": [],
+           "cluster": queue.EMPTY_CLUSTER}
+    data = queue.build(queue.Inputs([], [], pub), now=1900.0)
+    assert [w["due_at"] for w in data["waiting"]] == [2000.0, 1800.0, None]
+    print_queue(data)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "keeps its place in 100 s" in out and out.count("keeps its place") == 2, out
+    page = (UI / "static" / "index.html").read_text()
+    assert "due(w, now)" in page and "w.due_at" in page

@@ -127,8 +127,12 @@ def print_queue(data: dict) -> None:
         if r.get("expected_products"):  # the product of the nodes the scheduler expects it to start on
             est += f" on {', '.join(r['expected_products'])}"
         task = f"{r['dag_id']}.{r['task_id']}" if r["dag_id"] else r["gang"]
+        waited = str(r["waiting_seconds"])
+        if r.get("due_at") is not None:  # its tier's wait bound: newer work goes ahead of it until then
+            left = r["due_at"] - now
+            waited += " (keeps its place)" if left <= 0 else f" (keeps its place in {left:.0f} s)"
         w.add_row(*map(Text, (str(r["cluster_position"]), str(r["position"]), task, r["team"], r["tier"],
-                              str(r["gpus"]), str(r["waiting_seconds"]), r["reason"], est)))
+                              str(r["gpus"]), waited, r["reason"], est)))
     console.print(w)
     run = Table(title="Running")
     for col in ("task", "team", "pods", "since checkpoint s", "interruptions", "preemptions"):

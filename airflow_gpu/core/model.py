@@ -265,12 +265,19 @@ class Gang:
         return tuple((ps.request.shape, ps.count) for ps in self.pod_sets)
 
     @cached_property
+    def due_at(self) -> float | None:
+        """When its tier's wait bound is up (its current wait's start + max_wait); None: its tier has
+        no bound. From then on it keeps its place ahead of gangs of the band submitted later."""
+        if self.max_wait is None or self.band_priority is None:
+            return None
+        return (self.created_at if self.queued_at is None else self.queued_at) + self.max_wait
+
+    @cached_property
     def queue_key(self) -> tuple[int, float, str]:
         """Its place in the queue (core.queue.queue_order): priority first, then first come first served;
         a gang of a tier with a wait bound by its due time, in the bounded tiers' band (core.tiers.wait_bands)."""
-        if self.max_wait is not None and self.band_priority is not None:
-            since = self.created_at if self.queued_at is None else self.queued_at
-            return (-self.band_priority, since + self.max_wait, self.name)
+        if self.due_at is not None:
+            return (-self.band_priority, self.due_at, self.name)
         return (-self.priority, self.created_at, self.name)
 
 

@@ -45,13 +45,17 @@ class WaitingEntry:
     # GPU products of `nodes`: where a gang that accepts several products is expected to start (one:
     # its GPU pod sets keep to one product); the queue page and `airflow-gpu queue` show it
     expected_products: tuple[str, ...]
+    # when its tier's wait bound (max_wait_seconds > 0) is up: before, newer work of the bounded tiers
+    # goes ahead of it; after, it keeps its place (Gang.due_at). None: no such bound
+    due_at: float | None = None
 
     def as_dict(self) -> dict:
         return {"gang": self.gang, "team": self.team, "tier": self.tier, "priority": self.priority,
                 "gpus": self.gpus, "products": list(self.products), "created_at": self.created_at,
                 "cluster_position": self.cluster_position, "position": self.position, "reason": self.reason,
                 "estimated_start": self.estimated_start, "estimate_note": self.estimate_note,
-                "nodes": list(self.nodes), "expected_products": list(self.expected_products)}
+                "nodes": list(self.nodes), "expected_products": list(self.expected_products),
+                "due_at": self.due_at}
 
 
 def gpus_of(members: Iterable[PodRequest], mig_gpus: Callable[[str], float] | None = None) -> float:
@@ -98,7 +102,7 @@ def waiting_entries(state: CycleState, pending: Sequence[Gang], result: CycleRes
             gang.name, gang.team, gang.tier, gang.priority, gpus_of(gang.members, mig_gpus),
             tuple(sorted({p for m in gang.members for p in m.gpu_products})), gang.created_at, i,
             per_team[gang.team], reason, est.start, est.note, est.nodes,
-            tuple(sorted({product.get(n) or "" for n in est.nodes} - {""}))))
+            tuple(sorted({product.get(n) or "" for n in est.nodes} - {""})), gang.due_at if gang.max_wait else None))
     return out
 
 

@@ -117,7 +117,7 @@ def build(inputs: Inputs, now: float | None = None) -> dict:
                                     now - (e.get("created_at") or now), e["reason"], e["estimated_start"],
                                     e["cluster_position"], e["position"], inputs.base_url, e["gang"],
                                     e["estimate_note"], e.get("nodes") or [], e.get("expected_products") or [],
-                                    e.get("estimate_error")))
+                                    e.get("estimate_error"), e.get("due_at")))
     later = []  # after the scheduler's queue: gangs not complete yet, then what Airflow holds back
     for e in pub.get("incomplete") or []:
         key = _key(e.get("ti"))
@@ -152,14 +152,15 @@ def build(inputs: Inputs, now: float | None = None) -> dict:
 
 
 def _waiting_row(key, team, tier, gpus, products, waited, reason, est, cluster_pos, team_pos, base_url, gang, note,
-                 nodes=(), expected_products=(), error=None) -> dict:
+                 nodes=(), expected_products=(), error=None, due_at=None) -> dict:
     """note: why there is no estimated start (empty when there is one); error: how far off it may be
-    (seconds, the p90 the replay measured for its tier; None: not measured)."""
+    (seconds, the p90 the replay measured for its tier; None: not measured); due_at: when its tier's
+    wait bound is up (None: no bound), as published."""
     dag_id, task_id, run_id, _ = key or (None, None, None, None)
     return {"dag_id": dag_id, "task_id": task_id, "run_id": run_id, "team": team, "tier": tier, "gang": gang,
             "gpus": round(gpus, 3), "products": list(products), "waiting_seconds": round(max(0.0, waited), 1),
             "cluster_position": cluster_pos, "position": team_pos, "reason": reason, "estimated_start": est,
-            "estimate_note": note, "estimate_error": error, "nodes": list(nodes), "expected_products": list(expected_products),
+            "estimate_note": note, "estimate_error": error, "due_at": due_at, "nodes": list(nodes), "expected_products": list(expected_products),
             "link": ti_link(base_url, dag_id, run_id, task_id) if dag_id else None}
 
 
