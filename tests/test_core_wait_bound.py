@@ -152,3 +152,19 @@ def test_the_published_queue_says_when_a_sweep_keeps_its_place_and_nothing_for_a
     assert rows["sweep"].due_at == 110 == pending[0].due_at and pending[0].queue_key[1] == 110
     assert rows["prod"].due_at is None and rows["plain"].due_at is None  # bound 0, and no bound
     assert rows["sweep"].as_dict()["due_at"] == 110
+
+
+def test_the_replay_s_what_if_bounds_replace_the_file_s_and_none_is_strict_priority_order():
+    """simulate replay --max-wait (sim.settings.with_wait_bounds): the bands are drawn again as the
+    quota file's would be; {} leaves no band (queued by priority), an unknown tier names the known ones."""
+    from dataclasses import make_dataclass
+
+    from airflow_gpu.sim.settings import with_wait_bounds
+
+    setting = make_dataclass("Tiered", ["tiers"], frozen=True)(wait_bands(TIERS))  # a Setting's field
+    with pytest.raises(ValueError, match="no tier nope.*best-effort-training"):
+        with_wait_bounds(setting, {"nope": 1.0})
+    none = with_wait_bounds(setting, {}).tiers
+    assert all(p.band_priority is None and p.max_wait_seconds is None for p in none.values())
+    only_be = with_wait_bounds(setting, {BE: 60.0}).tiers
+    assert only_be[BE].band_priority == TIERS[BE].priority and only_be[PROD].band_priority is None

@@ -233,7 +233,7 @@ def test_cli_replay_json_and_bad_input(tmp_path):
     cmd = [sys.executable, "-m", "airflow_gpu", "simulate", "replay", "--seed-scenario", "--days", "1",
            "--platforms", "naive,full", "--json", "--events", str(tmp_path / "ev"), "--plots", str(tmp_path / "pl"),
            "--report", str(tmp_path / "r.md"), "--restart-overhead", "300",
-           "--min-runtime", "best-effort-training=600"]
+           "--min-runtime", "best-effort-training=600", "--max-wait", "production-training=0,best-effort-training=7200"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
     doc = json.loads(out.stdout)
     assert set(doc["platforms"]) == {"naive", "full"}
@@ -245,6 +245,7 @@ def test_cli_replay_json_and_bad_input(tmp_path):
     assert full["preemptions_per_job"] == pytest.approx(full["preemptions"] / doc["jobs"], abs=1e-4)
     assert full["restart_lost_gpu_seconds"] <= full["lost_gpu_seconds"]
     assert doc["min_runtime"] == {"best-effort-training": 600.0} and set(doc["restart_overhead"].values()) == {300.0}
+    assert doc["max_wait"] == {"production-training": 0.0, "best-effort-training": 7200.0}  # replaces the file's
     assert doc["platforms"]["full"]["cost"] < doc["platforms"]["naive"]["cost"]  # spot is cheaper
     assert (tmp_path / "pl" / "ablations.png").stat().st_size > 1000
     assert "| full |" in (tmp_path / "r.md").read_text()
@@ -252,6 +253,8 @@ def test_cli_replay_json_and_bad_input(tmp_path):
     assert bad.returncode == 2 and "--capacity" in bad.stderr
     bad = subprocess.run(cmd[:6] + ["--min-runtime", "best-effort-training"], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "TIER=SECONDS" in bad.stderr
+    bad = subprocess.run(cmd[:6] + ["--max-wait", "best-effort=60"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "--max-wait: no tier best-effort" in bad.stderr and "best-effort-training" in bad.stderr
     bad = subprocess.run([sys.executable, "-m", "airflow_gpu", "simulate", "replay", "--pods",
                           str(TRACES / "openb_pod_list_default.csv")], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "--nodes" in bad.stderr

@@ -109,6 +109,9 @@ def _register_replay(modes) -> None:
     rp.add_argument("--min-runtime", default=None, metavar="TIER=S[,TIER=S]",
                     help="minimum runtime before preemption per tier, replacing the config's tiers' "
                          "min_runtime_seconds ('' or 'none': none)")
+    rp.add_argument("--max-wait", default=None, metavar="TIER=S[,TIER=S]",
+                    help="wait bounds per tier, replacing the config's tiers' max_wait_seconds ('' or 'none': "
+                         "none, strict priority order), e.g. production-training=0,best-effort-training=14400")
     rp.add_argument("--estimates", default="learned", choices=("learned", "runs", "declared", "off"),
                     help="record the estimated start the scheduler would publish for every waiting gang (at "
                          "submission and hourly) against its real start (sim/start_accuracy.py): 'learned' (default) "
@@ -159,9 +162,14 @@ def _replay(args) -> int:
               f"> 0, got {args.placement_hold} and {args.placement_hold_seconds}", file=sys.stderr)
         return 2
     try:
-        min_runtime = parse_min_runtime(args.min_runtime)
+        min_runtime = parse_tier_seconds(args.min_runtime)
     except ValueError as exc:
         print(f"--min-runtime: {exc}", file=sys.stderr)
+        return 2
+    try:
+        max_wait = parse_tier_seconds(args.max_wait)
+    except ValueError as exc:
+        print(f"--max-wait: {exc}", file=sys.stderr)
         return 2
     if args.restart_overhead is not None and args.restart_overhead < 0:
         print(f"--restart-overhead must be >= 0 seconds, got {args.restart_overhead}", file=sys.stderr)
@@ -208,9 +216,14 @@ def _replay(args) -> int:
         setting = _with(setting, placement_hold=args.placement_hold)
     if args.placement_hold_seconds is not None:
         setting = _with(setting, placement_hold_seconds=args.placement_hold_seconds)
-    from airflow_gpu.sim.settings import with_restart_cost
+    from airflow_gpu.sim.settings import with_restart_cost, with_wait_bounds
 
     setting = with_restart_cost(setting, args.restart_overhead, min_runtime)
+    try:
+        setting = with_wait_bounds(setting, max_wait)
+    except ValueError as exc:
+        print(f"--max-wait: {exc}", file=sys.stderr)
+        return 2
     if sys.stderr.isatty():
         from rich.progress import Progress
 
@@ -225,6 +238,8 @@ def _replay(args) -> int:
            "placement_hold": setting.placement_hold, "placement_hold_seconds": setting.placement_hold_seconds,
            "restart_overhead": {t: tier.restart_overhead_seconds for t, tier in setting.tiers.items()},
            "min_runtime": dict(setting.preemption_policy.min_runtime),
+           "max_wait": {t: tier.max_wait_seconds for t, tier in setting.tiers.items()
+                        if tier.max_wait_seconds is not None},
            "nodes": len(setting.nodes), "gpus": sum(n.gpu_count for n in setting.nodes), "jobs": len(setting.jobs),
            "platforms": {r.platform.name: summarize(r) for r in results}}
     if params is not None:
@@ -252,7 +267,7 @@ def _replay(args) -> int:
     return 0
 
 
-def parse_min_runtime(text: str | None) -> dict[str, float] | None:
+def parse_tier_seconds(text: str | None) -> dict[str, float] | None:
     """'best-effort-training=600,inference=60' -> {tier: seconds}; None: not given; '' or 'none': {}."""
     if text is None:
         return None

@@ -108,3 +108,20 @@ def with_restart_cost(setting: Setting, restart_overhead: float | None = None,
     if min_runtime is not None:
         policy = replace(policy, min_runtime=tuple(sorted((t, s) for t, s in min_runtime.items() if s > 0)))
     return replace(setting, tiers=tiers, preemption_policy=policy)
+
+
+def with_wait_bounds(setting: Setting, max_wait: dict[str, float] | None) -> Setting:
+    """`setting` with its tiers' wait bounds replaced by `max_wait` (tier -> seconds; None: the
+    config's; {}: none, strict priority order), the bands drawn again as the quota file's would be
+    (core.tiers.wait_bands). A tier the setting does not have is an error naming the ones it has."""
+    from dataclasses import replace
+
+    from airflow_gpu.core.tiers import wait_bands
+
+    if max_wait is None:
+        return setting
+    unknown = sorted(set(max_wait) - set(setting.tiers))
+    if unknown:
+        raise ValueError(f"no tier {', '.join(unknown)} in the quota file; its tiers: {', '.join(sorted(setting.tiers))}")
+    tiers = {name: replace(tier, max_wait_seconds=max_wait.get(name)) for name, tier in setting.tiers.items()}
+    return replace(setting, tiers=wait_bands(tiers))
