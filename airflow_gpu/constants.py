@@ -214,11 +214,11 @@ TIERS = (TIER_INTERACTIVE, TIER_PRODUCTION_TRAINING, TIER_INFERENCE, TIER_BEST_E
 # core.estimate.ReservationHold: seconds a head of line of unknown start holds its nodes in a row (the
 # quota file's scheduling.reservation_hold_seconds; the scheduler and the replay both read it)
 DEFAULT_RESERVATION_HOLD_SECONDS = 3600.0
-# core.hold.PlacementHold (held placements: a share that strands GPU capacity kept reserved, not bound,
-# so a larger pod may take its room): the quota file's scheduling.placement_hold_budget (fraction of
-# the GPU capacity held at once; 0 = off, the scheduler binds at once) and placement_hold_seconds (the
-# longest a pod stays held, then it is bound where it was reserved). 60 s: the coscheduling plugin's
-# default Permit wait, 1/15 of kube-scheduler's cap on one (15 min), 11 % of openb's median run (540 s)
+# core.hold.PlacementHold (held placements, an experiment of the simulators, not run by the scheduler:
+# pods on Kubernetes carry no GPU share to hold): `--placement-hold` (fraction of the GPU capacity held
+# at once; 0 = off) and `--placement-hold-seconds` (the longest a pod stays held, then it is bound where
+# it was reserved). 60 s: the coscheduling plugin's default Permit wait, 1/15 of kube-scheduler's cap
+# on one (15 min), 11 % of openb's median run (540 s)
 DEFAULT_PLACEMENT_HOLD_BUDGET = 0.0
 DEFAULT_PLACEMENT_HOLD_SECONDS = 60.0
 # Restart cost of a stopped gang (core.model.restart_lost_gpu_seconds; quota file

@@ -48,8 +48,8 @@ def register(subparsers) -> None:
                                 "output names the experiment")
     inflation.add_argument("--hold-seconds", type=float, default=DEFAULT_PLACEMENT_HOLD_SECONDS, metavar="S",
                            help="with --hold: a pod stays held at most S s, pod k arriving at k / --arrival-rate s "
-                                f"(default {DEFAULT_PLACEMENT_HOLD_SECONDS:g}, the quota file's "
-                                "scheduling.placement_hold_seconds; inf: unbounded, the budget alone releases)")
+                                f"(default {DEFAULT_PLACEMENT_HOLD_SECONDS:g}, as simulate replay's --placement-hold-seconds; "
+                                "inf: unbounded, the budget alone releases)")
     inflation.add_argument("--arrival-rate", type=float, default=None, metavar="PODS_PER_S",
                            help="with --hold: how arrival order maps to time (default: the trace's mean rate over "
                                 "its creation_time column, openb default one pod per 1,583 s)")
@@ -97,12 +97,11 @@ def _register_replay(modes) -> None:
                          "scheduling.reservation_hold_seconds, as the scheduler runs it)")
     rp.add_argument("--placement-hold", type=float, default=None, metavar="FRACTION",
                     help="held placements (core/holding.py): at most this fraction of the GPU capacity held, a "
-                         "share that strands capacity reserved and not bound (default: the config's "
-                         "scheduling.placement_hold_budget, 0 = off, as the scheduler runs it); the platform "
-                         "no-hold is full without them")
+                         "share that strands capacity reserved and not bound; an experiment, not run by the scheduler "
+                         "(default 0: off); the platform no-hold is full without them")
     rp.add_argument("--placement-hold-seconds", type=float, default=None, metavar="S",
-                    help="a held pod is bound where it was reserved after at most S s (default: the config's "
-                         "scheduling.placement_hold_seconds)")
+                    help="a held pod is bound where it was reserved after at most S s (default "
+                         f"{DEFAULT_PLACEMENT_HOLD_SECONDS:g})")
     rp.add_argument("--restart-overhead", type=float, default=None, metavar="S",
                     help="every tier's restart overhead: seconds each restart computes nothing, charged as lost "
                          "(default: the config's scheduling/tier restart_overhead_seconds, as the scheduler runs it)")

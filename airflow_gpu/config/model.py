@@ -215,14 +215,6 @@ class Scheduling(_Strict):
     # 0 = hold for as long as it waits (EASY backfilling without a bound)
     reservation_hold_seconds: Annotated[float, Field(ge=0, le=7 * 86400, allow_inf_nan=False)] = \
         constants.DEFAULT_RESERVATION_HOLD_SECONDS
-    # core.hold.PlacementHold: at most this fraction of the GPU capacity in held placements (a share
-    # that strands GPU capacity stays reserved, not bound, so a pod that fits nowhere may take its
-    # room); 0 = off (bind at once). A held pod is bound where it was reserved after at most
-    # placement_hold_seconds
-    placement_hold_budget: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = \
-        constants.DEFAULT_PLACEMENT_HOLD_BUDGET
-    placement_hold_seconds: Annotated[float, Field(gt=0, le=900, allow_inf_nan=False)] = \
-        constants.DEFAULT_PLACEMENT_HOLD_SECONDS
     # the order a gang accepting several GPU products tries them in: `author` (its own list),
     # `listed` (the products' order in this file), `cheapest_per_work` (on-demand price per GPU-hour /
     # relative_speed, lowest first), `fastest` (relative_speed, highest first)

@@ -25,7 +25,7 @@ idle while it waits, and its start is delayed: both are costs the inflation expe
 no run time) does not see. Once a pod is bound Kubernetes cannot move it (only delete it), so
 displacement applies to held pods only.
 
-Off unless asked for (scheduling.placement_hold_budget = 0, `simulate inflation --hold [F]`); every
+Off unless asked for (`simulate inflation --hold [F]`, `simulate replay --placement-hold F`); every
 output of such a run names it (experiment_label). Pure: no I/O.
 """
 
@@ -43,7 +43,7 @@ from airflow_gpu.core.plugins.fgd import TypicalPods, final_waste_table
 from airflow_gpu.core.snapshot import Snapshot
 
 # the experiment's budget when none is given (at most this fraction of the cluster's GPU milli held
-# at once); the scheduler holds none by default (constants.DEFAULT_PLACEMENT_HOLD_BUDGET)
+# at once); the scheduler holds none
 EXPERIMENT_HOLD_FRACTION = 0.08
 
 

@@ -1,25 +1,26 @@
-"""Held placements across cycles, as the scheduler and the replay run them: a lone share whose
-placement strands GPU capacity is reserved and not bound for at most
-`scheduling.placement_hold_seconds`, so that a pod that fits nowhere may take its room (core/hold.py
-is the rule; this module is its bookkeeping from one cycle to the next). Pure: no I/O.
+"""Held placements across cycles, as the replay runs them (`simulate replay --placement-hold`, an
+experiment): a lone share whose placement strands GPU capacity is reserved and not bound for at most
+`--placement-hold-seconds`, so that a pod that fits nowhere may take its room (core/hold.py is the
+rule; this module is its bookkeeping from one cycle to the next). Pure: no I/O.
+
+The scheduler does not run it: pods on Kubernetes reach it as whole GPUs or MIG slices
+(kube/convert.py has no GPU-share request), and only shares strand capacity in this rule; measured in
+the replay it gains next to nothing at openb's arrival rate (README, "The hold as a real mechanism").
 
 As a pod waiting at kube-scheduler's Permit stage ("Wait" with a timeout): its placement is assumed
 in every cycle's state (capacity and quota), not bound. It is bound where it was reserved when its
-time is up, when the budget (`scheduling.placement_hold_budget`, a fraction of the GPU capacity)
+time is up, when the budget (`--placement-hold`, a fraction of the GPU capacity)
 needs room for a newer one, or when it no longer strands capacity; a pod that fits nowhere this
 cycle may displace it (core.hold.PlacementHold.make_room), and then it is pending again and placed
 by the next cycle like any other. kube-scheduler rejects a pod whose Permit wait times out; here the
 timeout allows it, its placement being still valid.
 
 Only lone pods are held (no PodGroup, one member): a gang member is never held, so no gang waits on
-a held pod. The hold lives in this process's memory: after a restart (or a change of leader) the
-held pods are simply pending again and the new cycle places them. Off when the budget is 0 (the
-default): the scheduler binds at once.
+a held pod. Off when the budget is 0 (the default).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass, field, replace
 
 from airflow_gpu.core.cycle import CycleState
@@ -42,13 +43,6 @@ class Held:
     @property
     def pod(self) -> PodRequest:
         return self.gang.members[0]
-
-
-def held_reason(held: Held) -> str:
-    """The wait reason of a held pod (written through the scheduler's wait-reason path)."""
-    at = dt.datetime.fromtimestamp(held.until, dt.timezone.utc).strftime("%H:%M:%S")
-    return (f"held: placement on {held.placement.node} kept provisional for better packing "
-            f"(a larger pod may take its room), binds by {at} UTC")
 
 
 def holdable(gang: Gang, lone: bool) -> bool:
@@ -75,14 +69,6 @@ class PlacementHolds:
         self._table: tuple[TypicalPods, object] | None = None  # typical -> its final-waste table
         self._held: dict[str, Held] = {}  # gang name -> held, oldest first
         self._hold: PlacementHold | None = None  # this cycle's rule, on this cycle's snapshot
-
-    @classmethod
-    def from_config(cls, quota_config) -> PlacementHolds:
-        from airflow_gpu import constants as C
-
-        scheduling = quota_config.scheduling if quota_config is not None else None
-        return cls(scheduling.placement_hold_budget if scheduling else C.DEFAULT_PLACEMENT_HOLD_BUDGET,
-                   scheduling.placement_hold_seconds if scheduling else C.DEFAULT_PLACEMENT_HOLD_SECONDS)
 
     @property
     def enabled(self) -> bool:

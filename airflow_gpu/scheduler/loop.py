@@ -56,7 +56,6 @@ from airflow_gpu.config.core import mig_gpus, preemption_policy_from_config, quo
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import GangDecision
-from airflow_gpu.core.holding import PlacementHolds, held_reason
 from airflow_gpu.core.model import Placement
 from airflow_gpu.core.plans import nomination_lapsed
 from airflow_gpu.core.plugins.fgd import TypicalPods
@@ -157,10 +156,6 @@ class Scheduler:
         self.queue = Queue(profile, self.policy, Backoff(self.settings.backoff_base, self.settings.backoff_cap),
                            ReservationHold(hold, hold) if hold > 0 else None)
         self._room = RoomWatch()
-        self.holds = PlacementHolds.from_config(quota_config)  # held placements (off unless budgeted)
-        if self.holds.budget > 0:
-            log.warning("scheduling.placement_hold_budget=%g: only GPU shares (gpu_milli) are held, and pods on "
-                        "Kubernetes request whole GPUs or MIG slices: nothing will be held", self.holds.budget)
         self._preempted: dict[str, preemptions.Preempted] | None = None  # the record, as last written
         self.publisher = Publisher(self.settings.publish_interval)
         self._swept = 0.0  # when kept pods were last swept
@@ -252,23 +247,15 @@ class Scheduler:
         if self._room.changed(world):
             self.queue.reset()
         state = world.state
-        pending, holds = self.holds.reserve(state, pending, now)  # held pods: assumed, not queued
         result = self.queue.cycle(state, pending, now, policy)
         if self._room.head_moved(result.reservation):
             self.queue.reset()
-        holds = self.holds.after(state, result.admitted, [g for g in pending if g.name in result.waiting],
-                                 {n for n, u in units.items() if u.podgroup is None}, self.profile, now, holds)
-        admitted = [d for d in result.admitted if d.gang.name not in holds.kept]
-        admitted += [GangDecision(h.gang, True, (h.placement,), borrowed=h.borrowed) for h in holds.bind]
-        for d in admitted:  # not waited for: the next cycle sees their members assumed bound
+        for d in result.admitted:  # not waited for: the next cycle sees their members assumed bound
             self._admit(units[d.gang.name], d, now)
         for plan in result.preemptions:
             self._preempt(world, units[plan.gang.name], plan, now)
         preempting = {p.gang.name for p in result.preemptions}
-        bound = {h.gang.name for h in holds.bind}
-        waits = [(units[name], reason) for name, reason in result.waiting.items()
-                 if name not in preempting and name not in bound]
-        waits += [(units[h.gang.name], held_reason(h)) for h in holds.held if h.gang.name in units]
+        waits = [(units[name], reason) for name, reason in result.waiting.items() if name not in preempting]
         waits += list(world.incomplete) + list(world.invalid)
         for unit, problem in world.ignored_hints:
             self._warn_once(unit, "InvalidHint", problem)
@@ -314,9 +301,7 @@ class Scheduler:
         (pending and running), refreshed every 50 cycles, as the simulator learns them from a trace."""
         if self.settings.policy not in LEARNING or not self._memo.pods:
             return
-        typical = TypicalPods.from_pods(self._memo.pods.values())
-        self.profile = make_profile(self.settings.policy, typical=typical)
-        self.holds.typical = typical  # what strands capacity is judged against the same workload
+        self.profile = make_profile(self.settings.policy, typical=TypicalPods.from_pods(self._memo.pods.values()))
 
     # --- admission: plan, bind every member, finish ----------------------------------------
     def _admit(self, unit: Unit, decision: GangDecision, now: float) -> None:

@@ -120,8 +120,8 @@ class Setting:
     # (then it pauses as long); 0: unbounded. From the config's scheduling section, as the scheduler.
     reservation_hold: float = DEFAULT_RESERVATION_HOLD_SECONDS
     # core.holding.PlacementHolds: at most this fraction of the GPU capacity held (a share that strands
-    # capacity reserved, not bound), each for at most placement_hold_seconds; 0: off. From the config's
-    # scheduling section, as the scheduler
+    # capacity reserved, not bound), each for at most placement_hold_seconds; 0: off. An experiment
+    # (simulate replay --placement-hold): the scheduler holds nothing
     placement_hold: float = DEFAULT_PLACEMENT_HOLD_BUDGET
     placement_hold_seconds: float = DEFAULT_PLACEMENT_HOLD_SECONDS
     # gpu product -> relative speed (absent: 1.0): a job's work is in seconds on the reference

@@ -31,9 +31,7 @@ def _from_config(config: Path):
 def _queue_rules(cfg) -> dict:
     """The Setting fields the scheduler reads from the same config (Scheduler: the `scheduling` section)."""
     return {"reservation_hold": cfg.scheduling.reservation_hold_seconds,
-            "checkpoint_seconds": cfg.scheduling.checkpoint_seconds,
-            "placement_hold": cfg.scheduling.placement_hold_budget,
-            "placement_hold_seconds": cfg.scheduling.placement_hold_seconds}
+            "checkpoint_seconds": cfg.scheduling.checkpoint_seconds}
 
 
 def openb_setting(nodes_csv: Path, pods_csv: Path, capacity: float, seed: int, config: Path = DEFAULT_CONFIG,
