@@ -365,6 +365,7 @@ def steady(api, nodes: int, port: int, sched: Proc, pending: int, churn: float, 
     cycles0, bind0 = histogram(port, "airflow_gpu_scheduling_cycle_seconds"), histogram(
         port, "airflow_gpu_binding_latency_seconds")
     wait0, cpu0 = histogram(port, "airflow_gpu_queue_wait_seconds"), sched.cpu()
+    print(f"  steady: set up in {setup:.0f} s; measuring {seconds:g} s", flush=True)
     start, arrived = time.time(), 0
     while time.time() - start < seconds:
         due = int((time.time() - start) * churn) - arrived

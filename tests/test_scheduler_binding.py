@@ -15,9 +15,11 @@ from contextlib import contextmanager
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from test_scheduler_gangs import _quota_config
 from test_scheduler_semantics import api, kube_spec  # noqa: F401 - fixtures: the same cluster, 2 nodes x 8 GPUs
 
 from airflow_gpu import constants as C
+from airflow_gpu.config import load_config
 from airflow_gpu.devtools import gangs as G
 from airflow_gpu.scheduler.actions import Api
 from airflow_gpu.scheduler.binding import Writes
@@ -84,6 +86,18 @@ def test_bindings_in_flight_are_bounded_and_the_cycle_waits_for_room():
     assert writes.binding() == frozenset()
 
 
+def test_without_room_a_binding_that_need_not_wait_does_nothing():
+    writes = Writes(write_workers=1, gang_workers=1, max_binding=1)
+    release = threading.Event()
+    started: list[str] = []
+    assert writes.bind("ns/a", lambda: release.wait(10), lambda: started.append("a"), wait=False)
+    t0 = time.monotonic()
+    assert not writes.bind("ns/b", lambda: started.append("b ran"), lambda: started.append("b"), wait=False)
+    assert time.monotonic() - t0 < 0.5 and started == ["a"] and writes.binding() == {"ns/a"}
+    release.set()
+    writes.shutdown()
+
+
 def test_a_binding_that_raises_still_ends():
     writes = Writes(write_workers=1, gang_workers=1, max_binding=1)
     writes.bind("ns/a", lambda: 1 / 0)
@@ -118,9 +132,11 @@ class SlowBinds:
 
 
 @contextmanager
-def cycles(kube_cluster, name: str):
+def cycles(kube_cluster, name: str, config=None, max_binding: int | None = None):
     """A Scheduler whose cycles the test runs one by one (its cache started, nothing else)."""
-    s = Scheduler(G.api_client(kube_cluster.kubeconfig), None, Settings(), identity=name)
+    s = Scheduler(G.api_client(kube_cluster.kubeconfig), config, Settings(), identity=name)
+    if max_binding is not None:
+        s.writes = Writes(write_workers=Settings().bind_workers, max_binding=max_binding)
     s.cache.start()
     assert s.cache.wait_synced(30)
     try:
@@ -366,4 +382,49 @@ def test_stop_waits_for_the_bindings_in_flight(kube_cluster, api):
     finally:
         s.stop()
         runner.join(10)
+        _clean(api, ns)
+
+
+def test_a_cycle_without_room_to_bind_leaves_its_admissions_and_preemptions_to_the_next(kube_cluster, api, tmp_path):
+    """The most gangs binding at once are binding: the cycle does not wait for room. The gang it
+    admitted stays pending (nothing assumed, nothing written) and the preemption it planned is not
+    acted on (decided with that gang placed, it may be needless); the next cycle with room does both."""
+    ns = "bind-full"
+    G.ensure_namespace(api, ns)
+    cfg = load_config(_quota_config(tmp_path, [{"name": "t", "namespace": ns, "quota": {"h100": 16}}]))
+    production, best_effort = "airflow-gpu-production-training", "airflow-gpu-best-effort-training"
+    try:
+        with cycles(kube_cluster, "bind-full", cfg, max_binding=1) as s:
+            binds = SlowBinds(s.api)
+            binds.gate.set()
+            low = G.create_gang(api, ns, "low", 1, 8, priority_class=best_effort, sim_seconds=300)
+            _seen(s, ns, *low)
+            s.cycle()
+            _settled(s)
+            G.wait_until(lambda: _nodes(api, ns).get(low[0]), 10, what="low bound")
+            binds.gate.clear()  # from here a binding waits: the one slot is taken
+            a = G.create_gang(api, ns, "a", 1, 4, priority_class=best_effort, sim_seconds=300)
+            _seen(s, ns, *a)
+            s.cycle()
+            assert s.writes.binding() == {f"{ns}/a"}
+            b = G.create_gang(api, ns, "b", 1, 4, priority_class=production, sim_seconds=300)
+            h = G.create_gang(api, ns, "h", 1, 8, priority_class=production, sim_seconds=300)  # only by preempting low
+            _seen(s, ns, *b, *h)
+            t0 = time.monotonic()
+            s.cycle()
+            assert time.monotonic() - t0 < 15  # did not wait for a's binding (held 30 s)
+            get = s.metrics.registry.get_sample_value
+            assert get("airflow_gpu_scheduler_admissions_deferred_total") >= 1
+            assert f"{ns}/{b[0]}" not in s.cache.view().assumed and s.writes.binding() == {f"{ns}/a"}
+            time.sleep(1)
+            assert not _evicted(api, ns, low[0]) and get("airflow_gpu_evicted_pods_total") in (None, 0)
+            binds.gate.set()
+            _settled(s)
+            s.cycle()
+            _settled(s)
+            G.wait_until(lambda: _evicted(api, ns, low[0]), 20, what="low preempted for h")
+            G.wait_until(lambda: _nodes(api, ns).get(b[0]), 20, what="b bound")
+            assert set(binds.calls) == {f"{ns}/{p}" for p in low + a + b}  # b once, when there was room
+            assert G.overcommitted_nodes(api) == {}
+    finally:
         _clean(api, ns)

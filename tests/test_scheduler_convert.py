@@ -322,3 +322,56 @@ def test_a_victim_of_a_nomination_whose_members_are_all_bound_is_no_candidate_ag
     assert "team-nlp/big" in w.plans and not w.rejected_plans  # every member bound: the loop closes it
     assert {rg.gang.name for rg in w.running} == {"team-nlp/r0", "team-nlp/r1", "team-nlp/big"}
     assert {rg.gang.name for rg in w.state.running} == {"team-nlp/r1", "team-nlp/big"}
+
+
+def test_a_unit_whose_objects_are_the_same_is_not_converted_again_and_each_world_equals_a_fresh_one(monkeypatch):
+    """The Memo keeps what each unit's objects gave (state.Derived) while they are the very same
+    objects (the cache replaces a changed object): an unchanged unit is converted once over many
+    cycles; a replaced pod, a pod assumed bound, a unit gone are seen at once, and every World
+    equals one built from scratch."""
+    from airflow_gpu.scheduler import state as S
+    from airflow_gpu.scheduler.state import Memo
+
+    calls: list[str] = []
+    for name in ("gang_from_k8s", "running_gang_from_k8s"):
+        real = getattr(S, name)
+        monkeypatch.setattr(S, name, lambda key, *a, _real=real, _name=name, **k: calls.append(f"{_name} {key}")
+                            or _real(key, *a, **k))
+    memo = Memo()
+    run = [pod(f"r{i}", 2, group="run", node_name="a", phase="Running") for i in range(2)]
+    wait = [pod(f"w{i}", 4, group="wait") for i in range(2)]
+    lone = pod("lone", 1)
+    groups = [podgroup("run", 2), podgroup("wait", 2)]
+
+    def world(pods, assumed=None):
+        view = _view(pods, groups, nodes=("a", "b", "c"))
+        view.assumed = dict(assumed or {})
+        kept = build_world(view, "airflow-gpu", ConversionContext(), memo=memo)
+        fresh = build_world(view, "airflow-gpu", ConversionContext())
+        assert [(u.key, g) for u, g in kept.pending] == [(u.key, g) for u, g in fresh.pending]
+        assert sorted(kept.running, key=lambda r: r.gang.name) == sorted(fresh.running, key=lambda r: r.gang.name)
+        assert (kept.snapshot.whole_free_gpus() == fresh.snapshot.whole_free_gpus()).all()
+        return kept
+
+    world(run + wait + [lone])
+    calls.clear()
+    for _ in range(3):  # nothing changed: nothing converted (the fresh builds count: 3 each)
+        w = world(run + wait + [lone])
+    assert sorted(calls) == sorted(["running_gang_from_k8s team-nlp/run", "gang_from_k8s team-nlp/wait",
+                                    "gang_from_k8s team-nlp/lone"] * 3)
+    assert {g.name for _, g in w.pending} == {"team-nlp/lone", "team-nlp/wait"}
+    calls.clear()
+    # the lone pod assumed bound on c (a Binding in flight): running at once, c's GPU held
+    w = world(run + wait + [lone], assumed={"team-nlp/lone": "c"})
+    assert {rg.gang.name for rg in w.running} == {"team-nlp/run", "team-nlp/lone"}
+    assert int(w.snapshot.whole_free_gpus()[2]) == 7
+    # a running member replaced (moved to b): its unit converted again; the lone pod gone: forgotten
+    moved = dict(run[1], spec={**run[1]["spec"], "nodeName": "b"})
+    calls.clear()
+    w = world([run[0], moved] + wait)
+    assert calls.count("running_gang_from_k8s team-nlp/run") == 2 and "gang_from_k8s team-nlp/wait" in calls
+    assert calls.count("gang_from_k8s team-nlp/wait") == 1  # the fresh build only
+    assert {rg.gang.name for rg in w.running} == {"team-nlp/run"}
+    assert [int(x) for x in w.snapshot.whole_free_gpus()] == [6, 6, 8]
+    assert set(memo.units) == {"team-nlp/run", "team-nlp/wait"} and set(memo.live.placements) == {
+        "team-nlp/r0", "team-nlp/r1"}

@@ -38,8 +38,9 @@ GANG_WORKERS = 8
 # burst of admissions after a slow cycle does not hold up the next one. Bounded because each holds
 # capacity the API server has not confirmed: unbounded, decisions would run ever further ahead of a
 # slow API server (every failure forgotten and decided again) and pile writes onto the server that
-# also answers the Lease renewal. Full, the cycle waits for one to finish: a slow API server slows
-# admissions instead of growing a backlog.
+# also answers the Lease renewal. Full, a cycle admits no more gangs (they stay pending for the next
+# cycle, which decides them again): a slow API server slows admissions instead of growing a backlog,
+# and the cycle never waits for a binding (kube-scheduler's scheduling cycle does not either).
 MAX_BINDING = 32 * GANG_WORKERS
 STRIPES = 64  # per-gang ordering locks, striped: bounded memory, short holds
 
@@ -60,10 +61,16 @@ class Writes:
         self._stripes = [threading.Lock() for _ in range(STRIPES)]
 
     # --- bindings ---------------------------------------------------------------------------
-    def bind(self, key: str, work: Callable[[], object]) -> None:
-        """Run `work` (a gang's binding) off the cycle; waits while MAX_BINDING are in flight. The
-        gang's queued wait reason and status are dropped: they were decided before it was admitted."""
-        self._room.acquire()
+    def bind(self, key: str, work: Callable[[], object], start: Callable[[], object] | None = None,
+             wait: bool = True) -> bool:
+        """Run `work` (a gang's binding) off the cycle, `start` first on the caller's thread (it
+        assumes the placements before the next cycle can read the cache). While MAX_BINDING are in
+        flight: waits, or with wait=False does nothing and returns False. The gang's queued wait
+        reason and status are dropped: they were decided before it was admitted."""
+        if not self._room.acquire(blocking=wait):
+            return False
+        if start is not None:
+            start()
         with self._lock:
             self._binding[key] += 1
             self._queued.pop(key, None)
@@ -72,6 +79,7 @@ class Writes:
         except RuntimeError:  # shut down: nothing runs
             self._done(key)
             raise
+        return True
 
     def _run_binding(self, key: str, work: Callable[[], object]) -> None:
         try:

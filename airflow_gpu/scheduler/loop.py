@@ -76,6 +76,7 @@ from airflow_gpu.kube.convert import (
 from airflow_gpu.scheduler.actions import Api, default_identity, grace_seconds_of
 from airflow_gpu.scheduler.binding import Writes, set_aside
 from airflow_gpu.scheduler.cache import ClusterCache, View
+from airflow_gpu.scheduler.heap import Heap
 from airflow_gpu.scheduler.metrics import SchedulerMetrics
 from airflow_gpu.scheduler.publish import Publisher, nominated_gangs
 from airflow_gpu.scheduler.publish import document as publish_document
@@ -90,7 +91,7 @@ from airflow_gpu.scheduler.state import (
     build_world,
     plan_store_name,
 )
-from airflow_gpu.scheduler.waiting import RoomWatch, desired_podgroup_status, timeouts
+from airflow_gpu.scheduler.waiting import RoomWatch, desired_podgroup_status, timeouts, wanted_status
 
 __all__ = ["Scheduler", "Settings", "desired_podgroup_status"]
 
@@ -186,6 +187,7 @@ class Scheduler:
         if not self.cache.wait_synced(timeout=60):
             log.warning("cache not synced after 60 s; scheduling with what is there")
         log.info("scheduler %s (%s) running", self.settings.scheduler_name, self.identity)
+        heap = Heap()
         while not self._stop.is_set():
             self._wake.wait(self.settings.interval)
             if self._stop.is_set():
@@ -197,6 +199,8 @@ class Scheduler:
             except Exception:  # noqa: BLE001 - one bad cycle must not stop the scheduler
                 log.exception("scheduling cycle failed")
                 self._stop.wait(0.5)
+            heap.after_cycle()
+        heap.close()
         self.writes.shutdown()  # the bindings in flight end first: their Bindings run on _pool
         self._pool.shutdown(wait=True)
         self.cache.stop()
@@ -209,7 +213,7 @@ class Scheduler:
 
     # --- one cycle ------------------------------------------------------------------------
     def cycle(self) -> World:
-        started = time.perf_counter()
+        began = time.perf_counter()
         now = time.time()
         # read before the view: a binding that ends after the view was read is still set aside (the
         # view is older than its end, e.g. it still assumes pods the binding has since forgotten)
@@ -250,8 +254,16 @@ class Scheduler:
         result = self.queue.cycle(state, pending, now, policy)
         if self._room.head_moved(result.reservation):
             self.queue.reset()
+        started = []  # whose binding started
         for d in result.admitted:  # not waited for: the next cycle sees their members assumed bound
-            self._admit(units[d.gang.name], d, now)
+            if not self._admit(units[d.gang.name], d, now):
+                break
+            started.append(d)
+        if len(started) < len(result.admitted):
+            # the rest wait for the next cycle, and so do the preemptions: decided with them admitted,
+            # one may be needless (nothing is written for either)
+            self.metrics.admissions_deferred.inc(len(result.admitted) - len(started))
+            result = replace(result, admitted=started, preemptions=[])
         for plan in result.preemptions:
             self._preempt(world, units[plan.gang.name], plan, now)
         preempting = {p.gang.name for p in result.preemptions}
@@ -265,7 +277,7 @@ class Scheduler:
             self._wait(unit, reason)
         self._sync_status(world, view, timed_out)
         self._publish(world, view, state, result, now)
-        self.metrics.cycle_seconds.observe(time.perf_counter() - started)
+        self.metrics.cycle_seconds.observe(time.perf_counter() - began)
         return world
 
     def _publish(self, world: World, view: View, state: CycleState, result, now: float) -> None:
@@ -304,10 +316,14 @@ class Scheduler:
         self.profile = make_profile(self.settings.policy, typical=TypicalPods.from_pods(self._memo.pods.values()))
 
     # --- admission: plan, bind every member, finish ----------------------------------------
-    def _admit(self, unit: Unit, decision: GangDecision, now: float) -> None:
+    def _admit(self, unit: Unit, decision: GangDecision, now: float) -> bool:
+        """Start the gang's binding; False when MAX_BINDING gangs are binding already (binding.py):
+        nothing is done, and the gang stays pending for the next cycle, as do those admitted after it
+        (the queue order holds)."""
         by_pod = {key_of(p): p for p in unit.pods}
         placements = [p for p in decision.placements if p.pod in by_pod]
-        self._bind_off_cycle(unit, placements, lambda: self._plan_and_bind(unit, decision, placements, by_pod, now))
+        return self._bind_off_cycle(unit, placements, lambda: self._plan_and_bind(unit, decision, placements, by_pod, now),
+                                    wait=False)
 
     def _plan_and_bind(self, unit: Unit, decision: GangDecision, placements: list[Placement],
                        by_pod: dict[str, dict], now: float) -> set[str]:
@@ -319,12 +335,15 @@ class Scheduler:
         return self._bind_all(unit, placements, by_pod, decision.gang.created_at, decision.gang, decision.domain,
                               borrowed=decision.borrowed, recorded=recorded)
 
-    def _bind_off_cycle(self, unit: Unit, placements: list[Placement], work) -> None:
+    def _bind_off_cycle(self, unit: Unit, placements: list[Placement], work, wait: bool = True) -> bool:
         """Assume `placements` bound now (the next cycle counts them and does not decide the gang
         again) and run `work` (returns the pod keys it bound) in the binding cycle; the pods it did
-        not bind are forgotten when it ends, failed or raised (kube-scheduler's ForgetPod)."""
-        for p in placements:
-            self.cache.assume_bound(p.pod, p.node)
+        not bind are forgotten when it ends, failed or raised (kube-scheduler's ForgetPod). wait=False:
+        False, and nothing assumed, when no binding can start now (Writes.bind)."""
+
+        def assume() -> None:
+            for p in placements:
+                self.cache.assume_bound(p.pod, p.node)
 
         def binding() -> None:
             bound: set[str] = set()
@@ -337,7 +356,7 @@ class Scheduler:
                 if len(bound) < len(placements):
                     self._wake.set()  # forgotten pods are pending again: decide them without waiting for the interval
 
-        self.writes.bind(unit.key, binding)
+        return self.writes.bind(unit.key, binding, assume, wait=wait)
 
     def _write_plan(self, unit: Unit, plan: Plan | None) -> bool:
         """Store (or, with None, delete) the gang's plan record, tied to the UIDs of its owner, its
@@ -686,9 +705,8 @@ class Scheduler:
             pg = unit.podgroup
             if pg is None or key in binding:
                 continue
-            try:
-                want = desired_podgroup_status(unit, key in world.plans, view.assumed, key in timed_out)
-            except ValueError:
+            want = wanted_status(world, unit, key in world.plans, key in timed_out, view.assumed)
+            if want is None:
                 continue  # an invalid minMember: reported as the wait reason
             have = pg.get("status") or {}
             if all(have.get(k) == v for k, v in want.items()) or self._written.get(("status", key)) == want:

@@ -12,6 +12,7 @@ picture from the API alone.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -162,6 +163,7 @@ class Unit:
     podgroup: dict | None
     pods: list[dict] = field(default_factory=list)
     gang: Gang | None = None
+    keys: list[str] = field(default_factory=list)  # key_of each of `pods`, as group_units read them
 
     @property
     def min_member(self) -> int:
@@ -211,18 +213,32 @@ class World:
     # capacity and quota of everything holding GPUs, the held plans counted, the preemption candidates:
     # what schedule_cycle decides on (built once, with the plans' re-check)
     state: CycleState | None = None
+    derived: dict[str, Derived] = field(default_factory=dict)  # unit key -> what its objects gave (Memo)
 
 
-def group_units(view: View) -> dict[str, Unit]:
+def group_units(view: View, groups: dict[str, tuple[dict, str | None]] | None = None) -> dict[str, Unit]:
+    """The view's pods by unit, in key order. `groups`: pod key -> (pod object, its gang key) of the
+    last call, kept up to date (the cache replaces a changed pod: the same object has the same key)."""
     units: dict[str, Unit] = {}
     for key, pg in view.podgroups.items():
         units[key] = Unit(key, pg)
-    for pod in sorted(view.pods.values(), key=key_of):
-        gkey = gang_key_of_pod(pod)
+    kept = {} if groups is None else groups
+    seen = {}
+    for key, pod in sorted(view.pods.items()):  # the cache's keys are key_of(pod)
+        hit = kept.get(key)
+        gkey = hit[1] if hit is not None and hit[0] is pod else gang_key_of_pod(pod)
+        seen[key] = (pod, gkey)
         if gkey is None:
-            units[key_of(pod)] = Unit(key_of(pod), None, [pod])
+            units[key] = Unit(key, None, [pod], keys=[key])
         else:
-            units.setdefault(gkey, Unit(gkey, None)).pods.append(pod)
+            unit = units.get(gkey)
+            if unit is None:
+                unit = units[gkey] = Unit(gkey, None)
+            unit.pods.append(pod)
+            unit.keys.append(key)
+    if groups is not None:
+        groups.clear()
+        groups.update(seen)
     return units
 
 
@@ -241,6 +257,28 @@ def _assume_running(snap: Snapshot, key: str, req: PodRequest, node: str) -> Pla
         return None
 
 
+class Derived:
+    """What build_world derives from one unit's objects, kept while they are the same objects (Memo.
+    derived): its bound and waiting pods, the rows read_bound holds, its running gang and its
+    pending gang (or why it has none), its PodGroup status as the scheduler wants it. Each slot is
+    filled the first time a cycle needs it, with the inputs beyond the objects in its key."""
+
+    __slots__ = ("sig", "objects", "held", "waiting", "terminating", "rows", "errors", "running", "pending", "planned",
+                 "status")
+
+    def __init__(self, sig: tuple, unit: Unit, held: list[dict], waiting: list[dict]):
+        self.sig = sig
+        self.objects = (unit.podgroup, unit.pods)  # alive while kept, so the ids in `sig` stay theirs
+        self.held, self.waiting = held, waiting
+        self.terminating = any(pod_is_terminating(p) for p in unit.pods)  # some member is being deleted
+        self.rows: list[tuple[str, tuple, PodRequest, str]] | None = None  # (key, identity, request, node)
+        self.errors: list[Exception] = []  # why bound pods could not be read
+        self.running: tuple[tuple, object, list[str]] | None = None  # (key, RunningGang or error, hints)
+        self.pending: tuple | None = None  # ("gang", Gang, ignored) | ("incomplete", why) | ("refused", error)
+        self.planned: tuple | None = None  # the planned unit's gang: ("gang", Gang) | ("unreadable", why)
+        self.status: tuple[tuple, object] | None = None  # ((has plan, timed out), status or error)
+
+
 class Memo:
     """Conversions of unchanged objects, kept between cycles (keyed by uid and resourceVersion, so a
     changed object is converted again), and the snapshot of the running pods kept by deltas (kube-
@@ -255,7 +293,29 @@ class Memo:
         self.empty: tuple[tuple, Snapshot] | None = None
         self.live: Snapshot | None = None  # the running pods held, on the node list of `empty`
         self.held: dict[str, tuple[tuple, Placement]] = {}  # pod key -> ((uid, node, request), placement)
+        self.applied: dict[str, Derived] = {}  # unit key -> the entry whose bound pods `live` holds
+        self.unheld: dict[str, tuple[tuple, str]] = {}  # pod key -> (its row, unit key): did not fit, tried again
+        self.epochs: dict[str, int] = {}  # unit key -> changes whenever a pod of it is held or released on `live`
+        self._ticks = itertools.count()
         self.quota: QuotaLedger | None = None  # quota usage of the running gangs, kept by deltas
+        self.units: dict[str, Derived] = {}  # unit key -> what the last cycle derived from its objects
+        self.groups: dict[str, tuple[dict, str | None]] = {}  # pod key -> (pod, its gang key): group_units
+        self.units_next: dict[str, Derived] = {}  # this cycle's: only units that still exist are kept
+
+    def derived(self, unit: Unit, assumed: dict[str, str], scheduler_name: str) -> "Derived":
+        """What was derived from `unit` last cycle, if its objects are the very same (the cache
+        replaces an object that changes and never mutates one) and so is which of its pods the cache
+        assumes bound; else a fresh entry."""
+        sig = (id(unit.podgroup), tuple(map(id, unit.pods)), tuple(map(assumed.get, unit.keys)), scheduler_name)
+        d = self.units.get(unit.key)
+        if d is None or d.sig != sig:
+            d = Derived(sig, unit, unit.bound(assumed), unit.pending(scheduler_name, assumed))
+        self.units_next[unit.key] = d
+        return d
+
+    def cycle_done(self) -> None:
+        """The units of the cycle just built are those kept: a unit gone is forgotten."""
+        self.units, self.units_next = self.units_next, {}
 
     def ledger(self, book: QuotaBook, node_product: dict) -> QuotaLedger:
         """The quota ledger of the running gangs, started again for a new book or node list."""
@@ -290,24 +350,44 @@ class Memo:
         key = tuple(nodes)
         if self.empty is None or self.empty[0] != key:
             self.empty = (key, Snapshot.from_nodes(nodes))
-            self.live, self.held = None, {}
+            self.live, self.held, self.applied, self.unheld, self.epochs = None, {}, {}, {}, {}
         return self.empty[1].copy()
 
-    def running_snapshot(self, nodes: list[Node], bound: dict[str, tuple[tuple, PodRequest, str]]) -> Snapshot:
-        """The live snapshot brought up to `bound` (pod key -> (identity, request, node)): pods gone
-        or changed released first, then new ones assumed in key order. Returns the live snapshot
-        itself (the caller copies it before a cycle changes anything)."""
+    def running_snapshot(self, nodes: list[Node], bound: dict[str, "Derived"]) -> Snapshot:
+        """The live snapshot brought up to `bound` (unit key -> its entry, whose rows are its bound
+        pods): only units whose entry changed since the last cycle are looked at; their pods gone or
+        changed are released first, then new ones assumed in pod key order (and those that did not
+        fit before tried again). Returns the live snapshot itself (the caller copies it before a
+        cycle changes anything)."""
         self.snapshot(nodes)
         if self.live is None:
             self.live = self.empty[1].copy()
-        live = self.live
-        for key in [k for k, (ident, _) in self.held.items() if k not in bound or bound[k][0] != ident]:
-            live.forget(self.held.pop(key)[1].pod)
-        for key in sorted(k for k in bound if k not in self.held):
-            ident, req, node = bound[key]
-            placement = _assume_running(live, key, req, node)
-            if placement is not None:
-                self.held[key] = (ident, placement)
+        live, held, applied, epochs = self.live, self.held, self.applied, self.epochs
+        for key in [k for k, d in applied.items() if bound.get(k) is not d]:
+            old, new = applied.pop(key), bound.get(key)
+            keep = {row[0]: row[1] for row in new.rows} if new is not None else {}
+            for row in old.rows:
+                pod = row[0]
+                self.unheld.pop(pod, None)
+                if pod in held and keep.get(pod) != held[pod][0]:
+                    live.forget(held.pop(pod)[1].pod)
+                    epochs[key] = next(self._ticks)
+            if new is None:
+                epochs.pop(key, None)
+        add = list(self.unheld.values())
+        for key, d in bound.items():
+            if applied.get(key) is not d:
+                applied[key] = d
+                add += [(row, key) for row in d.rows if row[0] not in held]
+        for row, key in sorted(add, key=lambda a: a[0][0]):
+            pod, ident, req, node = row
+            placement = _assume_running(live, pod, req, node)
+            if placement is None:
+                self.unheld[pod] = (row, key)
+                continue
+            self.unheld.pop(pod, None)
+            held[pod] = (ident, placement)
+            epochs[key] = next(self._ticks)
         return live
 
     def prune(self, view: View) -> None:
@@ -320,7 +400,6 @@ class Memo:
 def read_plan_records(view: View, units: dict[str, Unit]) -> tuple[dict[str, Plan], list[tuple[str, str]]]:
     """The plan records of the scheduler's namespace, matched to their gangs by owner UID: unit key
     -> Plan, and the records to delete (unreadable, misnamed, or whose owner is gone or recreated)."""
-    owners = {u.owner_uid: u for u in units.values() if u.owner_uid}
     found: dict[str, Plan] = {}
     stale: list[tuple[str, str]] = []
     for key, cm in sorted(view.plans.items()):
@@ -330,10 +409,12 @@ def read_plan_records(view: View, units: dict[str, Unit]) -> tuple[dict[str, Pla
         except ValueError as exc:
             stale.append((key, f"unreadable plan record: {exc}"))
             continue
-        unit = owners.get(plan.owner_uid)
+        unit = units.get(plan.owner_key)  # by key, then the UID: a recreated owner is another object
+        if unit is not None and unit.owner_uid != plan.owner_uid:
+            unit = None
         if (cm.get("metadata") or {}).get("name") != plan_store_name(plan.owner_uid):
             stale.append((key, "plan record not named by its owner's UID"))
-        elif unit is None or unit.key != plan.owner_key:
+        elif unit is None:
             stale.append((key, f"the owner {plan.owner_key} of this plan is gone"))
         else:
             found[unit.key] = plan
@@ -353,13 +434,16 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
     memo = memo or Memo()
     b = _Build(view, scheduler_name, ctx, memo)
     nodes = b.read_nodes()
-    units = group_units(view)
+    units = group_units(view, memo.groups)
+    memo.units_next = {}
+    b.derived = {key: memo.derived(unit, view.assumed, scheduler_name) for key, unit in units.items()}
+    memo.cycle_done()
     records, stale_plans = read_plan_records(view, units)
     snap, bound_units = b.read_bound(units, nodes)
     running, running_units = b.running_gangs(bound_units, records, snap, book)
     planned = {key for key, record in records.items() if record.state != PLAN_ADMITTED}
     pending, incomplete, unreadable = b.pending_gangs(units, planned)
-    state = _cycle_state(snap, running, running_units, book, memo)
+    state = _cycle_state(snap, running, running_units, book, memo, lambda unit: b.derived[unit.key].terminating)
     plans, plan_ready, rejected = b.recheck_plans(state, records, units, running, running_units, unreadable, nodes,
                                                   now, policy or PreemptionPolicy())
     closing = b.closing_victims(records, units, running_units)
@@ -367,15 +451,15 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
         state.running = [rg for rg in state.running if rg.gang.name not in closing]
     pending.sort(key=lambda ug: ug[1].queue_key)  # core's queue order (core.queue.queue_order)
     return World(snap, units, pending, incomplete, running, running_units, plans, plan_ready, b.invalid, nodes,
-                 b.ignored_hints, rejected, stale_plans, records, state)
+                 b.ignored_hints, rejected, stale_plans, records, state, b.derived)
 
 
 def _cycle_state(snap: Snapshot, running: list[RunningGang], running_units: dict[str, Unit], book: QuotaBook | None,
-                 memo: Memo) -> CycleState:
+                 memo: Memo, terminating) -> CycleState:
     """Capacity and quota of every running gang (terminating ones too, until their GPUs are free);
     the preemption candidates are those not terminating. Held plans are counted into it as they
     pass their re-check (_Build.recheck_plans)."""
-    going = {name for name, unit in running_units.items() if any(pod_is_terminating(p) for p in unit.pods)}
+    going = {name for name, unit in running_units.items() if terminating(unit)}
     candidates = [rg for rg in running if rg.gang.name not in going]
     if book is None:
         return CycleState.build(snap, candidates)
@@ -390,9 +474,10 @@ class _Build:
 
     def __init__(self, view: View, scheduler_name: str, ctx: ConversionContext, memo: Memo):
         self.view, self.scheduler_name, self.ctx, self.memo = view, scheduler_name, ctx, memo
-        self.requests: dict[str, PodRequest] = {}  # pod key -> request, for bound and pending pods
+        self.requests: dict[str, PodRequest] = {}  # pod key -> request, of the planned gangs' pending pods
         self.invalid: list[tuple[Unit, str]] = []
         self.ignored_hints: list[tuple[Unit, str]] = []
+        self.derived: dict[str, Derived] = {}  # unit key -> what its objects gave (Memo.derived)
 
     def refuse(self, unit: Unit, exc: Exception) -> None:
         """`unit` cannot be read this cycle: it waits with the problem named (one odd object must
@@ -408,59 +493,71 @@ class _Build:
                 log.warning("node %s skipped: %s", name, exc)
         return nodes
 
-    def read_bound(self, units: dict[str, Unit], nodes: dict[str, Node]
-                   ) -> tuple[Snapshot, list[tuple[Unit, list[dict], list[str]]]]:
+    def read_bound(self, units: dict[str, Unit], nodes: dict[str, Node]) -> tuple[Snapshot, list[tuple[Unit, Derived]]]:
         """What runs holds its resources: the live snapshot takes this cycle's deltas, the cycle a
-        copy. Returns it and, per unit with bound pods, (unit, bound pods, keys of those read)."""
+        copy. Returns it and, per unit with bound pods, (unit, its entry: rows of those read)."""
         view, memo = self.view, self.memo
-        bound_units: list[tuple[Unit, list[dict], list[str]]] = []
-        bound: dict[str, tuple[tuple, PodRequest, str]] = {}
+        bound: dict[str, Derived] = {}
         for unit in units.values():
-            held = unit.bound(view.assumed)
-            if not held:
+            d = self.derived[unit.key]
+            if not d.held:
                 continue
-            keys = []
-            for pod in held:
-                key = key_of(pod)
-                try:
-                    req = self.requests[key] = memo.pod(pod, self.ctx)
-                except _MALFORMED as exc:
-                    self.refuse(unit, exc)
-                    continue
-                node = (pod.get("spec") or {}).get("nodeName") or view.assumed.get(key)
-                bound[key] = ((_uid(pod), node, req), req, node)
-                keys.append(key)
-            bound_units.append((unit, held, keys))
+            if d.rows is None:
+                d.rows = []
+                for pod in d.held:
+                    key = key_of(pod)
+                    try:
+                        req = memo.pod(pod, self.ctx)
+                    except _MALFORMED as exc:
+                        d.errors.append(exc)
+                        continue
+                    node = (pod.get("spec") or {}).get("nodeName") or view.assumed.get(key)
+                    d.rows.append((key, (_uid(pod), node, req), req, node))
+            for exc in d.errors:
+                self.refuse(unit, exc)
+            bound[unit.key] = d
         memo.running_snapshot(list(nodes.values()), bound)
-        return memo.live.copy(), bound_units
+        return memo.live.copy(), [(units[key], d) for key, d in bound.items()]
 
-    def running_gangs(self, bound_units: list[tuple[Unit, list[dict], list[str]]], records: dict[str, Plan],
+    def running_gangs(self, bound_units: list[tuple[Unit, Derived]], records: dict[str, Plan],
                       snap: Snapshot, book: QuotaBook | None) -> tuple[list[RunningGang], dict[str, Unit]]:
         running: list[RunningGang] = []
         running_units: dict[str, Unit] = {}
-        for unit, held, keys in bound_units:
-            placements = [self.memo.held[k][1] for k in keys if k in self.memo.held]
-            if not placements:
-                continue
-            ours = all((p.get("spec") or {}).get("schedulerName") == self.scheduler_name for p in held)
-            hints: list[str] = []
+        held, epochs, node_product = self.memo.held, self.memo.epochs, snap.shape.node_product
+        for unit, d in bound_units:
             record = records.get(unit.key)
             # borrowed quota is the scheduler's own record, never the user-writable annotation
-            borrowed = bool(record and record.borrowed and any(record.pod_uids.get(key_of(p)) == _uid(p) for p in held))
-            try:
-                rg = running_gang_from_k8s(unit.key, unit.podgroup, held, self.ctx, tuple(placements), ours=ours,
-                                           members=[self.requests[key_of(p)] for p in held if key_of(p) in self.requests],
-                                           hints=hints, borrowed=borrowed)
-            except _MALFORMED as exc:
-                self.refuse(unit, exc)
+            borrowed = bool(record and record.borrowed and any(record.pod_uids.get(key_of(p)) == _uid(p) for p in d.held))
+            # beyond the unit's objects: which of its pods `live` holds (the epoch), the record, what sets the speed
+            key = (epochs.get(unit.key), borrowed, id(book), id(node_product))
+            if d.running is None or d.running[0] != key:
+                placements = [held[row[0]][1] for row in d.rows if row[0] in held]
+                d.running = (key, *self._running_gang(unit, d, placements, borrowed, snap, book)) if placements \
+                    else (key, None, [])
+            _, rg, hints = d.running
+            if rg is None:
                 continue
-            finally:
-                self.ignored_hints += [(unit, h) for h in hints]
-            if book is not None and book.speeds:  # its expected end on the product it runs on
-                rg = replace(rg, speed=placement_speed(rg.placements, snap.shape.node_product, book))
+            self.ignored_hints += [(unit, h) for h in hints]
+            if isinstance(rg, Exception):
+                self.refuse(unit, rg)
+                continue
             running.append(rg)
             running_units[rg.gang.name] = unit
         return running, running_units
+
+    def _running_gang(self, unit: Unit, d: Derived, placements: list[Placement], borrowed: bool,
+                      snap: Snapshot, book: QuotaBook | None) -> tuple[RunningGang | Exception, list[str]]:
+        held = d.held
+        ours = all((p.get("spec") or {}).get("schedulerName") == self.scheduler_name for p in held)
+        hints: list[str] = []
+        try:
+            rg = running_gang_from_k8s(unit.key, unit.podgroup, held, self.ctx, tuple(placements), ours=ours,
+                                       members=[row[2] for row in d.rows], hints=hints, borrowed=borrowed)
+        except _MALFORMED as exc:
+            return exc, hints
+        if book is not None and book.speeds:  # its expected end on the product it runs on
+            rg = replace(rg, speed=placement_speed(rg.placements, snap.shape.node_product, book))
+        return rg, hints
 
     def pending_gangs(self, units: dict[str, Unit], planned: set[str]
                       ) -> tuple[list[tuple[Unit, Gang]], list[tuple[Unit, str]], dict[str, str]]:
@@ -473,7 +570,8 @@ class _Build:
         incomplete: list[tuple[Unit, str]] = []
         unreadable: dict[str, str] = {}
         for unit in units.values():
-            waiting = unit.pending(self.scheduler_name, view.assumed)
+            d = self.derived[unit.key]
+            waiting = d.waiting
             if not waiting:
                 continue
             if unit.key in planned:
@@ -482,42 +580,66 @@ class _Build:
                         key = key_of(pod)
                         if key not in self.requests:
                             self.requests[key] = memo.pod(pod, ctx)
-                    unit.gang = gang_from_k8s(unit.key, unit.podgroup, waiting, ctx,
-                                              [self.requests[key_of(p)] for p in waiting], hints=[])
                 except _MALFORMED as exc:
                     unreadable[unit.key] = str(exc)
+                    continue
+                if d.planned is None:
+                    d.planned = self._planned_gang(unit, waiting)
+                if d.planned[0] == "gang":
+                    unit.gang = d.planned[1]
+                else:
+                    unreadable[unit.key] = d.planned[1]
                 continue
-            if unit.podgroup is None and gang_key_of_pod(waiting[0]) is not None:
-                incomplete.append((unit, f"waiting for PodGroup {unit.key} to be created"))
-                continue
-            try:
-                need = unit.min_member
-            except ConversionError as exc:
-                self.refuse(unit, exc)
-                continue
-            bound = unit.bound(view.assumed)
-            alive = len(waiting) + len(bound)
-            if alive < need:
-                incomplete.append((unit, f"gang has {alive} of {need} pods; waiting for the rest to be created"))
-                continue
-            try:
-                # minMember counts bound members too: the rest must place at least what is missing
-                bound_nodes = [(p.get("spec") or {}).get("nodeName") or view.assumed.get(key_of(p)) for p in bound]
-                gang = gang_from_k8s(unit.key, unit.podgroup, waiting, ctx, [memo.pod(p, ctx) for p in waiting],
-                                     pinned=[n for n in bound_nodes if n], min_member=max(1, need - len(bound)))
-                # invalid hints stop a pending gang (above); labels that contradict its team or tier never do
-                self.ignored_hints += [(unit, h) for h in gang_identity(unit.key, unit.podgroup, waiting, ctx).ignored]
-            except _MALFORMED as exc:
-                self.refuse(unit, exc)
-                continue
-            unit.gang = gang
-            pending.append((unit, gang))
+            if d.pending is None:
+                d.pending = self._pending_gang(unit, waiting, d.held)
+            outcome = d.pending
+            if outcome[0] == "incomplete":
+                incomplete.append((unit, outcome[1]))
+            elif outcome[0] == "refused":
+                self.refuse(unit, outcome[1])
+            else:
+                unit.gang = outcome[1]
+                self.ignored_hints += [(unit, h) for h in outcome[2]]
+                pending.append((unit, outcome[1]))
         return pending, incomplete, unreadable
+
+    def _planned_gang(self, unit: Unit, waiting: list[dict]) -> tuple:
+        """The gang a plan places: ("gang", Gang), or ("unreadable", why)."""
+        try:
+            return "gang", gang_from_k8s(unit.key, unit.podgroup, waiting, self.ctx,
+                                         [self.requests[key_of(p)] for p in waiting], hints=[])
+        except _MALFORMED as exc:
+            return "unreadable", str(exc)
+
+    def _pending_gang(self, unit: Unit, waiting: list[dict], bound: list[dict]) -> tuple:
+        """A unit's waiting members as a queued gang: ("gang", Gang, ignored labels), or
+        ("incomplete", why), or ("refused", the error)."""
+        view, memo, ctx = self.view, self.memo, self.ctx
+        if unit.podgroup is None and gang_key_of_pod(waiting[0]) is not None:
+            return "incomplete", f"waiting for PodGroup {unit.key} to be created"
+        try:
+            need = unit.min_member
+        except ConversionError as exc:
+            return "refused", exc
+        alive = len(waiting) + len(bound)
+        if alive < need:
+            return "incomplete", f"gang has {alive} of {need} pods; waiting for the rest to be created"
+        try:
+            # minMember counts bound members too: the rest must place at least what is missing
+            bound_nodes = [(p.get("spec") or {}).get("nodeName") or view.assumed.get(key_of(p)) for p in bound]
+            gang = gang_from_k8s(unit.key, unit.podgroup, waiting, ctx, [memo.pod(p, ctx) for p in waiting],
+                                 pinned=[n for n in bound_nodes if n], min_member=max(1, need - len(bound)))
+            # invalid hints stop a pending gang (above); labels that contradict its team or tier never do
+            return "gang", gang, gang_identity(unit.key, unit.podgroup, waiting, ctx).ignored
+        except _MALFORMED as exc:
+            return "refused", exc
 
     def closing_victims(self, records: dict[str, Plan], units: dict[str, Unit],
                         running_units: dict[str, Unit]) -> set[str]:
         """The running gangs still stopping for a nomination whose members are all bound (the loop
         closes it): no preemption candidates again."""
+        if not any(record.state == PLAN_NOMINATED for record in records.values()):
+            return set()  # without a nomination, no pod map of every running gang (tens of thousands)
         pod_unit = {key_of(p): u.key for u in running_units.values() for p in u.pods}
         return {pod_unit[v] for key, record in records.items()
                 if record.state == PLAN_NOMINATED and not units[key].pending(self.scheduler_name, self.view.assumed)
@@ -535,6 +657,8 @@ class _Build:
         plans: dict[str, Plan] = {}
         plan_ready: dict[str, bool] = {}
         rejected: list[tuple[Unit, Plan, str]] = []
+        if all(record.state == PLAN_ADMITTED for record in records.values()):
+            return plans, plan_ready, rejected
         pod_unit = {key_of(p): u for u in running_units.values() for p in u.pods}
         by_unit = {rg.gang.name: rg for rg in running}
         for key, record in records.items():

@@ -33,6 +33,22 @@ def desired_podgroup_status(unit: Unit, has_plan: bool, assumed: dict[str, str],
     return {"phase": phase, "running": running, "succeeded": succeeded, "failed": failed}
 
 
+def wanted_status(world: World, unit: Unit, has_plan: bool, timed_out: bool, assumed: dict[str, str]) -> dict | None:
+    """desired_podgroup_status, kept with the unit's objects between cycles (state.Derived); None: its
+    minMember is invalid."""
+    d = world.derived.get(unit.key)
+    key = (has_plan, timed_out)
+    if d is not None and d.status is not None and d.status[0] == key:
+        return d.status[1]
+    try:
+        want = desired_podgroup_status(unit, has_plan, assumed, timed_out)
+    except ValueError:
+        want = None
+    if d is not None:
+        d.status = (key, want)
+    return want
+
+
 def timeouts(world: World, waiting: dict[str, str], now: float) -> tuple[dict[str, str], list[tuple[Unit, str]]]:
     """PodGroups still waiting past spec.scheduleTimeoutSeconds -> the report (with the last wait
     reason: this cycle's, else the one already written), and the groups whose timeout is invalid."""
