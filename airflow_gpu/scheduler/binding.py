@@ -101,6 +101,11 @@ class Writes:
         with self._lock:
             return frozenset(self._binding)
 
+    def settled(self) -> bool:
+        """No binding in flight and no write queued or running."""
+        with self._lock:
+            return not self._binding and not self._queued
+
     def is_binding(self, key: str) -> bool:
         with self._lock:
             return key in self._binding
