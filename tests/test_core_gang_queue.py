@@ -473,3 +473,22 @@ def replace_duration(g):
     from dataclasses import replace as _replace
 
     return _replace(g, expected_duration=None)
+
+
+def test_a_cycle_with_an_admission_limit_stops_there_and_the_first_admissions_are_the_unlimited_ones():
+    """`limit` (the scheduler's room to bind): the queue is walked in order until that many are
+    admitted; the gangs after are not tried (no wait reason, no reservation: result.cut), and the
+    admitted ones are exactly the first of an unlimited cycle's."""
+    from airflow_gpu.core.queue import schedule_cycle
+
+    snap = Snapshot.from_nodes(cluster(4))
+    pending = [gang(f"g{i}", 1, 8, created_at=float(i)) for i in range(6)]  # 4 fit, 2 wait
+    full = schedule_cycle(state_of(snap, []), pending, profile(), 0.0)
+    assert len(full.admitted) == 4 and set(full.waiting) == {"g4", "g5"} and not full.cut
+    cut = schedule_cycle(state_of(snap, []), pending, profile(), 0.0, limit=2)
+    assert [d.gang.name for d in cut.admitted] == ["g0", "g1"] and cut.cut
+    assert [d.placements for d in cut.admitted] == [d.placements for d in full.admitted[:2]]
+    assert cut.waiting == {} and cut.reservation is None and cut.preemptions == []
+    none = schedule_cycle(state_of(snap, []), pending, profile(), 0.0, limit=0)
+    assert none.admitted == [] and none.waiting == {} and none.cut
+    assert not schedule_cycle(state_of(snap, []), pending, profile(), 0.0, limit=6).cut  # never reached

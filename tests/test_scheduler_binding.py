@@ -385,10 +385,11 @@ def test_stop_waits_for_the_bindings_in_flight(kube_cluster, api):
         _clean(api, ns)
 
 
-def test_a_cycle_without_room_to_bind_leaves_its_admissions_and_preemptions_to_the_next(kube_cluster, api, tmp_path):
-    """The most gangs binding at once are binding: the cycle does not wait for room. The gang it
-    admitted stays pending (nothing assumed, nothing written) and the preemption it planned is not
-    acted on (decided with that gang placed, it may be needless); the next cycle with room does both."""
+def test_a_cycle_admits_no_more_than_can_bind_and_leaves_the_rest_of_the_queue_to_the_next(kube_cluster, api, tmp_path):
+    """The most gangs binding at once are binding: the cycle does not wait for room, and its queue
+    stops at its admission limit (the room: here none): the gang that fits stays pending (nothing
+    assumed, nothing written) and the gang behind it plans no preemption; the next cycle with room
+    does both."""
     ns = "bind-full"
     G.ensure_namespace(api, ns)
     cfg = load_config(_quota_config(tmp_path, [{"name": "t", "namespace": ns, "quota": {"h100": 16}}]))
@@ -414,14 +415,17 @@ def test_a_cycle_without_room_to_bind_leaves_its_admissions_and_preemptions_to_t
             s.cycle()
             assert time.monotonic() - t0 < 15  # did not wait for a's binding (held 30 s)
             get = s.metrics.registry.get_sample_value
-            assert get("airflow_gpu_scheduler_admissions_deferred_total") >= 1
             assert f"{ns}/{b[0]}" not in s.cache.view().assumed and s.writes.binding() == {f"{ns}/a"}
             time.sleep(1)
             assert not _evicted(api, ns, low[0]) and get("airflow_gpu_evicted_pods_total") in (None, 0)
+            for name in ("b", "h"):  # not tried: no wait reason either
+                annotations = G.get_podgroup(api, ns, name)["metadata"].get("annotations") or {}
+                assert C.ANNOTATION_WAIT_REASON not in annotations, (name, annotations)
             binds.gate.set()
             _settled(s)
-            s.cycle()
-            _settled(s)
+            for _ in range(2):  # room for one: b, then h's preemption
+                s.cycle()
+                _settled(s)
             G.wait_until(lambda: _evicted(api, ns, low[0]), 20, what="low preempted for h")
             G.wait_until(lambda: _nodes(api, ns).get(b[0]), 20, what="b bound")
             assert set(binds.calls) == {f"{ns}/{p}" for p in low + a + b}  # b once, when there was room

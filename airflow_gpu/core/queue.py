@@ -77,6 +77,7 @@ class CycleResult:
     admitted: list[GangDecision] = field(default_factory=list)
     preemptions: list[PreemptionPlan] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)  # gang name -> wait reason (tried this cycle)
+    cut: bool = False  # stopped at its admission limit: the gangs after the last admitted were not tried
     reservation: Reservation | None = None
     deferred: list[str] = field(default_factory=list)  # gangs skipped in back-off (last reason stands)
     refusals: dict[str, Refusal] = field(default_factory=dict)  # gang name -> what it was refused under
@@ -140,7 +141,7 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
                    policy: PreemptionPolicy = PreemptionPolicy(),
                    backoff: Backoff | None = None, no_plan: NoPlanMemo | None = None,
                    hold: ReservationHold | None = None, explain: bool = True,
-                   starts: StartMemo | None = None) -> CycleResult:
+                   starts: StartMemo | None = None, limit: int | None = None) -> CycleResult:
     """Admit what can start now, plan at most one preemption, hold one reservation. Changes nothing
     passed in (`backoff` is read, its refusals brought up to date by Backoff.ready; Backoff.record
     books the result; `no_plan` is added to, see NoPlanMemo; `hold` bounds reservations of unknown
@@ -149,13 +150,19 @@ def schedule_cycle(state: CycleState, pending: Iterable[Gang], profile: Profile,
     plans. explain=False: a gang kept off the reservation is not placed a second time only to say
     that it "would delay" the head, and capacity reasons name the member that does not fit without
     counting nodes per filter (a caller that shows no wait reasons, the replay; the decisions are the
-    same). `starts`: a StartMemo kept across cycles (same estimates, fewer placements).
+    same). `starts`: a StartMemo kept across cycles (same estimates, fewer placements). `limit`: at
+    most this many admissions (the scheduler's room to bind); once reached the rest of the queue is
+    not tried (no wait reason, no back-off, no reservation, no plan: result.cut), the next cycle goes
+    on with it. None (the replay): no limit.
 
     The steps, like Kueue's schedule(): order the queue; until a head of line holds a reservation,
     admit each gang or make it the head (reserve: a preemption plan, or its estimated start); behind
     it, backfill each gang off the reserved nodes (or plan a preemption behind the head)."""
     cycle = _Cycle(state, profile, now, policy, no_plan, explain)
     for gang in queue_order(pending):
+        if limit is not None and len(cycle.result.admitted) >= limit:
+            cycle.result.cut = True
+            break
         if cycle.result.reservation is None:
             cycle.admit_or_reserve(gang, hold, starts)
         else:
@@ -352,13 +359,14 @@ class Queue:
         self.hold, self.no_plan, self.starts, self.explain = hold, no_plan, starts, explain
 
     def cycle(self, state: CycleState, pending: Sequence[Gang], now: float,
-              policy: PreemptionPolicy | None = None) -> CycleResult:
+              policy: PreemptionPolicy | None = None, limit: int | None = None) -> CycleResult:
         """One scheduling cycle over `pending` on `state` (schedule_cycle), booked: gangs left
         waiting back off, admitted and preempting ones are forgotten, a reservation held without a
         known start counts towards its bound, and a changed running set clears the memo of asks
-        without a plan. `policy`: this cycle's, when it differs from the queue's."""
+        without a plan. `policy`: this cycle's, when it differs from the queue's; `limit`: at most
+        this many admissions (schedule_cycle)."""
         result = schedule_cycle(state, pending, self.profile, now, policy or self.policy, self.backoff,
-                                self.no_plan, self.hold, self.explain, self.starts)
+                                self.no_plan, self.hold, self.explain, self.starts, limit)
         self.backoff.record(result, pending, now)
         if self.hold is not None:
             self.hold.record(result, now)

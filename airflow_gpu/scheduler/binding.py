@@ -34,14 +34,15 @@ log = logging.getLogger(__name__)
 # Bindings in flight). A binding holds its worker for three round trips (plan record, Bindings, plan
 # closed); more workers than the bind pool can serve only lengthen each gang's binding.
 GANG_WORKERS = 8
-# Gangs binding or queued to bind, at most: a few seconds of a hundred gangs a second arriving, so a
-# burst of admissions after a slow cycle does not hold up the next one. Bounded because each holds
+# Gangs binding or queued to bind, at most: seconds of a hundred gangs a second arriving, and more than
+# the Bindings the pool sends during one cycle at 5,000 nodes (a cycle admits no more than this room:
+# smaller, a fill of 40,000 pods took 3x the cycles and a third of the bindings/s). Bounded because each holds
 # capacity the API server has not confirmed: unbounded, decisions would run ever further ahead of a
 # slow API server (every failure forgotten and decided again) and pile writes onto the server that
 # also answers the Lease renewal. Full, a cycle admits no more gangs (they stay pending for the next
 # cycle, which decides them again): a slow API server slows admissions instead of growing a backlog,
 # and the cycle never waits for a binding (kube-scheduler's scheduling cycle does not either).
-MAX_BINDING = 32 * GANG_WORKERS
+MAX_BINDING = 128 * GANG_WORKERS
 STRIPES = 64  # per-gang ordering locks, striped: bounded memory, short holds
 
 
@@ -53,8 +54,10 @@ class Writes:
     def __init__(self, write_workers: int, gang_workers: int = GANG_WORKERS, max_binding: int = MAX_BINDING):
         self._bind_pool = ThreadPoolExecutor(max_workers=gang_workers, thread_name_prefix="gang")
         self._write_pool = ThreadPoolExecutor(max_workers=write_workers, thread_name_prefix="write")
+        self.max_binding = max_binding
         self._room = threading.BoundedSemaphore(max_binding)
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)  # a binding ended
         self._binding: Counter[str] = Counter()  # gang key -> bindings in flight
         self._queued: dict[str, dict[str, tuple[int, object]]] = {}  # gang key -> kind -> (token, value)
         self._tokens = itertools.count()
@@ -94,12 +97,26 @@ class Writes:
             self._binding[key] -= 1
             if self._binding[key] <= 0:
                 del self._binding[key]
-        self._room.release()
+            self._room.release()
+            self._freed.notify_all()
 
     def binding(self) -> frozenset[str]:
         """The gangs whose binding is in flight (queued or running)."""
         with self._lock:
             return frozenset(self._binding)
+
+    def room(self) -> int:
+        """How many more gangs may start binding now."""
+        with self._lock:
+            return self._room_locked()
+
+    def _room_locked(self) -> int:
+        return max(0, self.max_binding - sum(self._binding.values()))
+
+    def wait_room(self, gangs: int, timeout: float) -> bool:
+        """Wait (at most `timeout` s) until `gangs` more may start binding."""
+        with self._freed:
+            return self._freed.wait_for(lambda: self._room_locked() >= gangs, timeout)
 
     def settled(self) -> bool:
         """No binding in flight and no write queued or running."""

@@ -103,6 +103,9 @@ REASON_REFRESH = 30.0
 _DIGITS = re.compile(r"\d+(\.\d+)?")
 
 
+OBSERVE_INTERVAL = 2.0  # seconds between refreshes of the gauges computed over every gang (metrics.observe)
+
+
 @dataclass
 class Settings:
     scheduler_name: str = C.DEFAULT_SCHEDULER_NAME
@@ -160,6 +163,8 @@ class Scheduler:
         self._preempted: dict[str, preemptions.Preempted] | None = None  # the record, as last written
         self.publisher = Publisher(self.settings.publish_interval)
         self._swept = 0.0  # when kept pods were last swept
+        self._observed = 0.0  # when the gauges were last refreshed
+        self._cut = False  # the last cycle stopped at its admission limit (no room to bind)
         self.run_lengths = RunLengths()  # how long gangs ran, for the published estimated starts
         self.calibration = StartCalibration()  # how much later than estimated gangs started
         # tier -> the p90 error of the estimated start the replay measured (shown as an interval)
@@ -200,6 +205,8 @@ class Scheduler:
                 log.exception("scheduling cycle failed")
                 self._stop.wait(0.5)
             heap.after_cycle()
+            if self._cut:  # the next cycle could admit next to nothing: let half the bindings end first
+                self.writes.wait_room(self.writes.max_binding // 2, self.settings.interval)
         heap.close()
         self.writes.shutdown()  # the bindings in flight end first: their Bindings run on _pool
         self._pool.shutdown(wait=True)
@@ -231,7 +238,9 @@ class Scheduler:
             self._written.clear()  # another replica may have written since: trust only the API
         self._was_leader = leader
         self.metrics.is_leader.set(1 if leader else 0)
-        self.metrics.observe(world)
+        if now - self._observed >= OBSERVE_INTERVAL:  # gauges over every gang: not each cycle of a churning cluster
+            self._observed = now
+            self.metrics.observe(world)
         self.run_lengths.observe(world.running, now)  # a standby learns too: it may lead next
         for rg in world.running:
             self.calibration.started(rg.gang.name, rg.started_at or now)
@@ -251,18 +260,21 @@ class Scheduler:
         if self._room.changed(world):
             self.queue.reset()
         state = world.state
-        result = self.queue.cycle(state, pending, now, policy)
-        if self._room.head_moved(result.reservation):
+        # no more admissions than can start binding: a cycle deciding 40,000 gangs of which 256 may
+        # bind would decide them all again in the next (kube-scheduler takes one pod per cycle)
+        result = self.queue.cycle(state, pending, now, policy, limit=self.writes.room())
+        self._cut = result.cut
+        if not result.cut and self._room.head_moved(result.reservation):  # cut: no head was looked for
             self.queue.reset()
         started = []  # whose binding started
         for d in result.admitted:  # not waited for: the next cycle sees their members assumed bound
             if not self._admit(units[d.gang.name], d, now):
                 break
             started.append(d)
-        if len(started) < len(result.admitted):
-            # the rest wait for the next cycle, and so do the preemptions: decided with them admitted,
-            # one may be needless (nothing is written for either)
-            self.metrics.admissions_deferred.inc(len(result.admitted) - len(started))
+        if len(started) < len(result.admitted):  # not with the limit above; should the room ever shrink:
+            # the rest wait for the next cycle, and so do the preemptions (decided with them admitted,
+            # one may be needless); nothing is written for either
+            log.warning("%d admitted gang(s) left for the next cycle: no room to bind", len(result.admitted) - len(started))
             result = replace(result, admitted=started, preemptions=[])
         for plan in result.preemptions:
             self._preempt(world, units[plan.gang.name], plan, now)

@@ -73,11 +73,6 @@ class SchedulerMetrics:
             "airflow_gpu_scheduler_fence_refusals",
             "Bindings not sent because the leader fence had expired (the Lease renewal lapsed).", registry=r
         )
-        self.admissions_deferred = Counter(
-            "airflow_gpu_scheduler_admissions_deferred",
-            "Gangs admitted by a cycle but left pending for the next one: the most gangs binding at once were binding.",
-            registry=r,
-        )
         self.api_errors = Counter(
             "airflow_gpu_scheduler_api_errors", "Failed API writes by operation.", ["operation"], registry=r
         )
