@@ -101,7 +101,8 @@ class Proc:
 
 
 def histogram(port: int, name: str) -> dict[float, float]:
-    """upper bound -> cumulative count of a scheduler histogram (no labels)."""
+    """upper bound -> cumulative count of a scheduler histogram, summed over its label sets (the queue
+    wait's team, tier and product: the gang phase's production gangs are another set)."""
     import urllib.request
 
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
@@ -109,7 +110,8 @@ def histogram(port: int, name: str) -> dict[float, float]:
     for line in text.splitlines():
         if line.startswith(name + "_bucket{"):
             le = line.split('le="', 1)[1].split('"', 1)[0]
-            out[math.inf if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
+            bound = math.inf if le == "+Inf" else float(le)
+            out[bound] = out.get(bound, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
 
 
