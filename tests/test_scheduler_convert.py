@@ -375,3 +375,16 @@ def test_a_unit_whose_objects_are_the_same_is_not_converted_again_and_each_world
     assert [int(x) for x in w.snapshot.whole_free_gpus()] == [6, 6, 8]
     assert set(memo.units) == {"team-nlp/run", "team-nlp/wait"} and set(memo.live.placements) == {
         "team-nlp/r0", "team-nlp/r1"}
+    # a PodGroup replaced with only its status changed (the scheduler's own write): nothing converted;
+    # one whose annotations changed (a hint the gang reads): converted again
+    groups[1] = dict(groups[1], status={"phase": "Pending"},
+                     metadata={**groups[1]["metadata"], "resourceVersion": "7"})
+    calls.clear()
+    w = world([run[0], moved] + wait)
+    assert sorted(calls) == ["gang_from_k8s team-nlp/wait", "running_gang_from_k8s team-nlp/run"]  # the fresh build's
+    groups[1] = dict(groups[1], metadata={**groups[1]["metadata"],
+                                          "annotations": {C.ANNOTATION_EXPECTED_DURATION: "3600"}})
+    calls.clear()
+    w = world([run[0], moved] + wait)
+    assert sorted(calls) == ["gang_from_k8s team-nlp/wait"] * 2 + ["running_gang_from_k8s team-nlp/run"]
+    assert w.pending[0][1].expected_duration == 3600

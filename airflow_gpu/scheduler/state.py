@@ -279,6 +279,16 @@ class Derived:
         self.status: tuple[tuple, object] | None = None  # ((has plan, timed out), status or error)
 
 
+def _status_only(old: dict | None, new: dict | None) -> bool:
+    """`new` is `old` with only its status (and resourceVersion) changed: nothing a unit's entry was
+    derived from (its spec, labels and annotations, never its status)."""
+    if old is None or new is None or old.get("spec") != new.get("spec"):
+        return False
+    a, b = old.get("metadata") or {}, new.get("metadata") or {}
+    skip = ("resourceVersion", "managedFields")
+    return len(a.keys() - skip) == len(b.keys() - skip) and all(a[k] == b.get(k) for k in a if k not in skip)
+
+
 class Memo:
     """Conversions of unchanged objects, kept between cycles (keyed by uid and resourceVersion, so a
     changed object is converted again), and the snapshot of the running pods kept by deltas (kube-
@@ -308,7 +318,9 @@ class Memo:
         assumes bound; else a fresh entry."""
         sig = (id(unit.podgroup), tuple(map(id, unit.pods)), tuple(map(assumed.get, unit.keys)), scheduler_name)
         d = self.units.get(unit.key)
-        if d is None or d.sig != sig:
+        if d is not None and d.sig != sig and d.sig[1:] == sig[1:] and _status_only(d.objects[0], unit.podgroup):
+            d.sig, d.objects = sig, (unit.podgroup, unit.pods)  # e.g. the scheduler's own status write
+        elif d is None or d.sig != sig:
             d = Derived(sig, unit, unit.bound(assumed), unit.pending(scheduler_name, assumed))
         self.units_next[unit.key] = d
         return d
