@@ -260,8 +260,8 @@ class Scheduler:
         if self._room.changed(world):
             self.queue.reset()
         state = world.state
-        # no more admissions than can start binding: a cycle deciding 40,000 gangs of which 256 may
-        # bind would decide them all again in the next (kube-scheduler takes one pod per cycle)
+        # no more admissions than can start binding: a cycle deciding 40,000 gangs of which a few
+        # hundred may bind would decide them all again in the next (kube-scheduler takes one pod per cycle)
         result = self.queue.cycle(state, pending, now, policy, limit=self.writes.room())
         self._cut = result.cut
         if not result.cut and self._room.head_moved(result.reservation):  # cut: no head was looked for
@@ -274,7 +274,8 @@ class Scheduler:
         if len(started) < len(result.admitted):  # not with the limit above; should the room ever shrink:
             # the rest wait for the next cycle, and so do the preemptions (decided with them admitted,
             # one may be needless); nothing is written for either
-            log.warning("%d admitted gang(s) left for the next cycle: no room to bind", len(result.admitted) - len(started))
+            log.warning("%d admitted gang(s) left for the next cycle: no room to bind",
+                        len(result.admitted) - len(started))
             result = replace(result, admitted=started, preemptions=[])
         for plan in result.preemptions:
             self._preempt(world, units[plan.gang.name], plan, now)
