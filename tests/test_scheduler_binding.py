@@ -70,7 +70,7 @@ def test_bound_annotations_land_after_a_wait_reason_being_written():
     assert done == ["waiting", "bound"]
 
 
-def test_bindings_in_flight_are_bounded_and_the_cycle_waits_for_room():
+def test_bindings_in_flight_are_bounded_and_one_more_waits_for_room():
     writes = Writes(write_workers=1, gang_workers=1, max_binding=2)
     release = threading.Event()
     writes.bind("ns/a", lambda: release.wait(10))
@@ -86,15 +86,13 @@ def test_bindings_in_flight_are_bounded_and_the_cycle_waits_for_room():
     assert writes.binding() == frozenset()
 
 
-def test_without_room_a_binding_that_need_not_wait_does_nothing():
-    writes = Writes(write_workers=1, gang_workers=1, max_binding=1)
+def test_room_counts_the_bindings_in_flight_and_wait_room_returns_once_there_is_enough():
+    writes = Writes(write_workers=1, gang_workers=1, max_binding=2)
     release = threading.Event()
-    started: list[str] = []
-    assert writes.bind("ns/a", lambda: release.wait(10), lambda: started.append("a"), wait=False)
-    t0 = time.monotonic()
-    assert not writes.bind("ns/b", lambda: started.append("b ran"), lambda: started.append("b"), wait=False)
-    assert time.monotonic() - t0 < 0.5 and started == ["a"] and writes.binding() == {"ns/a"}
+    writes.bind("ns/a", lambda: release.wait(10))
+    assert writes.room() == 1 and not writes.wait_room(2, 0.2)
     release.set()
+    assert writes.wait_room(2, 5) and writes.room() == 2
     writes.shutdown()
 
 
@@ -386,10 +384,10 @@ def test_stop_waits_for_the_bindings_in_flight(kube_cluster, api):
 
 
 def test_a_cycle_admits_no_more_than_can_bind_and_leaves_the_rest_of_the_queue_to_the_next(kube_cluster, api, tmp_path):
-    """The most gangs binding at once are binding: the cycle does not wait for room, and its queue
-    stops at its admission limit (the room: here none): the gang that fits stays pending (nothing
-    assumed, nothing written) and the gang behind it plans no preemption; the next cycle with room
-    does both."""
+    """The most gangs binding at once are binding: the cycle's queue stops at its admission limit
+    (the room: here none) and the cycle does not wait: the gang that fits stays pending (nothing
+    assumed, nothing written) and the gang behind it plans no preemption; the next cycles with room
+    do both."""
     ns = "bind-full"
     G.ensure_namespace(api, ns)
     cfg = load_config(_quota_config(tmp_path, [{"name": "t", "namespace": ns, "quota": {"h100": 16}}]))

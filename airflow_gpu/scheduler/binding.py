@@ -55,26 +55,20 @@ class Writes:
         self._bind_pool = ThreadPoolExecutor(max_workers=gang_workers, thread_name_prefix="gang")
         self._write_pool = ThreadPoolExecutor(max_workers=write_workers, thread_name_prefix="write")
         self.max_binding = max_binding
-        self._room = threading.BoundedSemaphore(max_binding)
         self._lock = threading.Lock()
-        self._freed = threading.Condition(self._lock)  # a binding ended
+        self._freed = threading.Condition(self._lock)  # a binding ended: room for another
         self._binding: Counter[str] = Counter()  # gang key -> bindings in flight
         self._queued: dict[str, dict[str, tuple[int, object]]] = {}  # gang key -> kind -> (token, value)
         self._tokens = itertools.count()
         self._stripes = [threading.Lock() for _ in range(STRIPES)]
 
     # --- bindings ---------------------------------------------------------------------------
-    def bind(self, key: str, work: Callable[[], object], start: Callable[[], object] | None = None,
-             wait: bool = True) -> bool:
-        """Run `work` (a gang's binding) off the cycle, `start` first on the caller's thread (it
-        assumes the placements before the next cycle can read the cache). While MAX_BINDING are in
-        flight: waits, or with wait=False does nothing and returns False. The gang's queued wait
+    def bind(self, key: str, work: Callable[[], object]) -> None:
+        """Run `work` (a gang's binding) off the cycle; waits while MAX_BINDING are in flight (a cycle
+        admits no more than `room()`, so only a plan's completion may wait). The gang's queued wait
         reason and status are dropped: they were decided before it was admitted."""
-        if not self._room.acquire(blocking=wait):
-            return False
-        if start is not None:
-            start()
-        with self._lock:
+        with self._freed:
+            self._freed.wait_for(lambda: self._room_locked() > 0)
             self._binding[key] += 1
             self._queued.pop(key, None)
         try:
@@ -82,7 +76,6 @@ class Writes:
         except RuntimeError:  # shut down: nothing runs
             self._done(key)
             raise
-        return True
 
     def _run_binding(self, key: str, work: Callable[[], object]) -> None:
         try:
@@ -97,7 +90,6 @@ class Writes:
             self._binding[key] -= 1
             if self._binding[key] <= 0:
                 del self._binding[key]
-            self._room.release()
             self._freed.notify_all()
 
     def binding(self) -> frozenset[str]:

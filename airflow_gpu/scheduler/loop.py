@@ -266,17 +266,8 @@ class Scheduler:
         self._cut = result.cut
         if not result.cut and self._room.head_moved(result.reservation):  # cut: no head was looked for
             self.queue.reset()
-        started = []  # whose binding started
         for d in result.admitted:  # not waited for: the next cycle sees their members assumed bound
-            if not self._admit(units[d.gang.name], d, now):
-                break
-            started.append(d)
-        if len(started) < len(result.admitted):  # not with the limit above; should the room ever shrink:
-            # the rest wait for the next cycle, and so do the preemptions (decided with them admitted,
-            # one may be needless); nothing is written for either
-            log.warning("%d admitted gang(s) left for the next cycle: no room to bind",
-                        len(result.admitted) - len(started))
-            result = replace(result, admitted=started, preemptions=[])
+            self._admit(units[d.gang.name], d, now)
         for plan in result.preemptions:
             self._preempt(world, units[plan.gang.name], plan, now)
         preempting = {p.gang.name for p in result.preemptions}
@@ -329,14 +320,10 @@ class Scheduler:
         self.profile = make_profile(self.settings.policy, typical=TypicalPods.from_pods(self._memo.pods.values()))
 
     # --- admission: plan, bind every member, finish ----------------------------------------
-    def _admit(self, unit: Unit, decision: GangDecision, now: float) -> bool:
-        """Start the gang's binding; False when MAX_BINDING gangs are binding already (binding.py):
-        nothing is done, and the gang stays pending for the next cycle, as do those admitted after it
-        (the queue order holds)."""
+    def _admit(self, unit: Unit, decision: GangDecision, now: float) -> None:
         by_pod = {key_of(p): p for p in unit.pods}
         placements = [p for p in decision.placements if p.pod in by_pod]
-        return self._bind_off_cycle(unit, placements, lambda: self._plan_and_bind(unit, decision, placements, by_pod, now),
-                                    wait=False)
+        self._bind_off_cycle(unit, placements, lambda: self._plan_and_bind(unit, decision, placements, by_pod, now))
 
     def _plan_and_bind(self, unit: Unit, decision: GangDecision, placements: list[Placement],
                        by_pod: dict[str, dict], now: float) -> set[str]:
@@ -348,15 +335,12 @@ class Scheduler:
         return self._bind_all(unit, placements, by_pod, decision.gang.created_at, decision.gang, decision.domain,
                               borrowed=decision.borrowed, recorded=recorded)
 
-    def _bind_off_cycle(self, unit: Unit, placements: list[Placement], work, wait: bool = True) -> bool:
+    def _bind_off_cycle(self, unit: Unit, placements: list[Placement], work) -> None:
         """Assume `placements` bound now (the next cycle counts them and does not decide the gang
         again) and run `work` (returns the pod keys it bound) in the binding cycle; the pods it did
-        not bind are forgotten when it ends, failed or raised (kube-scheduler's ForgetPod). wait=False:
-        False, and nothing assumed, when no binding can start now (Writes.bind)."""
-
-        def assume() -> None:
-            for p in placements:
-                self.cache.assume_bound(p.pod, p.node)
+        not bind are forgotten when it ends, failed or raised (kube-scheduler's ForgetPod)."""
+        for p in placements:
+            self.cache.assume_bound(p.pod, p.node)
 
         def binding() -> None:
             bound: set[str] = set()
@@ -369,7 +353,7 @@ class Scheduler:
                 if len(bound) < len(placements):
                     self._wake.set()  # forgotten pods are pending again: decide them without waiting for the interval
 
-        return self.writes.bind(unit.key, binding, assume, wait=wait)
+        self.writes.bind(unit.key, binding)
 
     def _write_plan(self, unit: Unit, plan: Plan | None) -> bool:
         """Store (or, with None, delete) the gang's plan record, tied to the UIDs of its owner, its

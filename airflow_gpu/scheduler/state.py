@@ -276,7 +276,7 @@ class Derived:
         self.running: tuple[tuple, object, list[str]] | None = None  # (key, RunningGang or error, hints)
         self.pending: tuple | None = None  # ("gang", Gang, ignored) | ("incomplete", why) | ("refused", error)
         self.planned: tuple | None = None  # the planned unit's gang: ("gang", Gang) | ("unreadable", why)
-        self.status: tuple[tuple, object] | None = None  # ((has plan, timed out), status or error)
+        self.status: tuple[tuple, dict | None] | None = None  # ((has plan, timed out), status; None: bad minMember)
 
 
 def _status_only(old: dict | None, new: dict | None) -> bool:
@@ -290,10 +290,11 @@ def _status_only(old: dict | None, new: dict | None) -> bool:
 
 
 class Memo:
-    """Conversions of unchanged objects, kept between cycles (keyed by uid and resourceVersion, so a
-    changed object is converted again), and the snapshot of the running pods kept by deltas (kube-
-    scheduler's cache): each cycle only the pods that started, ended or moved since the last one are
-    assumed or released, and the cycle works on a copy. Only a speed-up: a fresh Memo gives the same
+    """Conversions of unchanged objects, kept between cycles (pods and nodes keyed by uid and
+    resourceVersion, so a changed object is converted again; each unit's Derived entry while its
+    objects are the same ones), and the snapshot of the running pods kept by deltas (kube-scheduler's
+    cache): each cycle only the units whose bound pods started, ended or moved since the last one
+    are assumed or released, and the cycle works on a copy. Only a speed-up: a fresh Memo gives the same
     World, except which GPU indices of a node running pods are counted on (on Kubernetes the device
     plugin picks them; free capacity per node is the same)."""
 
