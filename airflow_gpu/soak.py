@@ -55,6 +55,9 @@ FAULT_KINDS = ("spot_interruption", "apiserver_restart", "s3_outage", "triggerer
 WARMUP_SECONDS = 25.0  # the first gangs bind before the first fault
 ROUND_SECONDS = 175.0  # one fault of each kind per this much soak time (at least one round)
 TARGET_WAIT_SECONDS = 90.0  # how long an interruption or preemption waits for a gang to hit
+# the preemption fault's victim started at most this long ago (its training lasts ~40 s, see
+# examples/soak_dags/): the production run's pods must arrive before it ends
+VICTIM_FRESH_SECONDS = 8.0
 
 
 @dataclass(frozen=True)
@@ -333,8 +336,8 @@ class Soak(Demo):
                      + (f" hit {', '.join(rec.hit)}" if rec.hit else "")
                      + (f" [red]{escape(rec.error)}[/red]" if rec.error else ""))
 
-    def _wait_for(self, find, what: str):
-        deadline = _now() + TARGET_WAIT_SECONDS
+    def _wait_for(self, find, what: str, wait: float = TARGET_WAIT_SECONDS):
+        deadline = _now() + wait
         while not self._done.is_set():
             try:
                 found = find()
@@ -343,7 +346,7 @@ class Soak(Demo):
             if found:
                 return found
             if _now() > deadline:
-                raise TimeoutError(f"no {what} within {TARGET_WAIT_SECONDS:.0f}s")
+                raise TimeoutError(f"no {what} within {wait:.0f}s")
             time.sleep(1)
         raise TimeoutError("the soak ended first")
 
@@ -401,14 +404,22 @@ class Soak(Demo):
                                            config_path=SEED_QUOTAS, identity="demo-scheduler").start()
 
     def fault_preemption(self, rec: Injected) -> None:
+        from airflow_gpu.kube.wire import parse_time
+
         def victims() -> list[dict]:
             if self.active(PRODUCTION):
                 return []
             pods = self.monitor.live_soak_pods((BEST_EFFORT,))
             tasks = {task_of(p) for p in pods}
-            return pods if len(pods) >= 2 and len(tasks) == 1 else []  # the gang (2 workers) is bound
+            if len(pods) < 2 or len(tasks) != 1:  # the gang (2 workers) is bound
+                return []
+            # a gang that started just now: one near its end could finish before the production run's
+            # pods exist (Airflow starts the task first), and nothing would be preempted
+            started = [parse_time((p.get("status") or {}).get("startTime")) for p in pods]
+            return pods if all(started) and _now() - max(started) <= VICTIM_FRESH_SECONDS else []
 
-        pods = self._wait_for(victims, f"{BEST_EFFORT} gang bound (and no production run)")
+        pods = self._wait_for(victims, f"{BEST_EFFORT} gang started within {VICTIM_FRESH_SECONDS:g}s (and no "
+                              "production run)", wait=2 * TARGET_WAIT_SECONDS)  # the next one, at worst
         run = self.trigger_soak(PRODUCTION)
         rec.target = run.run_id
         attempt = pods[0]["metadata"]["labels"].get(C.LABEL_ATTEMPT, "?")

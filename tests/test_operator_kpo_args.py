@@ -213,7 +213,7 @@ def test_kpo_habits_run_on_the_local_cluster(platform, sqlite_airflow_db, kube_c
         def pod():
             pods = kube_cluster.core().list_namespaced_pod("team-nlp", label_selector=f"{C.LABEL_DAG_ID}=kpo_run").items
             return pods[0] if pods else None
-        seen["pod"] = kube_cluster.api_client().sanitize_for_serialization(wait_until(pod, timeout=120, what="pod"))
+        seen["pod"] = kube_cluster.api_client().sanitize_for_serialization(wait_until(pod, timeout=240, what="pod"))
 
     # the base container writes to the /dev/shm volume; a metrics sidecar, listed first, logs and never
     # ends: the gang ends with the base container and the task log is the base container's

@@ -89,7 +89,14 @@ def run_dag(db, kube_cluster, seaweedfs, dag_id: str, args: str, timeout: float 
                             stderr=subprocess.STDOUT, text=True)
     try:
         if during is not None:
-            during()
+            try:
+                during()
+            except Exception as exc:  # what dag.test() printed says why (e.g. it failed before any pod)
+                if proc.poll() is None:
+                    proc.kill()
+                out, _ = proc.communicate()
+                raise AssertionError(f"{dag_id}: {type(exc).__name__}: {exc}; dag.test() "
+                                     f"(exit {proc.returncode}) printed:\n{(out or '')[-8000:]}") from exc
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()

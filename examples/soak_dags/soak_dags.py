@@ -28,7 +28,7 @@ TRAINER = [sys.executable, "-m", "airflow_gpu.checkpoint.examples.train_numpy"]
 CHECKOUT = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
 # (dag_id, team, tier, workers, GPUs per worker, spot, epochs of 40 steps x 20 ms)
 GANGS = (
-    ("soak_best_effort", "nlp", "best-effort-training", 2, 4, "auto", 40),
+    ("soak_best_effort", "nlp", "best-effort-training", 2, 4, "auto", 50),
     ("soak_production", "nlp", "production-training", 2, 4, "never", 20),
     ("soak_sweep", "research", "best-effort-training", 2, 2, "always", 25),
 )
