@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from fixtures.core_gang import cluster, gang, profile, run_cycle, start, state_of
 import pytest
@@ -328,16 +329,48 @@ def test_another_teams_backfill_on_a_reservation_must_be_a_reclaimable_borrower(
                 start(snap, gang("prod-b", 1, 4, team="a", priority=100, tier=PROD, preemptible=False), profile())]
     head = gang("head", 2, 8, team="a", priority=100, tier=PROD, preemptible=False, created_at=0.0)  # both nodes
     sweep = gang("sweep", 1, 4, team="b", priority=1, checkpointable=True, created_at=1.0)
-    lends = QuotaBook({"a": TeamQuota.from_gpus("a", {"H100": 14}, {"H100": 16}),
+    # the head is within a's nominal 16 (a head beyond its nominal quota never preempts: nothing lent)
+    lends = QuotaBook({"a": TeamQuota.from_gpus("a", {"H100": 16}, {"H100": 16}),
                        "b": TeamQuota.from_gpus("b", {"H100": 2}, {"H100": 16})})  # b borrows beyond 2
     res = run_cycle(snap, [head, sweep], blockers, profile(), now=0.0, quota=lends)
     assert res.reservation.gang.name == "head" and [d.gang.name for d in res.admitted] == ["sweep"]
     assert res.admitted[0].borrowed
-    guaranteed = QuotaBook({"a": TeamQuota.from_gpus("a", {"H100": 12}, {"H100": 16}),
+    guaranteed = QuotaBook({"a": TeamQuota.from_gpus("a", {"H100": 16}, {"H100": 16}),
                             "b": TeamQuota.from_gpus("b", {"H100": 4}, {"H100": 16})})  # b within its 4
     res = run_cycle(snap, [head, sweep], blockers, profile(), now=0.0, quota=guaranteed)
     assert res.reservation.gang.name == "head" and res.admitted == []
     assert res.waiting["sweep"].startswith("would delay head")
+    beyond = QuotaBook({"a": TeamQuota.from_gpus("a", {"H100": 14}, {"H100": 16}),
+                        "b": TeamQuota.from_gpus("b", {"H100": 2}, {"H100": 16})})  # the head asks 16 > 14
+    res = run_cycle(snap, [head, sweep], blockers, profile(), now=0.0, quota=beyond)
+    assert res.reservation.gang.name == "head" and res.admitted == []
+    assert res.waiting["sweep"].startswith("would delay head")
+
+
+def test_reserved_nodes_are_lent_only_to_work_the_head_can_take_back_when_it_starts():
+    """The rule of attempts(): a head beyond its team's nominal quota never preempts, and a gang
+    younger than its tier's minimum runtime is no victim, so neither lends the reserved nodes to a
+    checkpointed gang of its own team (hypothesis found the first: the backfill could not be taken back)."""
+    from airflow_gpu.core.preemption import PreemptionPolicy
+
+    snap = Snapshot.from_nodes(cluster(2))
+    running = [start(snap, gang(f"r{i}", 1, 2, team="a"), profile()) for i in range(5)]  # n0 full, 2 on n1
+    small = gang("small", 1, 1, team="b", checkpointable=True, created_at=0.0)
+    big = gang("big", 2, 8, team="b", priority=1, created_at=0.0)  # both nodes: reserves them
+    quota = lambda nominal: QuotaBook({"a": TeamQuota.from_gpus("a", {"H100": 8}, {"H100": 0}),  # noqa: E731
+                                       "b": TeamQuota.from_gpus("b", {"H100": nominal}, {"H100": 16 - nominal})})
+    res = run_cycle(snap, [small, big], running, profile(), now=10.0, quota=quota(16))
+    assert res.reservation.gang.name == "big" and [d.gang.name for d in res.admitted] == ["small"]
+    res = run_cycle(snap, [small, big], running, profile(), now=10.0, quota=quota(8))  # big asks 16 > 8
+    assert res.reservation.gang.name == "big" and res.admitted == []
+    assert res.waiting["small"].startswith("would delay big")
+    # finite start: the blockers end at 100 s; small would still be protected then (min runtime 600 s)
+    ending = [replace(r, gang=replace(r.gang, expected_duration=100.0)) for r in running]
+    res = run_cycle(snap, [small, big], ending, profile(), now=10.0, quota=quota(16))
+    assert res.reservation.start == 100.0 and [d.gang.name for d in res.admitted] == ["small"]
+    young = PreemptionPolicy(min_runtime=((small.tier, 600.0),))
+    res = run_cycle(snap, [small, big], ending, profile(), now=10.0, quota=quota(16), policy=young)
+    assert res.reservation.start == 100.0 and res.admitted == []
 
 
 def test_a_gang_behind_a_reservation_preempts_off_the_reserved_nodes_with_the_tier_rule():

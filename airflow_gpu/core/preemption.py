@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -55,6 +56,9 @@ from airflow_gpu.core.quota import (
 )
 from airflow_gpu.core.room import RoomEstimate
 from airflow_gpu.core.topology import members_per_node
+
+if TYPE_CHECKING:
+    from airflow_gpu.core.estimate import Reservation
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,24 @@ def protected(rg: RunningGang, now: float, policy: PreemptionPolicy, reclaim: bo
     back its guarantee from this borrower) and the tier lets reclaim ignore the minimum runtime."""
     young = now - rg.started_at < policy.min_runtime_of(rg.gang.tier)
     return young and not (reclaim and rg.gang.tier in policy.reclaim_ignores_min_runtime_tiers)
+
+
+def head_takes_back(state: CycleState, res: Reservation, gang: Gang, now: float, policy: PreemptionPolicy) -> bool:
+    """Whether `gang`, admitted now onto the head of line's reserved nodes, is work the head can take
+    back by preemption when it can start (res.start), so the reservation's idle GPUs compute meanwhile
+    and the head is delayed by no more than a SIGTERM checkpoint: preemptible, checkpointable, of
+    lower priority, past its tier's minimum runtime by then, and a head whose tier preempts and that
+    asks no more than its team's nominal quota (a head beyond it only borrows: attempts() gives it no
+    candidates). Another team's backfill must also borrow (checked at admission): only a borrower
+    is a victim across teams."""
+    head = res.gang
+    if not (gang.preemptible and gang.checkpointable and gang.priority < head.priority):
+        return False
+    if gang.tier in policy.non_preemptible_tiers or head.tier in policy.never_preempting_tiers:
+        return False
+    if now + policy.min_runtime_of(gang.tier) > res.start:
+        return False
+    return not beyond_nominal(state, head, policy)
 
 
 @dataclass(frozen=True)
@@ -183,6 +205,12 @@ def within_nominal_products(state: CycleState, gang: Gang, threshold: int | None
     return None if len(ok) == len(labelled) else ok
 
 
+def beyond_nominal(state: CycleState, gang: Gang, policy: PreemptionPolicy) -> bool:
+    """Larger than its team's nominal quota on every product it accepts: it waits to borrow and never
+    preempts (Kueue)."""
+    return within_nominal_products(state, gang, _borrow_threshold(state, gang, policy)) == []
+
+
 def _borrow_threshold(state: CycleState, gang: Gang, policy: PreemptionPolicy) -> int | None:
     """borrowWithinCohort: the team's threshold, else the tier's (any lower priority), else None."""
     tq = state.book.team(gang.team) if state.book is not None else None
@@ -225,9 +253,9 @@ def attempts(state: CycleState, gang: Gang, now: float,
              policy: PreemptionPolicy = PreemptionPolicy()) -> list[Attempt]:
     """The candidate lists to try, in order (see the module docstring)."""
     book = state.book
+    if beyond_nominal(state, gang, policy):
+        return []
     threshold = _borrow_threshold(state, gang, policy)
-    if within_nominal_products(state, gang, threshold) == []:
-        return []  # larger than its nominal quota on every product: it waits to borrow, never preempts
     by_priority = gang.tier not in policy.never_preempting_tiers
     reclaim = under_guarantee(state, gang)
     keys: set[QuotaKey] = {k for d in product_demands(state, gang) for k in d}

@@ -60,7 +60,8 @@ from airflow_gpu.core.estimate import Reservation, ReservationHold, StartMemo, e
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, QuotaAnswers, admit
 from airflow_gpu.core.model import Gang, PodRequest, RunningGang
-from airflow_gpu.core.preemption import PreemptionPlan, PreemptionPolicy, plan_preemption, under_guarantee
+from airflow_gpu.core.preemption import (PreemptionPlan, PreemptionPolicy, head_takes_back, plan_preemption,
+                                         under_guarantee)
 from airflow_gpu.core.snapshot import Snapshot
 
 
@@ -82,16 +83,6 @@ class CycleResult:
     deferred: list[str] = field(default_factory=list)  # gangs skipped in back-off (last reason stands)
     refusals: dict[str, Refusal] = field(default_factory=dict)  # gang name -> what it was refused under
 
-
-
-def may_backfill_reserved(head: Gang, gang: Gang, policy: PreemptionPolicy) -> bool:
-    """Whether `gang` may use the head's reserved nodes without a duration estimate: only work the
-    head can take back by preemption when it can start (preemptible, checkpointable, lower priority,
-    and the head's tier preempts), so the reservation's idle GPUs compute meanwhile and the head is
-    not delayed beyond a SIGTERM checkpoint. Another team's backfill must also borrow (checked at
-    admission): only a borrower is a victim across teams."""
-    return (gang.preemptible and gang.checkpointable and gang.priority < head.priority
-            and gang.tier not in policy.non_preemptible_tiers and head.tier not in policy.never_preempting_tiers)
 
 
 def outranks_head(head: Gang, gang: Gang, policy: PreemptionPolicy) -> bool:
@@ -271,7 +262,7 @@ class _Cycle:
         it plan a preemption behind the head."""
         res, now, work = self.result.reservation, self.now, self.work
         exclude = self.reserved if not res.lets_through(gang, now) else None
-        lent = exclude is not None and not res.by_preemption and may_backfill_reserved(res.gang, gang, self.policy)
+        lent = exclude is not None and not res.by_preemption and head_takes_back(work, res, gang, now, self.policy)
         if lent:
             exclude = None  # tried on every node; kept off the reserved ones unless the head can take it back
         kept_off = res.nodes if exclude is not None else frozenset()  # as a Refusal records it
