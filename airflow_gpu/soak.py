@@ -55,6 +55,7 @@ FAULT_KINDS = ("spot_interruption", "apiserver_restart", "s3_outage", "triggerer
 WARMUP_SECONDS = 25.0  # the first gangs bind before the first fault
 ROUND_SECONDS = 175.0  # one fault of each kind per this much soak time (at least one round)
 TARGET_WAIT_SECONDS = 90.0  # how long an interruption or preemption waits for a gang to hit
+QUIET_TAIL_SECONDS = 30.0  # no new DAG run this close to the end of the soak time (once every fault is in)
 # the preemption fault's victim started at most this long ago (its training lasts ~40 s, see
 # examples/soak_dags/): the production run's pods must arrive before it ends
 VICTIM_FRESH_SECONDS = 8.0
@@ -443,12 +444,14 @@ class Soak(Demo):
         self.monitor.stop()
 
     def _drive(self, injector: threading.Thread) -> None:
-        """Keep the lanes full until the soak time is over and the faults are done, then wait for
-        every DAG run to end."""
+        """Keep the lanes full until shortly before the soak time is over (until the faults are done,
+        if later), then wait for every DAG run to end."""
         end = self.t0 + self.minutes * 60.0
         while _now() < end or injector.is_alive():
             self.refresh_runs()
-            if _now() < end:
+            # a run started in the last seconds only lengthens the wait at the end; a fault still
+            # waiting for its target (a gang bound) gets new runs
+            if _now() < end - QUIET_TAIL_SECONDS or injector.is_alive():
                 for dag_id, lanes in LANES.items():
                     while self.active(dag_id) < lanes:
                         self.trigger_soak(dag_id)
