@@ -204,16 +204,26 @@ def test_kpo_habits_run_on_the_local_cluster(platform, sqlite_airflow_db, kube_c
     import json
     import sys
 
-    from airflow_gpu.devtools.processes import wait_until
     from tests.test_operator_run import run_dag
 
     seen: dict = {}
 
     def read_pod():
-        def pod():
-            pods = kube_cluster.core().list_namespaced_pod("team-nlp", label_selector=f"{C.LABEL_DAG_ID}=kpo_run").items
-            return pods[0] if pods else None
-        seen["pod"] = kube_cluster.api_client().sanitize_for_serialization(wait_until(pod, timeout=240, what="pod"))
+        # a watch from the listing's version: the pod may live well under a second (the base container
+        # ends at once and the operator deletes it), too short to be caught by polling on a busy machine
+        from kubernetes import watch
+
+        core, selector = kube_cluster.core(), f"{C.LABEL_DAG_ID}=kpo_run"
+        listing = core.list_namespaced_pod("team-nlp", label_selector=selector)
+        pod = listing.items[0] if listing.items else None
+        if pod is None:
+            for event in watch.Watch().stream(core.list_namespaced_pod, "team-nlp", label_selector=selector,
+                                              resource_version=listing.metadata.resource_version, timeout_seconds=240):
+                if event["type"] == "ADDED":
+                    pod = event["object"]
+                    break
+        assert pod is not None, "no pod of kpo_run created within 240 s"
+        seen["pod"] = kube_cluster.api_client().sanitize_for_serialization(pod)
 
     # the base container writes to the /dev/shm volume; a metrics sidecar, listed first, logs and never
     # ends: the gang ends with the base container and the task log is the base container's
