@@ -163,9 +163,14 @@ def _records(api, ns: str) -> dict[str, Plan]:
     return {p.owner_key: p for p in plans if p.owner_key.startswith(f"{ns}/")}
 
 
-def _clean(api, ns: str) -> None:
+def _clean(api, ns: str, s: Scheduler | None = None) -> None:
+    """Delete the namespace's pods; with `s`, until its cache has seen them go too (a loaded machine
+    delivers the watch's DELETED events later than the API answers)."""
     client.CoreV1Api(api).delete_collection_namespaced_pod(ns, grace_period_seconds=0)
     G.wait_until(lambda: not G.list_pods(api, ns), 30, what="pods deleted")
+    if s is not None:
+        G.wait_until(lambda: not any(k.startswith(f"{ns}/") for k in s.cache.view().pods), 30, interval=0.02,
+                     what="pods gone from the scheduler's cache")
 
 
 def _evicted(api, ns: str, name: str) -> bool:
@@ -237,7 +242,7 @@ def test_a_failed_binding_is_forgotten_and_the_plan_completed_or_rolled_back(kub
             assert G.gang_binding_state(G.list_pods(api, ns))[f"{ns}/a"] == (2, 2) and _records(api, ns) == {}
             get = s.metrics.registry.get_sample_value
             assert get("airflow_gpu_partial_gang_recoveries_total", {"action": "completed"}) == 1
-            _clean(api, ns)
+            _clean(api, ns, s)
 
             # the same failure, then the member's planned GPUs taken by a pod of another scheduler:
             # the plan cannot be completed, so the bound member is evicted and the gang waits whole
