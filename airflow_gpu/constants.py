@@ -74,9 +74,6 @@ ANNOTATION_TOPOLOGY = f"{DOMAIN}/topology"
 ANNOTATION_BORROWED = f"{DOMAIN}/borrowed"
 ANNOTATION_PLACEMENT = f"{DOMAIN}/placement"
 ANNOTATION_SCHEDULED = f"{DOMAIN}/scheduled"
-# the scheduler's reports on a gang's group object, for people and the operator: no conversion reads
-# them (a change in them alone keeps what the scheduler derived from the object)
-REPORT_ANNOTATIONS = frozenset({ANNOTATION_WAIT_REASON, ANNOTATION_SCHEDULED, ANNOTATION_GPU_PRODUCT})
 # The scheduler's crash-recovery record of a gang (binding plan, preemption nomination, admission on
 # borrowed quota): one ConfigMap per gang in the scheduler's own namespace, named by the owner's UID,
 # labelled with the scheduler name. Only the scheduler's service account may write there (deploy/rbac.yaml).

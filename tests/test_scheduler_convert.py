@@ -382,48 +382,9 @@ def test_a_unit_whose_objects_are_the_same_is_not_converted_again_and_each_world
     calls.clear()
     w = world([run[0], moved] + wait)
     assert sorted(calls) == ["gang_from_k8s team-nlp/wait", "running_gang_from_k8s team-nlp/run"]  # the fresh build's
-    # ... or its wait reason rewritten (the scheduler's report, read by no conversion): nothing either
-    groups[1] = dict(groups[1], metadata={**groups[1]["metadata"], "resourceVersion": "8",
-                                          "annotations": {C.ANNOTATION_WAIT_REASON: "needs 8 GPUs; 2 free"}})
-    calls.clear()
-    w = world([run[0], moved] + wait)
-    assert sorted(calls) == ["gang_from_k8s team-nlp/wait", "running_gang_from_k8s team-nlp/run"]
     groups[1] = dict(groups[1], metadata={**groups[1]["metadata"],
-                                          "annotations": {C.ANNOTATION_WAIT_REASON: "needs 8 GPUs; 2 free",
-                                                          C.ANNOTATION_EXPECTED_DURATION: "3600"}})
+                                          "annotations": {C.ANNOTATION_EXPECTED_DURATION: "3600"}})
     calls.clear()
     w = world([run[0], moved] + wait)
     assert sorted(calls) == ["gang_from_k8s team-nlp/wait"] * 2 + ["running_gang_from_k8s team-nlp/run"]
     assert w.pending[0][1].expected_duration == 3600
-
-
-def test_a_pod_is_converted_again_only_when_what_its_request_reads_changed(monkeypatch):
-    """Memo.pod: bound, running or ended (a new resourceVersion each) the pod keeps its request; a
-    change in its resources or accepted products, or other product labels, converts it again."""
-    import airflow_gpu.scheduler.state as S
-    from airflow_gpu.kube.convert import ConversionContext
-
-    calls = []
-    real = S.pod_request_from_k8s
-    monkeypatch.setattr(S, "pod_request_from_k8s", lambda obj, labels=None: calls.append(1) or real(obj, labels))
-    memo, ctx = S.Memo(), ConversionContext()
-
-    def version(p, rv, **changes):
-        meta = {**p["metadata"], "resourceVersion": str(rv), **changes.pop("metadata", {})}
-        return {**p, "metadata": meta, **changes}
-
-    first = version(pod("w", 2), 1)
-    req = memo.pod(first, ctx)
-    bound = version(first, 2, spec={**first["spec"], "nodeName": "a"}, status={"phase": "Running"})
-    ended = version(bound, 3, status={"phase": "Succeeded"}, metadata={"labels": {"x": "y"}})
-    assert memo.pod(bound, ctx) is req and memo.pod(ended, ctx) is req and len(calls) == 1
-    bigger = version(pod("w", 4), 4)
-    assert memo.pod(bigger, ctx).gpus == 4 and len(calls) == 2
-    products = version(bigger, 5, metadata={"annotations": {C.ANNOTATION_GPU_PRODUCTS: "H100"}})
-    assert memo.pod(products, ctx).gpu_products == ("H100",) and len(calls) == 3
-    relabelled = ConversionContext(product_labels={"H100": "NVIDIA-H100-80GB-HBM3"})
-    assert memo.pod(products, relabelled).gpu_products == ("NVIDIA-H100-80GB-HBM3",) and len(calls) == 4
-    memo.prune(_view([products]))
-    assert len(memo.pods) == 1
-    memo.prune(_view([]))
-    assert memo.pods == {}

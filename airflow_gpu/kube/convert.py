@@ -257,16 +257,6 @@ def gpu_products_of(annotations: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(p.strip() for p in raw.split(",") if p.strip())
 
 
-def pod_request_inputs(pod: Mapping) -> tuple:
-    """What pod_request_from_k8s reads of a pod besides its name (keep the two together): pods with
-    equal inputs get equal requests, so one whose status, nodeName or labels changed (bound, running,
-    ended) need not be converted again."""
-    spec = pod.get("spec") or {}
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    return (spec.get("containers"), spec.get("initContainers"), spec.get("overhead"), spec.get("nodeSelector"),
-            spec.get("affinity"), spec.get("tolerations"), annotations.get(C.ANNOTATION_GPU_PRODUCTS))
-
-
 def pod_request_from_k8s(obj: Any, product_labels: Mapping[str, str] | None = None) -> PodRequest:
     """product_labels: quota product name -> node label value (nvidia.com/gpu.product), so the accepted
     products annotation may name either."""

@@ -317,7 +317,7 @@ class Scheduler:
         (pending and running), refreshed every 50 cycles, as the simulator learns them from a trace."""
         if self.settings.policy not in LEARNING or not self._memo.pods:
             return
-        self.profile = make_profile(self.settings.policy, typical=TypicalPods.from_pods(self._memo.requests()))
+        self.profile = make_profile(self.settings.policy, typical=TypicalPods.from_pods(self._memo.pods.values()))
 
     # --- admission: plan, bind every member, finish ----------------------------------------
     def _admit(self, unit: Unit, decision: GangDecision, now: float) -> None:

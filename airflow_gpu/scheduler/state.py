@@ -41,7 +41,6 @@ from airflow_gpu.kube.convert import (
     pod_is_terminal,
     pod_is_terminating,
     pod_request_from_k8s,
-    pod_request_inputs,
     running_gang_from_k8s,
 )
 from airflow_gpu.scheduler.cache import View
@@ -280,18 +279,14 @@ class Derived:
         self.status: tuple[tuple, dict | None] | None = None  # ((has plan, timed out), status; None: bad minMember)
 
 
-def _unread_change(old: dict | None, new: dict | None) -> bool:
-    """`new` is `old` with only what a unit's entry is never derived from changed: its status,
-    resourceVersion, and the scheduler's own report annotations (C.REPORT_ANNOTATIONS: a wait reason
-    rewritten while the gang waits)."""
+def _status_only(old: dict | None, new: dict | None) -> bool:
+    """`new` is `old` with only its status (and resourceVersion) changed: nothing a unit's entry was
+    derived from (its spec, labels and annotations, never its status)."""
     if old is None or new is None or old.get("spec") != new.get("spec"):
         return False
     a, b = old.get("metadata") or {}, new.get("metadata") or {}
-    skip = ("resourceVersion", "managedFields", "annotations")
-    if len(a.keys() - skip) != len(b.keys() - skip) or any(a[k] != b.get(k) for k in a if k not in skip):
-        return False
-    x, y = a.get("annotations") or {}, b.get("annotations") or {}
-    return all(x.get(k) == y.get(k) for k in x.keys() | y.keys() if k not in C.REPORT_ANNOTATIONS)
+    skip = ("resourceVersion", "managedFields")
+    return len(a.keys() - skip) == len(b.keys() - skip) and all(a[k] == b.get(k) for k in a if k not in skip)
 
 
 class Memo:
@@ -304,8 +299,7 @@ class Memo:
     plugin picks them; free capacity per node is the same)."""
 
     def __init__(self) -> None:
-        # pod (uid, name, namespace) -> (resourceVersion, what the conversion read, request, product labels)
-        self.pods: dict[tuple, tuple[str, tuple, PodRequest, object]] = {}
+        self.pods: dict[tuple, PodRequest] = {}
         self.nodes: dict[tuple, Node] = {}
         self.empty: tuple[tuple, Snapshot] | None = None
         self.live: Snapshot | None = None  # the running pods held, on the node list of `empty`
@@ -325,8 +319,8 @@ class Memo:
         assumes bound; else a fresh entry."""
         sig = (id(unit.podgroup), tuple(map(id, unit.pods)), tuple(map(assumed.get, unit.keys)), scheduler_name)
         d = self.units.get(unit.key)
-        if d is not None and d.sig != sig and d.sig[1:] == sig[1:] and _unread_change(d.objects[0], unit.podgroup):
-            d.sig, d.objects = sig, (unit.podgroup, unit.pods)  # e.g. the scheduler's own status or wait reason
+        if d is not None and d.sig != sig and d.sig[1:] == sig[1:] and _status_only(d.objects[0], unit.podgroup):
+            d.sig, d.objects = sig, (unit.podgroup, unit.pods)  # e.g. the scheduler's own status write
         elif d is None or d.sig != sig:
             d = Derived(sig, unit, unit.bound(assumed), unit.pending(scheduler_name, assumed))
         self.units_next[unit.key] = d
@@ -348,30 +342,13 @@ class Memo:
         return (meta.get("uid"), meta.get("name"), meta.get("namespace"), meta.get("resourceVersion"))
 
     def pod(self, obj: dict, ctx: ConversionContext) -> PodRequest:
-        """The pod's request, converted again only when what the conversion reads changed (a pod
-        bound, running or ended keeps its request)."""
         v = self._version(obj)
-        ident, version = v[:3], v[3]
-        if not version:
-            return pod_request_from_k8s(obj, ctx.product_labels)
-        hit = self.pods.get(ident)
-        labels = ctx.product_labels
-        if hit is not None and (hit[3] is labels or hit[3] == labels):
-            if hit[0] == version:
-                return hit[2]
-            inputs = pod_request_inputs(obj)
-            if inputs == hit[1]:
-                self.pods[ident] = (version, inputs, hit[2], labels)
-                return hit[2]
-        else:
-            inputs = pod_request_inputs(obj)
-        req = pod_request_from_k8s(obj, ctx.product_labels)
-        self.pods[ident] = (version, inputs, req, labels)
+        req = self.pods.get(v) if v[3] else None
+        if req is None:
+            req = pod_request_from_k8s(obj, ctx.product_labels)
+            if v[3]:
+                self.pods[v] = req
         return req
-
-    def requests(self) -> list[PodRequest]:
-        """The requests of the pods converted and still in the cache."""
-        return [hit[2] for hit in self.pods.values()]
 
     def node(self, obj: dict) -> Node:
         v = self._version(obj)
@@ -427,7 +404,7 @@ class Memo:
         return live
 
     def prune(self, view: View) -> None:
-        live_pods = {self._version(p)[:3] for p in view.pods.values()}
+        live_pods = {self._version(p) for p in view.pods.values()}
         self.pods = {k: v for k, v in self.pods.items() if k in live_pods}
         live_nodes = {self._version(n) for n in view.nodes.values()}
         self.nodes = {k: v for k, v in self.nodes.items() if k in live_nodes}
