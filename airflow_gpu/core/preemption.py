@@ -104,8 +104,8 @@ def head_takes_back(state: CycleState, res: Reservation, gang: Gang, now: float,
     and the head is delayed by no more than a SIGTERM checkpoint: preemptible, checkpointable, of
     lower priority, past its tier's minimum runtime by then, and a head whose tier preempts and that
     asks no more than its team's nominal quota (a head beyond it only borrows: attempts() gives it no
-    candidates). Another team's backfill must also borrow (checked at admission): only a borrower
-    is a victim across teams."""
+    candidates). Another team's backfill must also borrow (head_takes_back_admitted, once admitted):
+    only a borrower is a victim across teams."""
     head = res.gang
     if not (gang.preemptible and gang.checkpointable and gang.priority < head.priority):
         return False
@@ -114,6 +114,18 @@ def head_takes_back(state: CycleState, res: Reservation, gang: Gang, now: float,
     if now + policy.min_runtime_of(gang.tier) > res.start:
         return False
     return not beyond_nominal(state, head, policy)
+
+
+def head_takes_back_admitted(state: CycleState, res: Reservation, decision: GangDecision) -> bool:
+    """head_takes_back's second half, once the admission is known: a backfill admitted onto the
+    head's reserved nodes stays a preemption candidate of the head: same team, no quota book, or
+    (another team) admitted on borrowed quota while the head's team is under its guarantee (Kueue's
+    reclaim). Off the reserved nodes any admission is fine."""
+    if not {p.node for p in decision.placements} & res.nodes:
+        return True
+    if state.book is None or decision.gang.team == res.gang.team:
+        return True
+    return decision.borrowed and under_guarantee(state, res.gang)
 
 
 @dataclass(frozen=True)

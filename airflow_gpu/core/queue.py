@@ -60,8 +60,8 @@ from airflow_gpu.core.estimate import Reservation, ReservationHold, StartMemo, e
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, QuotaAnswers, admit
 from airflow_gpu.core.model import Gang, PodRequest, RunningGang
-from airflow_gpu.core.preemption import (PreemptionPlan, PreemptionPolicy, head_takes_back, plan_preemption,
-                                         under_guarantee)
+from airflow_gpu.core.preemption import (PreemptionPlan, PreemptionPolicy, head_takes_back, head_takes_back_admitted,
+                                         plan_preemption)
 from airflow_gpu.core.snapshot import Snapshot
 
 
@@ -82,7 +82,6 @@ class CycleResult:
     reservation: Reservation | None = None
     deferred: list[str] = field(default_factory=list)  # gangs skipped in back-off (last reason stands)
     refusals: dict[str, Refusal] = field(default_factory=dict)  # gang name -> what it was refused under
-
 
 
 def outranks_head(head: Gang, gang: Gang, policy: PreemptionPolicy) -> bool:
@@ -106,17 +105,6 @@ def _set_fitting_nowhere(snap: Snapshot, gang: Gang) -> PodRequest | None:
         if not snap.fit_mask(ps.request).any():
             return ps.request
     return None
-
-
-def _reclaimable_backfill(state: CycleState, res: Reservation, decision: GangDecision) -> bool:
-    """A backfill admitted onto the head's reserved nodes stays a preemption candidate of the head:
-    same team, no quota book, or (another team) admitted on borrowed quota while the head's team is
-    under its guarantee (Kueue's reclaim). Off the reserved nodes any admission is fine."""
-    if not {p.node for p in decision.placements} & res.nodes:
-        return True
-    if state.book is None or decision.gang.team == res.gang.team:
-        return True
-    return decision.borrowed and under_guarantee(state, res.gang)
 
 
 def _preempting(plan: PreemptionPlan) -> str:
@@ -284,7 +272,7 @@ class _Cycle:
             self.wait(gang, self.plan_behind(gang, res, reason), frozenset(), kept_off)
             return
         decision = self.admit(gang, exclude)
-        if lent and decision.admitted and not _reclaimable_backfill(work, res, decision):
+        if lent and decision.admitted and not head_takes_back_admitted(work, res, decision):
             exclude = self.reserved if self.nominated is None else self.reserved | self.nominated
             kept_off = res.nodes | self.nominated_nodes
             decision = self.admit(gang, exclude)
