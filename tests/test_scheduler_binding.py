@@ -148,8 +148,14 @@ def cycles(kube_cluster, name: str, config=None, max_binding: int | None = None)
 
 
 def _seen(s: Scheduler, ns: str, *names: str) -> None:
-    G.wait_until(lambda: all(f"{ns}/{n}" in s.cache.view().pods for n in names), 10, interval=0.02,
-                 what="pods in the scheduler's cache")
+    """The pods in the scheduler's cache, and their PodGroups: each kind has its own watch, and a
+    loaded machine can deliver a pod before its group (the gang then waits for its PodGroup)."""
+    def seen() -> bool:
+        view = s.cache.view()
+        pods = [view.pods.get(f"{ns}/{n}") for n in names]
+        groups = {(p["metadata"].get("labels") or {}).get(C.LABEL_COSCHEDULING_POD_GROUP) for p in pods if p}
+        return all(pods) and all(f"{ns}/{g}" in view.podgroups for g in groups if g)
+    G.wait_until(seen, 10, interval=0.02, what="pods and their PodGroups in the scheduler's cache")
 
 
 def _settled(s: Scheduler) -> None:
