@@ -33,3 +33,26 @@ def test_jobs_below_one_is_refused_naming_the_option():
     bad = subprocess.run([sys.executable, "-m", "airflow_gpu", "simulate", "replay", "--seed-scenario", "--jobs", "0"],
                          capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "--jobs must be >= 1" in bad.stderr
+
+
+def test_a_result_from_a_worker_is_the_in_process_result_but_for_the_queues_gangs():
+    """Sent back as plain tuples (sim.replay._packed): every attempt, job state and book is the same;
+    the jobs are the setting's own objects again."""
+    from dataclasses import fields
+
+    from airflow_gpu.sim.replay import ReplayResult, replay_platforms
+    from airflow_gpu.sim.settings import seed_setting
+    from airflow_gpu.sim.workload import SeedParams
+
+    setting = seed_setting(SeedParams(days=0.5), 7)
+    names = ["naive", "full"]
+    here, there = replay_platforms(setting, names, 1), replay_platforms(setting, names, 2)
+    for a, b in zip(here, there):
+        assert a.attempts and b.attempts == a.attempts
+        assert all(x.job is y.job for x, y in zip(a.attempts, b.attempts))  # the setting's, not copies
+        for st in a.jobs.values():
+            st.units = {}
+        assert b.jobs == a.jobs
+        for f in fields(ReplayResult):
+            if f.name not in ("attempts", "jobs", "seconds", "cpu_seconds"):
+                assert getattr(b, f.name) == getattr(a, f.name), f.name
