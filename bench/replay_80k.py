@@ -56,7 +56,15 @@ def main(argv: list[str] | None = None) -> None:
     names = args.platforms.split(",")
     jobs = args.jobs or os.cpu_count() or 1
     w0 = time.perf_counter()
-    results = replay_platforms(setting, names, jobs)
+    if sys.stderr.isatty():  # minutes of work: a bar per platform, as `simulate replay` shows
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            tasks = {name: bar.add_task(name, total=None) for name in names}
+            results = replay_platforms(setting, names, jobs,
+                                       progress=lambda n, d, t: bar.update(tasks[n], completed=d, total=t))
+    else:
+        results = replay_platforms(setting, names, jobs)
     wall = time.perf_counter() - w0
     for name, r in zip(names, results):
         s = summarize(r)
