@@ -178,27 +178,37 @@ def test_calibration_stretches_an_estimate_by_the_median_ratio_of_its_tier_and_b
     assert abs(cal.adjust(tier, NOW + 7200, NOW) - (NOW + 3 * 7200 + 2)) < 1e-6
 
 
-def test_shared_release_sequence_records_the_same_estimates_as_one_copy_per_estimate(monkeypatch):
-    """The estimates of one publication share one release sequence and catch their own copy up only
-    when a placement is tried (core.estimate._Releases): on a small contended replay the samples and
-    the decisions are those of each estimate releasing on its own copy at once."""
+def _contended_setting():
     from dataclasses import replace
 
-    import airflow_gpu.core.estimate as estimate
-    from airflow_gpu.sim.replay import PLATFORMS, replay
     from airflow_gpu.sim.settings import seed_setting
     from airflow_gpu.sim.workload import SeedParams
 
     base = SeedParams()
     scale = 0.63  # the seed scenario's nodes and quotas x0.63, its arrival rates x1.5: contended
-    setting = seed_setting(replace(base, days=3, nodes=round(base.nodes * scale), quota_gpus=round(base.quota_gpus * scale),
-                                   production_per_hour=base.production_per_hour * 1.5,
-                                   best_effort_per_hour=base.best_effort_per_hour * 1.5,
-                                   inference_per_hour=base.inference_per_hour * 1.5), 11)
+    return seed_setting(replace(base, days=3, nodes=round(base.nodes * scale), quota_gpus=round(base.quota_gpus * scale),
+                                production_per_hour=base.production_per_hour * 1.5,
+                                best_effort_per_hour=base.best_effort_per_hour * 1.5,
+                                inference_per_hour=base.inference_per_hour * 1.5), 11)
+
+
+def _samples_and_attempts(setting) -> tuple[list[tuple], list]:
+    from airflow_gpu.sim.replay import PLATFORMS, replay
+
+    r = replay(setting, PLATFORMS["full"])
+    return [s.row() for s in r.start_samples], [(a.job.name, a.attempt, a.start, a.end, a.outcome, a.holds) for a in r.attempts]
+
+
+def test_shared_release_sequence_records_the_same_estimates_as_one_copy_per_estimate(monkeypatch):
+    """The estimates of one publication share one release sequence and catch their own copy up only
+    when a placement is tried (core.estimate._Releases): on a small contended replay the samples and
+    the decisions are those of each estimate releasing on its own copy at once."""
+    import airflow_gpu.core.estimate as estimate
+
+    setting = _contended_setting()
 
     def run() -> tuple[list[tuple], list]:
-        r = replay(setting, PLATFORMS["full"])
-        return [s.row() for s in r.start_samples], [(a.job.name, a.attempt, a.start, a.end, a.outcome, a.holds) for a in r.attempts]
+        return _samples_and_attempts(setting)
 
     shared = run()
     monkeypatch.setattr(estimate, "_SHARE_RELEASES", False)
@@ -207,3 +217,20 @@ def test_shared_release_sequence_records_the_same_estimates_as_one_copy_per_esti
     samples = shared[0]
     later = [s for s in samples if s[6] and float(s[6]) > float(s[3])]  # an estimated start after the sample
     assert len(later) > 50 and max(s[5] for s in samples) > 5  # waiting gangs, deep in the queue
+
+
+def test_the_whole_gpu_bound_rules_out_tried_times_and_records_the_same_estimates(monkeypatch):
+    """core.estimate._WholeBound skips the tried times where the gangs ahead take the whole GPUs the
+    releases give, before holding them: the samples and the decisions are those of holding them at
+    every tried time, and it did rule times out."""
+    import airflow_gpu.core.estimate as estimate
+
+    setting = _contended_setting()
+    verdicts: list[bool] = []
+    may_hold = estimate._WholeBound.may_hold
+    monkeypatch.setattr(estimate._WholeBound, "may_hold", lambda self, ov: verdicts.append(may_hold(self, ov)) or verdicts[-1])
+    bounded = _samples_and_attempts(setting)
+    monkeypatch.setattr(estimate, "_WHOLE_BOUND", False)
+    holding = _samples_and_attempts(setting)
+    assert bounded == holding
+    assert verdicts.count(False) > 100 and verdicts.count(True) > 0, (verdicts.count(False), verdicts.count(True))  # both ways

@@ -17,7 +17,7 @@ from airflow_gpu.constants import DEFAULT_RESERVATION_HOLD_SECONDS
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile, static_mask
 from airflow_gpu.core.gang import admit, place_gang
-from airflow_gpu.core.model import Gang, Placement, RunningGang
+from airflow_gpu.core.model import GPU_MILLI, Gang, Placement, RunningGang
 from airflow_gpu.core.room import RoomEstimate
 from airflow_gpu.core.snapshot import OverCommitError, Snapshot
 from airflow_gpu.core.topology import members_per_node
@@ -310,15 +310,58 @@ class StartEstimate:
 
 @dataclass(frozen=True)
 class _Ahead:
-    """An estimated gang's future placement, held from `start` to `end` (math.inf: unknown end)."""
+    """An estimated gang's future placement, held from `start` to `end` (math.inf: unknown end);
+    `whole`: [N] the whole GPUs its placements take per node (_WholeBound)."""
 
     team: str
     placements: tuple[Placement, ...]
     start: float
     end: float
+    whole: np.ndarray = field(compare=False, repr=False)
+
+    @classmethod
+    def of(cls, snap: Snapshot, team: str, placements: tuple[Placement, ...], start: float, end: float) -> _Ahead:
+        whole = np.zeros(len(snap), dtype=np.int64)
+        for p in placements:
+            whole[snap.node_index(p.node)] += sum(1 for _, milli in p.gpu_shares if milli >= GPU_MILLI)
+        return cls(team, placements, start, end, whole)
 
     def overlaps(self, t: float, until: float) -> bool:
         return self.start < until and t < self.end
+
+
+class _WholeBound:
+    """A necessary condition for a gang of whole-GPU members to fit at a tried time with the
+    estimated gangs ahead held, read before holding them: the whole GPUs free on the nodes it may use
+    once released, less per node what the overlapping gangs ahead take there (a held placement takes
+    its whole GPUs; one that does not fit keeps its node off, which takes more), add up to its ask.
+    Shares ahead count as taking nothing, CPU and memory are not counted: an upper bound of the room,
+    so a time it rules out would have been ruled out by the fit on the held copy too (the same
+    estimates), without the holding. Most tried times of a deep queue end there: the gangs ahead
+    take the room the releases give."""
+
+    def __init__(self, snap: Snapshot, gang: Gang, eligible: np.ndarray):
+        self.need = sum(m.gpus for m in gang.members)
+        self.eligible = eligible
+        self.whole = snap.whole_free_gpus().copy()  # of the released state, kept up to date by `released`
+
+    @classmethod
+    def for_gang(cls, snap: Snapshot, gang: Gang, eligible: np.ndarray) -> _WholeBound | None:
+        """None unless every member asks the same whole GPUs: with several pod sets the fit on the
+        held copy counts each set alone, so it may pass where the GPUs do not add up (and the
+        admission tried then counts towards ESTIMATE_TRIES): ruling those times out here would
+        change estimates that reach that bound."""
+        if len(gang.pod_sets) != 1 or gang.pod_sets[0].request.gpus <= 0:
+            return None
+        return cls(snap, gang, eligible)
+
+    def released(self, touched: Iterable[tuple[int, list[int], int, int]]) -> None:
+        for n, row, _, _ in touched:
+            self.whole[n] = sum(1 for f in row if f == GPU_MILLI)
+
+    def may_hold(self, overlapping: Sequence[_Ahead]) -> bool:
+        taken = overlapping[0].whole if len(overlapping) == 1 else np.add.reduce([a.whole for a in overlapping])
+        return int(np.maximum(self.whole - taken, 0)[self.eligible].sum()) >= self.need
 
 
 def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleResult, profile: Profile,
@@ -392,7 +435,7 @@ def _estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRe
             out[head] = StartEstimate(None if math.isinf(start) else start, tuple(sorted(res.nodes)),
                                       NOTE_NO_END if math.isinf(start) else "")
         if not math.isinf(start):
-            ahead.append(_Ahead(res.gang.team, placements, start, start + _duration(res.gang, run_lengths)))
+            ahead.append(_Ahead.of(base.snap, res.gang.team, placements, start, start + _duration(res.gang, run_lengths)))
     for i, gang in enumerate(order):
         if i >= limit:
             out[gang.name] = StartEstimate(None, (), NOTE_NOT_ESTIMATED.format(limit=limit))
@@ -407,7 +450,8 @@ def _estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRe
         est, placements = _estimate_one(base, ends, ahead, gang, profile, now, run_lengths, releases)
         out[gang.name] = est
         if est.start is not None:
-            ahead.append(_Ahead(gang.team, tuple(placements), est.start, est.start + _duration(gang, run_lengths)))
+            ahead.append(_Ahead.of(base.snap, gang.team, tuple(placements), est.start,
+                                   est.start + _duration(gang, run_lengths)))
     return out
 
 
@@ -506,6 +550,8 @@ class _Held:
 
 # Off: each estimate releases on its own copy at once, as before the sharing (tests compare the two)
 _SHARE_RELEASES = True
+# Off: every tried time with gangs ahead holds them before the fit is read (tests compare the two)
+_WHOLE_BOUND = True
 
 
 class _Releases:
@@ -546,6 +592,7 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
     work = base.capacity_view()
     tracker = RoomEstimate.for_gang(work.snap, gang, profile).tracker(work.snap)  # updated from `releases`
     room = tracker.room
+    bound = _WholeBound.for_gang(work.snap, gang, room.eligible) if _WHOLE_BOUND else None
     cohort = _cohort_of(base, gang.team)
     duration = _duration(gang, run_lengths)
     times = sorted({now} | {end for end, _ in ends if now < end < math.inf}
@@ -560,7 +607,10 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
         worth = t == now
         while k < len(ends) and ends[k][0] <= t:
             r = ends[k][1]
-            worth = tracker.update(releases.touched(k)) or worth
+            touched = releases.touched(k)
+            worth = tracker.update(touched) or worth
+            if bound is not None:
+                bound.released(touched)
             k += 1
             if work.usage is not None:
                 worth = worth or _cohort_of(base, r.gang.team) == cohort
@@ -574,6 +624,8 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
         if not worth or not (tracker.holds() if _SHARE_RELEASES else room.holds(tracker.fit)):
             continue
         overlapping = [a for a in ahead if a.overlaps(t, t + duration)]
+        if overlapping and bound is not None and not bound.may_hold(overlapping):
+            continue  # the gangs ahead take the room: not worth holding them
         if not overlapping or held.trial is None:  # admitted on `work`, or the held copy made from it
             _catch_up(work, lag)
         _catch_up_held(work, held, lag_held)
