@@ -342,8 +342,11 @@ class _WholeBound:
 
     def __init__(self, snap: Snapshot, gang: Gang, eligible: np.ndarray):
         self.need = sum(m.gpus for m in gang.members)
-        self.eligible = eligible
-        self.whole = snap.whole_free_gpus().copy()  # of the released state, kept up to date by `released`
+        self.nodes = np.flatnonzero(eligible)  # the nodes it may use, and each one's place among them
+        self.at = dict(zip(self.nodes.tolist(), range(len(self.nodes))))
+        self.whole = snap.whole_free_gpus()[self.nodes]  # of the released state, kept up to date by `released`
+        self.taken = np.zeros(len(self.nodes), dtype=np.int64)  # by the gangs ahead in `held`
+        self.held: dict[int, np.ndarray] = {}  # id(ahead) -> what it takes of `nodes`
 
     @classmethod
     def for_gang(cls, snap: Snapshot, gang: Gang, eligible: np.ndarray) -> _WholeBound | None:
@@ -356,12 +359,25 @@ class _WholeBound:
         return cls(snap, gang, eligible)
 
     def released(self, touched: Iterable[tuple[int, list[int], int, int]]) -> None:
+        """Nodes' free GPU rows (lists, as _Releases.touched gives them) after a release."""
+        at = self.at
         for n, row, _, _ in touched:
-            self.whole[n] = sum(1 for f in row if f == GPU_MILLI)
+            i = at.get(n)
+            if i is not None:
+                self.whole[i] = row.count(GPU_MILLI)
 
     def may_hold(self, overlapping: Sequence[_Ahead]) -> bool:
-        taken = overlapping[0].whole if len(overlapping) == 1 else np.add.reduce([a.whole for a in overlapping])
-        return int(np.maximum(self.whole - taken, 0)[self.eligible].sum()) >= self.need
+        held = self.held
+        if len(held) != len(overlapping) or any(id(a) not in held for a in overlapping):
+            # the gangs ahead overlapping a tried time change a few at a time: only those are summed
+            want = {id(a): a for a in overlapping}
+            for key in [key for key in held if key not in want]:
+                self.taken -= held.pop(key)
+            for key, a in want.items():
+                if key not in held:
+                    held[key] = a.whole[self.nodes]
+                    self.taken += held[key]
+        return int(np.maximum(self.whole - self.taken, 0).sum()) >= self.need
 
 
 def estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleResult, profile: Profile,
@@ -565,6 +581,16 @@ class _Releases:
         self.snap: Snapshot | None = None  # made on first use
         self.base = base
         self.freed: list[list[tuple[int, list[int], int, int]]] = []  # per release: (node, GPU row, CPU, memory) after
+        self._rooms: dict[tuple, _ShapeRoom] = {}
+
+    def room(self, gang: Gang, profile: Profile) -> _ShapeRoom:
+        """The room of gangs shaped as `gang` along this release sequence (what RoomEstimate reads of
+        a gang: its pod sets, topology and product mixing)."""
+        key = (id(profile), gang.pod_set_shapes, gang.topology, gang.products_mixed)
+        got = self._rooms.get(key)
+        if got is None:
+            got = self._rooms[key] = _ShapeRoom(RoomEstimate.for_gang(self.base.snap, gang, profile), self)
+        return got
 
     def touched(self, k: int) -> list[tuple[int, list[int], int, int]]:
         """The nodes release k freed, with their free capacity once releases 0..k are done."""
@@ -582,6 +608,27 @@ class _Releases:
         return self.freed[k]
 
 
+class _ShapeRoom:
+    """The room estimate of one gang shape walked once along the release sequence of an
+    estimate_starts call (a RoomTracker on the state before the releases, fed the freed rows):
+    whether release k may let such a gang in somewhere (RoomTracker.update) and whether some domain
+    holds it after release k (RoomTracker.holds). Every estimate of that shape reads them: a deep
+    queue is a few shapes, and each estimate walked the same releases again."""
+
+    def __init__(self, room: RoomEstimate, releases: _Releases):
+        self.room, self.releases = room, releases
+        self.tracker = room.tracker(releases.base.snap)  # only fed rows: the base stays as it is
+        self.holds_before = self.tracker.holds()
+        self.hit: list[bool] = []
+        self.holds: list[bool] = []
+
+    def after(self, k: int) -> tuple[bool, bool]:
+        while len(self.hit) <= k:
+            self.hit.append(self.tracker.update(self.releases.touched(len(self.hit))))
+            self.holds.append(self.tracker.holds())
+        return self.hit[k], self.holds[k]
+
+
 def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], ahead: Sequence[_Ahead], gang: Gang,
                   profile: Profile, now: float, run_lengths: RunLengths | None = None,
                   releases: _Releases | None = None) -> tuple[StartEstimate, tuple[Placement, ...]]:
@@ -590,8 +637,12 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
     other estimates of the call."""
     releases = releases if releases is not None else _Releases(base, ends)
     work = base.capacity_view()
-    tracker = RoomEstimate.for_gang(work.snap, gang, profile).tracker(work.snap)  # updated from `releases`
-    room = tracker.room
+    if _SHARE_RELEASES:  # the room along the releases, shared by the estimates of gangs of its shape
+        shaped, tracker = releases.room(gang, profile), None
+        room, room_holds = shaped.room, shaped.holds_before
+    else:
+        shaped, tracker = None, RoomEstimate.for_gang(work.snap, gang, profile).tracker(work.snap)
+        room = tracker.room
     bound = _WholeBound.for_gang(work.snap, gang, room.eligible) if _WHOLE_BOUND else None
     cohort = _cohort_of(base, gang.team)
     duration = _duration(gang, run_lengths)
@@ -608,7 +659,11 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
         while k < len(ends) and ends[k][0] <= t:
             r = ends[k][1]
             touched = releases.touched(k)
-            worth = tracker.update(touched) or worth
+            if shaped is not None:
+                hit, room_holds = shaped.after(k)
+                worth = hit or worth
+            else:
+                worth = tracker.update(touched) or worth
             if bound is not None:
                 bound.released(touched)
             k += 1
@@ -621,7 +676,7 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
             _catch_up(work, lag)
             _catch_up_held(work, held, lag_held)
         worth = worth or any(a.end == t for a in ahead)
-        if not worth or not (tracker.holds() if _SHARE_RELEASES else room.holds(tracker.fit)):
+        if not worth or not (room_holds if shaped is not None else room.holds(tracker.fit)):
             continue
         overlapping = [a for a in ahead if a.overlaps(t, t + duration)]
         if overlapping and bound is not None and not bound.may_hold(overlapping):
