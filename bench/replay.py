@@ -28,6 +28,18 @@ def events_hash(result) -> str:
         return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
+def estimates_hash(result) -> str:
+    """Of the estimates CSV (every recorded estimated start): '-' when nothing was recorded. A
+    speed-up of the estimator shows it recorded the same with this, as events_hash does for decisions."""
+    from airflow_gpu.sim.start_accuracy import write_estimates
+
+    if result.start_samples is None:
+        return "-"
+    with tempfile.TemporaryDirectory() as d:
+        path = write_estimates(result.start_samples, Path(d) / "estimates.csv")
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
 def main(argv: list[str] | None = None) -> None:
     from airflow_gpu.sim.replay import PLATFORMS, replay, replay_platforms
     from airflow_gpu.sim.replay_report import summarize

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     from airflow_gpu.sim.replay import replay_platforms
     from airflow_gpu.sim.replay_report import summarize
     from airflow_gpu.sim.settings import seed_setting
-    from bench.replay import events_hash
+    from bench.replay import estimates_hash, events_hash
 
     ap = argparse.ArgumentParser(prog="python -m bench replay_80k")
     ap.add_argument("--scale", type=float, default=7.7, help="times the seed scenario's rates, nodes and quotas")
@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         s = summarize(r)
         waits = s["queue_wait_seconds"]
         print(f"{name:8s} wall {r.seconds:6.1f} s  cpu {r.cpu_seconds:6.1f} s  events {events_hash(r)}  "
+              f"estimates {estimates_hash(r)}  "
               f"alloc {s['gpu_utilization_pct']:.2f} %  prod p95 {waits.get('production-training', {}).get('p95')}  "
               f"best-effort p95 {waits.get('best-effort-training', {}).get('p95')}  preemptions {s['preemptions']}",
               flush=True)
