@@ -493,13 +493,13 @@ def _hold_where_free(state: CycleState, team: str, placements: Iterable[Placemen
 
 
 class _Held:
-    """`work` (a what-if being released) with the estimated gangs ahead that overlap a tried time held
+    """`work` (a what-if being released; set when it is made, before the first holding) with the estimated gangs ahead that overlap a tried time held
     on a copy (_hold_where_free), kept from one tried time to the next: releases are mirrored, the
     holds of gangs that stopped overlapping dropped, those of gangs that started overlapping added,
     and the placements that did not fit (their nodes kept off) tried again, in queue order. Holding
     them afresh on a new copy at every tried time cost most of an estimate on a deep queue."""
 
-    def __init__(self, work: CycleState):
+    def __init__(self, work: CycleState | None):
         self.work = work
         self.trial: CycleState | None = None
         # id(ahead) -> (ahead, pods held for it, its placements that did not fit), in queue order
@@ -582,6 +582,21 @@ class _Releases:
         self.base = base
         self.freed: list[list[tuple[int, list[int], int, int]]] = []  # per release: (node, GPU row, CPU, memory) after
         self._rooms: dict[tuple, _ShapeRoom] = {}
+        self._state: CycleState | None = None  # the base with releases 0.._state_at-1 done (state_after)
+        self._state_at = 0
+
+    def state_after(self, k: int) -> CycleState | None:
+        """A copy of the base with releases 0..k-1 done (capacity and quota), made from one state
+        kept along the sequence: each estimate released its own copy gang by gang up to its start,
+        and the estimates of a queue mostly reach later releases in queue order. None when the kept
+        state is past k already (then the caller releases its own)."""
+        if k < self._state_at:
+            return None
+        if self._state is None:
+            self._state = self.base.capacity_view()
+        _catch_up(self._state, [self.ends[i][1] for i in range(self._state_at, k)])
+        self._state_at = k
+        return self._state.capacity_view()
 
     def room(self, gang: Gang, profile: Profile) -> _ShapeRoom:
         """The room of gangs shaped as `gang` along this release sequence (what RoomEstimate reads of
@@ -636,14 +651,15 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
     running gang) by end (math.inf: unknown); `releases`: their release sequence, shared with the
     other estimates of the call."""
     releases = releases if releases is not None else _Releases(base, ends)
-    work = base.capacity_view()
+    # with the shared releases made when first read, at the release reached then (_Releases.state_after)
+    work = None if _SHARE_RELEASES else base.capacity_view()
     if _SHARE_RELEASES:  # the room along the releases, shared by the estimates of gangs of its shape
         shaped, tracker = releases.room(gang, profile), None
         room, room_holds = shaped.room, shaped.holds_before
     else:
         shaped, tracker = None, RoomEstimate.for_gang(work.snap, gang, profile).tracker(work.snap)
         room = tracker.room
-    bound = _WholeBound.for_gang(work.snap, gang, room.eligible) if _WHOLE_BOUND else None
+    bound = _WholeBound.for_gang(base.snap, gang, room.eligible) if _WHOLE_BOUND else None
     cohort = _cohort_of(base, gang.team)
     duration = _duration(gang, run_lengths)
     times = sorted({now} | {end for end, _ in ends if now < end < math.inf}
@@ -667,7 +683,7 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
             if bound is not None:
                 bound.released(touched)
             k += 1
-            if work.usage is not None:
+            if base.usage is not None:
                 worth = worth or _cohort_of(base, r.gang.team) == cohort
             lag.append(r)
             if held.trial is not None:
@@ -682,7 +698,14 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
         if overlapping and bound is not None and not bound.may_hold(overlapping):
             continue  # the gangs ahead take the room: not worth holding them
         if not overlapping or held.trial is None:  # admitted on `work`, or the held copy made from it
-            _catch_up(work, lag)
+            if work is None:
+                work = held.work = releases.state_after(k)
+                if work is None:  # the kept state is past this release already
+                    work = held.work = base.capacity_view()
+                    _catch_up(work, lag)
+                lag.clear()
+            else:
+                _catch_up(work, lag)
         _catch_up_held(work, held, lag_held)
         trial = held.holding(overlapping) if overlapping else work  # admit changes neither snap nor usage
         kept_off = held.kept_off if overlapping else set()
