@@ -451,7 +451,8 @@ def _estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRe
             out[head] = StartEstimate(None if math.isinf(start) else start, tuple(sorted(res.nodes)),
                                       NOTE_NO_END if math.isinf(start) else "")
         if not math.isinf(start):
-            ahead.append(_Ahead.of(base.snap, res.gang.team, placements, start, start + _duration(res.gang, run_lengths)))
+            ahead.append(_Ahead.of(base.snap, res.gang.team, placements, start,
+                                   start + _duration(res.gang, run_lengths)))
     for i, gang in enumerate(order):
         if i >= limit:
             out[gang.name] = StartEstimate(None, (), NOTE_NOT_ESTIMATED.format(limit=limit))
@@ -493,11 +494,12 @@ def _hold_where_free(state: CycleState, team: str, placements: Iterable[Placemen
 
 
 class _Held:
-    """`work` (a what-if being released; set when it is made, before the first holding) with the estimated gangs ahead that overlap a tried time held
-    on a copy (_hold_where_free), kept from one tried time to the next: releases are mirrored, the
-    holds of gangs that stopped overlapping dropped, those of gangs that started overlapping added,
-    and the placements that did not fit (their nodes kept off) tried again, in queue order. Holding
-    them afresh on a new copy at every tried time cost most of an estimate on a deep queue."""
+    """`work` (a what-if being released; set when it is made, before the first holding) with the
+    estimated gangs ahead that overlap a tried time held on a copy (_hold_where_free), kept from one
+    tried time to the next: releases are mirrored, the holds of gangs that stopped overlapping
+    dropped, those of gangs that started overlapping added, and the placements that did not fit
+    (their nodes kept off) tried again, in queue order. Holding them afresh on a new copy at every
+    tried time cost most of an estimate on a deep queue."""
 
     def __init__(self, work: CycleState | None):
         self.work = work
