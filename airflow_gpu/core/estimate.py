@@ -342,8 +342,9 @@ class _WholeBound:
 
     def __init__(self, snap: Snapshot, gang: Gang, eligible: np.ndarray):
         self.need = sum(m.gpus for m in gang.members)
-        self.nodes = np.flatnonzero(eligible)  # the nodes it may use, and each one's place among them
-        self.at = dict(zip(self.nodes.tolist(), range(len(self.nodes))))
+        self.nodes = np.flatnonzero(eligible)  # the nodes it may use, and each one's place among them (-1: none)
+        self.at = np.full(len(eligible), -1, dtype=np.int64)
+        self.at[self.nodes] = np.arange(len(self.nodes))
         self.whole = snap.whole_free_gpus()[self.nodes]  # of the released state, kept up to date by `released`
         self.taken = np.zeros(len(self.nodes), dtype=np.int64)  # by the gangs ahead in `held`
         self.held: dict[int, np.ndarray] = {}  # id(ahead) -> what it takes of `nodes`
@@ -362,8 +363,8 @@ class _WholeBound:
         """Nodes' free GPU rows (lists, as _Releases.touched gives them) after a release."""
         at = self.at
         for n, row, _, _ in touched:
-            i = at.get(n)
-            if i is not None:
+            i = at[n]
+            if i >= 0:
                 self.whole[i] = row.count(GPU_MILLI)
 
     def may_hold(self, overlapping: Sequence[_Ahead]) -> bool:
