@@ -20,12 +20,16 @@ from pathlib import Path
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
 
 
+def _file_hash(write) -> str:
+    """The start of the sha256 of the file `write(directory)` writes and returns."""
+    with tempfile.TemporaryDirectory() as d:
+        return hashlib.sha256(write(Path(d)).read_bytes()).hexdigest()[:16]
+
+
 def events_hash(result) -> str:
     from airflow_gpu.sim.replay_report import write_events
 
-    with tempfile.TemporaryDirectory() as d:
-        path = write_events(result, Path(d))
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return _file_hash(lambda d: write_events(result, d))
 
 
 def estimates_hash(result) -> str:
@@ -35,9 +39,7 @@ def estimates_hash(result) -> str:
 
     if result.start_samples is None:
         return "-"
-    with tempfile.TemporaryDirectory() as d:
-        path = write_estimates(result.start_samples, Path(d) / "estimates.csv")
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return _file_hash(lambda d: write_estimates(result.start_samples, d / "estimates.csv"))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -31,7 +31,7 @@ def params(scale: float, days: float):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from airflow_gpu.sim.replay import replay_platforms
+    from airflow_gpu.cli.simulate import replay_showing_progress
     from airflow_gpu.sim.replay_report import summarize
     from airflow_gpu.sim.settings import seed_setting
     from bench.replay import estimates_hash, events_hash
@@ -56,15 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     names = args.platforms.split(",")
     jobs = args.jobs or os.cpu_count() or 1
     w0 = time.perf_counter()
-    if sys.stderr.isatty():  # minutes of work: a bar per platform, as `simulate replay` shows
-        from rich.progress import Progress
-
-        with Progress(transient=True) as bar:
-            tasks = {name: bar.add_task(name, total=None) for name in names}
-            results = replay_platforms(setting, names, jobs,
-                                       progress=lambda n, d, t: bar.update(tasks[n], completed=d, total=t))
-    else:
-        results = replay_platforms(setting, names, jobs)
+    results = replay_showing_progress(setting, names, jobs)
     wall = time.perf_counter() - w0
     for name, r in zip(names, results):
         s = summarize(r)

@@ -130,7 +130,7 @@ def _register_replay(modes) -> None:
 
 
 def _replay(args) -> int:
-    from airflow_gpu.sim.replay import PLATFORMS, replay_platforms
+    from airflow_gpu.sim.replay import PLATFORMS
     from airflow_gpu.sim.replay_report import markdown, plot, summarize, write_events
     from airflow_gpu.sim.jobtrace import parse_map
     from airflow_gpu.sim.settings import DEFAULT_CONFIG, openb_setting, seed_setting, trace_setting
@@ -223,15 +223,7 @@ def _replay(args) -> int:
     except ValueError as exc:
         print(f"--max-wait: {exc}", file=sys.stderr)
         return 2
-    if sys.stderr.isatty():
-        from rich.progress import Progress
-
-        with Progress(transient=True) as bar:
-            tasks = {name: bar.add_task(name, total=None) for name in names}
-            results = replay_platforms(setting, names, args.jobs,
-                                       progress=lambda n, d, t: bar.update(tasks[n], completed=d, total=t))
-    else:
-        results = replay_platforms(setting, names, args.jobs)
+    results = replay_showing_progress(setting, names, args.jobs)
     doc = {"trace": trace, "capacity": args.capacity, "seed": args.seed, "duration_estimate": args.duration_estimate,
            "reservation_hold": setting.reservation_hold, "estimates": args.estimates,
            "placement_hold": setting.placement_hold, "placement_hold_seconds": setting.placement_hold_seconds,
@@ -264,6 +256,21 @@ def _replay(args) -> int:
     else:
         print(markdown(doc), end="")
     return 0
+
+
+def replay_showing_progress(setting, names: list[str], jobs: int | None):
+    """sim.replay.replay_platforms with a bar per platform on a terminal (minutes of work on a long
+    trace); `python -m bench replay_80k` shows the same."""
+    from airflow_gpu.sim.replay import replay_platforms
+
+    if not sys.stderr.isatty():
+        return replay_platforms(setting, names, jobs)
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        tasks = {name: bar.add_task(name, total=None) for name in names}
+        return replay_platforms(setting, names, jobs,
+                                progress=lambda n, d, t: bar.update(tasks[n], completed=d, total=t))
 
 
 def parse_tier_seconds(text: str | None) -> dict[str, float] | None:

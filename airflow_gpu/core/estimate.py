@@ -567,7 +567,8 @@ class _Held:
         return trial
 
 
-# Off: each estimate releases on its own copy at once, as before the sharing (tests compare the two)
+# Off: each estimate releases on its own copy at once and keeps its own room tracker, as before the
+# sharing (_Releases: the freed rows, the room per gang shape, the released state; tests compare the two)
 _SHARE_RELEASES = True
 # Off: every tried time with gangs ahead holds them before the fit is read (tests compare the two)
 _WHOLE_BOUND = True
@@ -588,13 +589,15 @@ class _Releases:
         self._state: CycleState | None = None  # the base with releases 0.._state_at-1 done (state_after)
         self._state_at = 0
 
-    def state_after(self, k: int) -> CycleState | None:
+    def state_after(self, k: int) -> CycleState:
         """A copy of the base with releases 0..k-1 done (capacity and quota), made from one state
         kept along the sequence: each estimate released its own copy gang by gang up to its start,
-        and the estimates of a queue mostly reach later releases in queue order. None when the kept
-        state is past k already (then the caller releases its own)."""
+        and the estimates of a queue mostly reach later releases in queue order (an earlier release
+        than the kept state's is made from the base)."""
         if k < self._state_at:
-            return None
+            state = self.base.capacity_view()
+            _catch_up(state, [self.ends[i][1] for i in range(k)])
+            return state
         if self._state is None:
             self._state = self.base.capacity_view()
         _catch_up(self._state, [self.ends[i][1] for i in range(self._state_at, k)])
@@ -703,9 +706,6 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
         if not overlapping or held.trial is None:  # admitted on `work`, or the held copy made from it
             if work is None:
                 work = held.work = releases.state_after(k)
-                if work is None:  # the kept state is past this release already
-                    work = held.work = base.capacity_view()
-                    _catch_up(work, lag)
                 lag.clear()
             else:
                 _catch_up(work, lag)

@@ -779,7 +779,7 @@ def _no_gc():
 
 
 _ATTEMPT_FIELDS = tuple(f.name for f in fields(Attempt))
-_STATE_FIELDS = ("done", "attempts", "first_start", "finished_at", "borrowed")
+_STATE_FIELDS = tuple(f.name for f in fields(JobState) if f.name not in ("job", "units", "attempt"))
 _PLACEMENT_FIELDS = tuple(f.name for f in fields(Placement))
 
 
