@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fixtures.core_gang import cluster, gang, profile, run_cycle, start
 
+from airflow_gpu.core import estimate as estimate_module
 from airflow_gpu.core.backoff import Backoff, Refusal
 from airflow_gpu.core.estimate import StartMemo, estimate_start
 from airflow_gpu.core.queue import CycleResult
@@ -148,6 +149,28 @@ def test_start_memo_answers_as_estimate_start_and_only_looks_at_nodes_the_head_m
         snap.forget(p.pod)
     again = memo.estimate(snap, head, running[1:], prof, 30.0)
     assert again is not first and again == estimate_start(snap, head, running[1:], prof, 30.0)
+
+
+def test_start_memo_keeps_a_known_start_and_moves_only_the_clock(monkeypatch):
+    """The release order (expected ends) and so the placement do not depend on the clock: a kept
+    estimate answers as estimate_start at a later time, before and after the releasing gang's end."""
+    snap = _two_products()
+    prof = profile()
+    running = [start(snap, gang("r0", 1, 8, priority=9, expected_duration=100.0, products=("H100",)), prof, at=0.0),
+               start(snap, gang("r1", 1, 8, priority=9, expected_duration=500.0, products=("H100",)), prof, at=0.0)]
+    head = gang("head", 1, 8, priority=5, products=("H100",))
+    memo = StartMemo()
+    first = memo.estimate(snap, head, running, prof, 10.0)
+    assert first.start == 100.0 and first == estimate_start(snap, head, running, prof, 10.0)
+    fresh = {now: estimate_start(snap, head, running, prof, now) for now in (50.0, 100.0, 250.0)}
+
+    def placed_again(*args):
+        raise AssertionError("a kept estimate was worked out again")
+
+    monkeypatch.setattr(estimate_module, "estimate_start", placed_again)
+    for now, want in fresh.items():  # r0 overdue at 250: the start is the clock
+        kept = memo.estimate(snap, head, running, prof, now)
+        assert kept == want and kept.start == max(now, 100.0) and kept.nodes == first.nodes
 
 
 def test_hints_make_the_same_decisions_as_waking_every_gang(tmp_path, monkeypatch):

@@ -57,8 +57,10 @@ class StartMemo:
     (its pod sets' static filters) are unchanged. Snapshot versions equal means equal node state
     with the same pods, and estimate_start reads only those nodes and the gangs on them, released
     in the same order: a cycle in which only other nodes changed (work on another GPU product or
-    capacity type) gets the same answer without a placement. An estimate that starts at a finite
-    time depends on the clock and is not kept."""
+    capacity type) gets the same answer without a placement. The clock moves only the start: the
+    release order (by expected end) and so the placement do not depend on it, and the start is the
+    releasing gang's expected end or now, whichever is later (kept as the start found, which is one
+    of the two: later it is that end or the later clock)."""
 
     KEEP = 64  # heads remembered (the head of line rarely changes)
 
@@ -78,13 +80,13 @@ class StartMemo:
         key = self._key(snap, gang, profile)
         hit = self._last.get(gang.name)
         if hit is not None and hit[0] is profile and hit[1] == key and (hit[2] is None or hit[2].gang == gang):
-            return hit[2]
+            kept = hit[2]
+            return kept if kept is None or kept.start >= now else replace(kept, start=now)
         est = estimate_start(snap, gang, running, profile, now)
         self._last.pop(gang.name, None)
-        if est is None or math.isinf(est.start):
-            if len(self._last) >= self.KEEP:
-                self._last.pop(next(iter(self._last)))
-            self._last[gang.name] = (profile, key, est)
+        if len(self._last) >= self.KEEP:
+            self._last.pop(next(iter(self._last)))
+        self._last[gang.name] = (profile, key, est)
         return est
 
 

@@ -59,17 +59,20 @@ class RoomEstimate:
         """[N] the domain of each node at `level` (-1: none); per (domain, product) when the gang
         keeps to one product."""
         hit = self._ids.get(level)
-        if hit is not None:
-            return hit
+        if hit is None:
+            # a fact of the node list: once per level and split (the head of line is estimated in most cycles)
+            hit = self._ids[level] = self.snap.shape.cached_mask(("room-ids", level, self.per_product),
+                                                                  lambda: self._domain_ids(level))
+        return hit
+
+    def _domain_ids(self, level: TopologyLevel) -> np.ndarray:
+        shape = self.snap.shape
         if level is TopologyLevel.NODE:
-            ids = np.arange(len(self.snap))
-        else:
-            ids = (np.zeros(len(self.snap), dtype=np.int64) if level is TopologyLevel.ANY
-                   else self.snap.shape.domain_ids(level.value))
-            if self.per_product:
-                product = self.snap.shape.product_id  # -1: no GPU product, never a GPU member's node
-                ids = np.where((ids >= 0) & (product >= 0), ids * (len(self.snap.shape.products) + 1) + product, -1)
-        self._ids[level] = ids
+            return np.arange(len(self.snap))
+        ids = np.zeros(len(self.snap), dtype=np.int64) if level is TopologyLevel.ANY else shape.domain_ids(level.value)
+        if self.per_product:
+            product = shape.product_id  # -1: no GPU product, never a GPU member's node
+            ids = np.where((ids >= 0) & (product >= 0), ids * (len(shape.products) + 1) + product, -1)
         return ids
 
     def may_fit(self, snap: Snapshot) -> bool:
