@@ -60,7 +60,9 @@ class StartMemo:
     capacity type) gets the same answer without a placement. The clock moves only the start: the
     release order (by expected end) and so the placement do not depend on it, and the start is the
     releasing gang's expected end or now, whichever is later (kept as the start found, which is one
-    of the two: later it is that end or the later clock)."""
+    of the two: later it is that end or the later clock). A running gang's declared duration
+    changed with no change to its pods (an edited annotation) is seen at the next change on those
+    nodes."""
 
     KEEP = 64  # heads remembered (the head of line rarely changes)
 
