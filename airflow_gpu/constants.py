@@ -211,7 +211,7 @@ TIER_BEST_EFFORT_TRAINING = "best-effort-training"
 TIER_INFERENCE = "inference"
 TIER_INTERACTIVE = "interactive"
 TIERS = (TIER_INTERACTIVE, TIER_PRODUCTION_TRAINING, TIER_INFERENCE, TIER_BEST_EFFORT_TRAINING)
-# core.estimate.ReservationHold: seconds a head of line of unknown start holds its nodes in a row (the
+# core.reservation.ReservationHold: seconds a head of line of unknown start holds its nodes in a row (the
 # quota file's scheduling.reservation_hold_seconds; the scheduler and the replay both read it)
 DEFAULT_RESERVATION_HOLD_SECONDS = 3600.0
 # core.hold.PlacementHold (held placements, an experiment of the simulators, not run by the scheduler:

@@ -15,7 +15,7 @@ from airflow_gpu.core.gang import admit, place_gang
 from airflow_gpu.core.model import Placement, RunningGang, TopologyLevel
 from airflow_gpu.core.preemption import team_borrows
 from airflow_gpu.core.quota import QuotaBook, QuotaUsage, TeamQuota, demand_of_placements, within_limits
-from airflow_gpu.core.estimate import estimate_start
+from airflow_gpu.core.reservation import estimate_start
 from airflow_gpu.core.queue import queue_order
 from airflow_gpu.core.snapshot import Snapshot
 
@@ -468,7 +468,7 @@ def test_work_on_reserved_nodes_ends_before_the_head_starts_or_is_the_heads_to_p
 
 
 def test_a_reservation_of_unknown_start_holds_its_nodes_for_a_bounded_time_then_pauses():
-    from airflow_gpu.core.estimate import ReservationHold
+    from airflow_gpu.core.reservation import ReservationHold
 
     snap, running = two_busy_nodes()
     running = [RunningGang(replace_duration(r.gang), r.placements, r.started_at) for r in running]  # unknown ends

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from fixtures.core_gang import cluster, gang, profile, run_cycle, start
 
-from airflow_gpu.core import estimate as estimate_module
+from airflow_gpu.core import reservation as reservation_module
 from airflow_gpu.core.backoff import Backoff, Refusal
-from airflow_gpu.core.estimate import StartMemo, estimate_start
+from airflow_gpu.core.reservation import StartMemo, estimate_start
 from airflow_gpu.core.queue import CycleResult
 from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.sim.replay import PLATFORMS, replay
@@ -167,7 +167,7 @@ def test_start_memo_keeps_a_known_start_and_moves_only_the_clock(monkeypatch):
     def placed_again(*args):
         raise AssertionError("a kept estimate was worked out again")
 
-    monkeypatch.setattr(estimate_module, "estimate_start", placed_again)
+    monkeypatch.setattr(reservation_module, "estimate_start", placed_again)
     for now, want in fresh.items():  # r0 overdue at 250: the start is the clock
         kept = memo.estimate(snap, head, running, prof, now)
         assert kept == want and kept.start == max(now, 100.0) and kept.nodes == first.nodes

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from airflow_gpu.constants import TIER_BEST_EFFORT_TRAINING, TIER_INTERACTIVE, TIER_PRODUCTION_TRAINING
 from airflow_gpu.core.backoff import Backoff, NoPlanMemo
-from airflow_gpu.core.estimate import ReservationHold
+from airflow_gpu.core.reservation import ReservationHold
 from airflow_gpu.core.gang import admit
 from airflow_gpu.core.preemption import PreemptionPolicy, team_borrows, within_guarantee
 from airflow_gpu.core.queue import Queue

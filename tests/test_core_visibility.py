@@ -8,7 +8,8 @@ from dataclasses import replace
 from fixtures.core_gang import cluster, gang, profile, start, state_of
 
 from airflow_gpu.core.preemption import PreemptionPolicy
-from airflow_gpu.core.estimate import NOTE_NEVER, NOTE_NO_END, NOTE_NOT_ESTIMATED, NOTE_PREEMPTING, estimate_start, estimate_starts
+from airflow_gpu.core.estimate import NOTE_NEVER, NOTE_NO_END, NOTE_NOT_ESTIMATED, NOTE_PREEMPTING, estimate_starts
+from airflow_gpu.core.reservation import estimate_start
 from airflow_gpu.core.queue import schedule_cycle
 from airflow_gpu.core.quota import QuotaBook, TeamQuota
 from airflow_gpu.core.snapshot import Snapshot

@@ -8,7 +8,7 @@ from dataclasses import replace
 from fixtures.core_gang import cluster, gang, profile, start
 
 from airflow_gpu import constants as C
-from airflow_gpu.core.estimate import Reservation
+from airflow_gpu.core.reservation import Reservation
 from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.scheduler.state import Unit, World
 from airflow_gpu.scheduler.waiting import RoomWatch, timeouts

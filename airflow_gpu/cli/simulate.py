@@ -93,7 +93,7 @@ def _register_replay(modes) -> None:
                          "1 is an oracle")
     rp.add_argument("--reservation-hold", type=float, default=None, metavar="S",
                     help="a reservation of unknown start holds its nodes at most S s in a row, then pauses S s "
-                         "(core.estimate.ReservationHold); 0: unbounded (default: the config's "
+                         "(core.reservation.ReservationHold); 0: unbounded (default: the config's "
                          "scheduling.reservation_hold_seconds, as the scheduler runs it)")
     rp.add_argument("--placement-hold", type=float, default=None, metavar="FRACTION",
                     help="held placements (core/holding.py): at most this fraction of the GPU capacity held, a "

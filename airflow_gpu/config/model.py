@@ -210,7 +210,7 @@ class Scheduling(_Strict):
     """How the scheduler's queue behaves. The replay (`airflow-gpu simulate replay`) reads the same
     section, so the policy it measures is the one the scheduler runs."""
 
-    # core.estimate.ReservationHold: a head of line whose start cannot be estimated (it waits on work of
+    # core.reservation.ReservationHold: a head of line whose start cannot be estimated (it waits on work of
     # unknown duration) holds its nodes' free GPUs at most this long in a row, then pauses as long;
     # 0 = hold for as long as it waits (EASY backfilling without a bound)
     reservation_hold_seconds: Annotated[float, Field(ge=0, le=7 * 86400, allow_inf_nan=False)] = \

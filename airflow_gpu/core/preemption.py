@@ -58,7 +58,7 @@ from airflow_gpu.core.room import RoomEstimate
 from airflow_gpu.core.topology import members_per_node
 
 if TYPE_CHECKING:
-    from airflow_gpu.core.estimate import Reservation
+    from airflow_gpu.core.reservation import Reservation
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ is not what it waits for.
 A gang of higher priority than the head (only a wait bound puts a lower-priority head ahead of
 it: core.tiers.wait_bands) may plan behind it whatever its tier says (`outranks_head`).
 
-Back-off and queueing hints: core.backoff. Reservations and estimated starts: core.estimate.
+Back-off and queueing hints: core.backoff. The head's reservation: core.reservation; the estimated
+starts published for every waiting gang: core.estimate.
 """
 
 from __future__ import annotations
@@ -56,12 +57,12 @@ import numpy as np
 
 from airflow_gpu.core.backoff import Backoff, FitMasks, NoPlanMemo, Refusal, RefusedAsks
 from airflow_gpu.core.cycle import CycleState
-from airflow_gpu.core.estimate import Reservation, ReservationHold, StartMemo, estimate_start, node_mask
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, QuotaAnswers, admit
 from airflow_gpu.core.model import Gang, PodRequest, RunningGang
 from airflow_gpu.core.preemption import (PreemptionPlan, PreemptionPolicy, head_takes_back, head_takes_back_admitted,
                                          plan_preemption)
+from airflow_gpu.core.reservation import Reservation, ReservationHold, StartMemo, estimate_start, node_mask
 from airflow_gpu.core.snapshot import Snapshot
 
 

@@ -62,7 +62,8 @@ from airflow_gpu.core.plugins.fgd import TypicalPods
 from airflow_gpu.core.policies import DEFAULT_POLICY, make_profile
 from airflow_gpu.core.preemption import PreemptionPlan
 from airflow_gpu.core.backoff import Backoff
-from airflow_gpu.core.estimate import ReservationHold, RunLengths, StartCalibration
+from airflow_gpu.core.estimate import RunLengths, StartCalibration
+from airflow_gpu.core.reservation import ReservationHold
 from airflow_gpu.core.queue import Queue
 from airflow_gpu.kube import preemptions, queue_status
 from airflow_gpu.kube.cleanup import expired_kept

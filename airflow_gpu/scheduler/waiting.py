@@ -5,7 +5,7 @@ appeared since the last cycle (what resets core.backoff.Backoff). Pure functions
 from __future__ import annotations
 
 from airflow_gpu import constants as C
-from airflow_gpu.core.estimate import Reservation
+from airflow_gpu.core.reservation import Reservation
 from airflow_gpu.kube.convert import ConversionError, parse_time, schedule_timeout
 from airflow_gpu.scheduler.state import Unit, World
 

@@ -43,7 +43,8 @@ from airflow_gpu.core.policies import DEFAULT_POLICY, SPREAD_POLICY, make_profil
 from airflow_gpu.core.preemption import PreemptionPolicy
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.backoff import Backoff, NoPlanMemo, RefusedAsks
-from airflow_gpu.core.estimate import ReservationHold, RunLengths, StartCalibration, StartMemo
+from airflow_gpu.core.estimate import RunLengths, StartCalibration
+from airflow_gpu.core.reservation import ReservationHold, StartMemo
 from airflow_gpu.core.queue import QUEUE_KEY, Queue
 from airflow_gpu.core.live import LiveState
 from airflow_gpu.core.quota import QuotaBook, TeamQuota
@@ -119,7 +120,7 @@ class Setting:
     # Gang.expected_duration given to the queue = this x the job's work (0: none, as a gang without
     # the expected-duration annotation). 1.0 is an oracle; users' estimates are usually longer.
     duration_estimate: float = 0.0
-    # core.estimate.ReservationHold: seconds a reservation of unknown start holds its nodes in a row
+    # core.reservation.ReservationHold: seconds a reservation of unknown start holds its nodes in a row
     # (then it pauses as long); 0: unbounded. From the config's scheduling section, as the scheduler.
     reservation_hold: float = DEFAULT_RESERVATION_HOLD_SECONDS
     # core.holding.PlacementHolds: at most this fraction of the GPU capacity held (a share that strands
