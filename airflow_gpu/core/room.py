@@ -8,7 +8,6 @@ earliest-start estimate use it to skip full placements that cannot succeed. Pure
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 
 import numpy as np
 
@@ -52,7 +51,7 @@ class RoomEstimate:
 
         # a fact of the node list and the asks (names aside): one per distinct gang shape, not per
         # estimate (the head of line is estimated again in most cycles)
-        key = ("room-eligible", profile.filters, tuple(replace(ps.request, name="") for ps in gang.pod_sets))
+        key = ("room-eligible", profile.filters, tuple(ps.request.shape for ps in gang.pod_sets))
         return cls(snap, gang, shape.derived(key, build))
 
     def ids(self, level: TopologyLevel) -> np.ndarray:
