@@ -207,13 +207,9 @@ def test_shared_release_sequence_records_the_same_estimates_as_one_copy_per_esti
     import airflow_gpu.core.estimate as estimate
 
     setting = _contended_setting()
-
-    def run() -> tuple[list[tuple], list]:
-        return _samples_and_attempts(setting)
-
-    shared = run()
+    shared = _samples_and_attempts(setting)
     monkeypatch.setattr(estimate, "_SHARE_RELEASES", False)
-    alone = run()
+    alone = _samples_and_attempts(setting)
     assert shared == alone
     samples = shared[0]
     later = [s for s in samples if s[6] and float(s[6]) > float(s[3])]  # an estimated start after the sample
@@ -229,6 +225,7 @@ def test_the_whole_gpu_bound_rules_out_tried_times_and_records_the_same_estimate
     setting = _contended_setting()
     verdicts: list[bool] = []
     may_hold = estimate._WholeBound.may_hold
+
     def counted(self, overlapping):
         verdicts.append(may_hold(self, overlapping))
         return verdicts[-1]
