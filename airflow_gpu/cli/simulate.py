@@ -14,6 +14,7 @@ import csv
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 from airflow_gpu.constants import DEFAULT_PLACEMENT_HOLD_SECONDS
@@ -258,13 +259,41 @@ def _replay(args) -> int:
     return 0
 
 
+class _ProgressLines:
+    """Progress off a terminal (a CI log, `2> file`): one line per platform at most every `every`
+    seconds, and one when it is over, on stderr."""
+
+    def __init__(self, names: list[str], every: float = 30.0):
+        self.t0, self.every = time.monotonic(), every
+        self.last = {n: self.t0 for n in names}
+        self.over: set[str] = set()
+
+    def __call__(self, name: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        elapsed = now - self.t0
+        if done >= total and name not in self.over:
+            self.over.add(name)
+            print(f"replay {name}: over in {_clock(elapsed)}", file=sys.stderr, flush=True)
+        elif done < total and now - self.last[name] >= self.every:
+            self.last[name] = now
+            left = f", ~{_clock(elapsed * (total - done) / done)} left" if done else ""
+            print(f"replay {name}: {done:,} of {total:,} jobs started ({100 * done / total:.0f} %) in "
+                  f"{_clock(elapsed)}{left}", file=sys.stderr, flush=True)
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m} min {s:02d} s" if m else f"{s} s"
+
+
 def replay_showing_progress(setting, names: list[str], jobs: int | None):
-    """sim.replay.replay_platforms with a bar per platform on a terminal (minutes of work on a long
-    trace); `python -m bench replay_80k` shows the same."""
+    """sim.replay.replay_platforms with a bar per platform on a terminal, else a line per platform
+    every 30 s (minutes of work on a long trace); `python -m bench replay_80k` shows the same.
+    Progress is jobs started of the trace's jobs."""
     from airflow_gpu.sim.replay import replay_platforms
 
     if not sys.stderr.isatty():
-        return replay_platforms(setting, names, jobs)
+        return replay_platforms(setting, names, jobs, progress=_ProgressLines(names))
     from rich.progress import Progress
 
     with Progress(transient=True) as bar:

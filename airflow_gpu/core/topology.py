@@ -134,8 +134,10 @@ def iter_candidate_domains(snap: Snapshot, gang: Gang, profile: Profile | None =
     eligible = eligible_nodes(snap, gang, profile) if profile is not None else None
     fits = set_fits(snap, gang, eligible)
     fit = fits.sum(axis=0)
-    counts = set_counts(gang)
     want = len(gang.members)
+    if int(fit.sum()) < want:
+        return  # no domain holds more than every node together
+    counts = set_counts(gang)
     mixed = len(counts) > 1
     if mixed:
         free, needs = free_table(snap, fits.any(axis=0)), gang_needs(gang)

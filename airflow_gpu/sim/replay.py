@@ -426,6 +426,7 @@ class Replay:
         self.queue: list[Gang] = []
         self.placed: dict[str, tuple[str, tuple[Placement, ...], float]] = {}  # unit -> (job, placements, since)
         self.attempts: list[Attempt] = []
+        self.jobs_started = 0  # jobs with a first attempt: the progress reported (every job starts once at most)
         self.preemptions = self.interruptions = 0
         self.down: dict[str, Placement] = {}
         self.team_alloc: dict[str, float] = defaultdict(float)
@@ -515,6 +516,7 @@ class Replay:
         if self.calibration is not None:
             self.calibration.started(gang.name, now)
         if st.attempt is None:
+            self.jobs_started += st.attempts == 0
             st.attempts += 1
             st.attempt = Attempt(st.job, st.attempts)
             self.attempts.append(st.attempt)
@@ -642,7 +644,6 @@ class Replay:
             self.fifo = _Fifo([g for st in self.states.values() for g in st.units.values()], self.cycle.profile)
         if self.platform.spot:
             self._schedule_interruptions(horizon)
-        total = len(self.events)
         handled = 0
         now = 0.0
         with _young_collections_rarely():
@@ -655,7 +656,10 @@ class Replay:
                     self._handle(kind, what, now)
                 self._cycles(now)
                 if progress is not None and handled % 500 < 5:
-                    progress(handled, max(total, handled))
+                    # jobs started, not events handled: the events grow as jobs end and restart
+                    progress(self.jobs_started, len(jobs))
+        if progress is not None:
+            progress(len(jobs), len(jobs))  # over (a job that never started is not waited for)
         end = now
         for st in self.states.values():  # partial gangs that never completed: they held GPUs for nothing
             if st.attempt is not None:
@@ -863,6 +867,11 @@ def replay_platforms(setting: Setting, names: list[str], jobs: int | None = None
                 progress(*queue.get(timeout=0.2))
             except Empty:
                 pass
+        while queue is not None:  # what the last platforms said before they returned
+            try:
+                progress(*queue.get(timeout=0.05))
+            except Empty:
+                break
         results = {n: futures[n].result() for n in names}
     with _no_gc():
         return [_unpacked(pickle.loads(results[n]), setting) for n in names]
