@@ -121,8 +121,11 @@ def test_teams_and_tiers_map_by_the_documented_rules(tmp_path):
     assert by["a"] == ("nlp", "prod") and by["b"] == ("vision", "inference")
     assert by["c"][0] == by["d"][0] in ("nlp", "vision", "x")  # one trace team stays one team
     assert by["c"][1] == "best" and by["d"][1] == "prod"
+    # only the fallback rules' names are said before the replay (not a map's, a namespace's, a PriorityClass's)
+    assert (m.guessed_teams, m.guessed_tiers) == ({"acct-7", ""}, {""})
     spread = map_jobs(jobs, ["nlp", "vision", "x"], tiers, 3, {"*": "x"}, {"*": "cheap"})
     assert {j.name: (j.team, j.tier) for j in spread.jobs}["c"] == ("x", "cheap")
+    assert not spread.guessed_teams and not spread.guessed_tiers
     with pytest.raises(ValueError, match="--team-map: nope not in the quota file"):
         map_jobs(jobs, ["nlp"], tiers, 3, {"acct-7": "nope"})
     assert team_shares({"a": 8, "b": 24}, 64) == {"a": 0.125, "b": 0.375}  # the file's GPUs as written
@@ -163,3 +166,6 @@ def test_the_example_trace_replays_from_the_readme_command(tmp_path):
     doc = json.loads(done.stdout)
     assert doc["platforms"]["full"]["finished_jobs"] == 10
     assert doc["mapping"]["teams"]["team-vision"] == "vision"
+    # before the replay, stderr says what only a fallback rule mapped (not team-vision: its namespace says)
+    guessed = next(line for line in done.stderr.splitlines() if line.strip().startswith("trace teams"))
+    assert f"ml-platform -> {doc['mapping']['teams']['ml-platform']}" in guessed and "team-vision" not in guessed

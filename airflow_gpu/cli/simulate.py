@@ -224,6 +224,7 @@ def _replay(args) -> int:
     except ValueError as exc:
         print(f"--max-wait: {exc}", file=sys.stderr)
         return 2
+    _say_what_runs(trace, setting, names, args.jobs, mapped)
     results = replay_showing_progress(setting, names, args.jobs)
     doc = {"trace": trace, "capacity": args.capacity, "seed": args.seed, "duration_estimate": args.duration_estimate,
            "reservation_hold": setting.reservation_hold, "estimates": args.estimates,
@@ -257,6 +258,33 @@ def _replay(args) -> int:
     else:
         print(markdown(doc), end="")
     return 0
+
+
+def _say_what_runs(trace: str, setting, names: list[str], jobs: int | None, mapped) -> None:
+    """On stderr, before minutes of work: what is replayed, and the trace's teams and tiers that only
+    a fallback rule placed (a trace whose tiers are all unknown runs as one preemptible tier: a
+    what-if of preemption then has nothing to preempt)."""
+    import os
+
+    gpus = sum(n.gpu_count for n in setting.nodes)
+    procs = min(jobs or os.cpu_count() or 1, len(names))
+    print(f"replay {trace}: {len(setting.jobs):,} jobs on {len(setting.nodes)} nodes ({gpus} GPUs); "
+          f"{', '.join(names)} in {procs} process{'es' if procs > 1 else ''}", file=sys.stderr, flush=True)
+    if mapped is None:
+        return
+    for word, applied, guessed, option, rule in (
+            ("teams", mapped.teams, mapped.guessed_teams, "--team-map", "spread over its teams by a seeded hash"),
+            ("tiers", mapped.tiers, mapped.guessed_tiers, "--tier-map", "its lowest-priority preemptible tier")):
+        by_target: dict[str, list[str]] = {}
+        for name in guessed - {""}:
+            by_target.setdefault(applied[name], []).append(name)
+        pairs = [f"{', '.join(sorted(f))} -> {to}" for to, f in sorted(by_target.items())]
+        if "" in guessed:  # rows without one: per job (teams) or one default (tiers)
+            pairs.append(f"none given -> {applied['']}")
+        if pairs:
+            pairs = "; ".join(pairs)
+            print(f"  trace {word} not in the quota file, {rule}: {pairs} ({option} to choose)",
+                  file=sys.stderr, flush=True)
 
 
 class _ProgressLines:

@@ -147,6 +147,9 @@ class Mapped:
     jobs: list[Job]
     teams: dict[str, str]  # trace team ('' = none) -> quota file team, as applied
     tiers: dict[str, str]  # trace tier -> quota file tier
+    # the trace's names only a fallback rule placed (the seeded spread, the default tier): said before a replay
+    guessed_teams: frozenset[str] = frozenset()
+    guessed_tiers: frozenset[str] = frozenset()
 
 
 def map_jobs(jobs: Sequence[Job], teams: Sequence[str], tiers: Mapping[str, TierPolicy] | None, seed: int,
@@ -169,6 +172,8 @@ def map_jobs(jobs: Sequence[Job], teams: Sequence[str], tiers: Mapping[str, Tier
                              f"{', '.join(sorted(known))})")
     team_of: dict[str, str] = {}
     tier_of: dict[str, str] = {}
+    guessed_teams: set[str] = set()
+    guessed_tiers: set[str] = set()
 
     def team(job: Job) -> str:
         key = job.team
@@ -183,6 +188,7 @@ def map_jobs(jobs: Sequence[Job], teams: Sequence[str], tiers: Mapping[str, Tier
                 found = team_map[ANY]
             else:
                 found = hashed(key or job.name, seed, teams)
+                guessed_teams.add(key)
             if not key:
                 return found
             team_of[key] = found
@@ -201,6 +207,7 @@ def map_jobs(jobs: Sequence[Job], teams: Sequence[str], tiers: Mapping[str, Tier
                 found = tier_map[ANY]
             else:
                 found = default_tier(tiers)
+                guessed_tiers.add(key)
             tier_of[key] = found
         return tier_of[key]
 
@@ -210,8 +217,9 @@ def map_jobs(jobs: Sequence[Job], teams: Sequence[str], tiers: Mapping[str, Tier
         out.append(j if (t, r) == (j.team, j.tier) else replace(j, team=t, tier=r))
     unnamed = sum(1 for j in jobs if not j.team)
     if unnamed:
-        team_of[""] = f"{unnamed} jobs spread over {len(teams)} teams"
-    return Mapped(sorted(out, key=lambda j: (j.submit, j.name)), team_of, tier_of)
+        team_of[""] = f"{unnamed} job{'s' if unnamed != 1 else ''} spread over {len(teams)} teams"
+    return Mapped(sorted(out, key=lambda j: (j.submit, j.name)), team_of, tier_of, frozenset(guessed_teams),
+                  frozenset(guessed_tiers))
 
 
 def check_products(jobs: Sequence[Job], models: set[str], path) -> None:
