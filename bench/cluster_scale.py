@@ -412,7 +412,7 @@ def run(args, nodes: int, pods: int, phases: set[str]) -> dict:
             sched = G.scheduler_process(cluster.kubeconfig, workdir / "scheduler.log", identity="bench-scale",
                                         config_path=quota_config(workdir / "quotas.yaml", nodes * 8),
                                         metrics_port=port, lease=(15.0, 10.0, 2.0),
-                                        extra=["--log-level", "WARNING"]).start()
+                                        extra=["--log-level", "WARNING", *args.scheduler_arg]).start()
             wait_until(lambda: leading(port) or not sched.alive(), 120, 0.5, "scheduler leading")
             s, k = Proc(sched.pid), Proc(cluster.pid)
             if args.pause:
@@ -446,6 +446,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seconds", type=float, default=60.0, help="steady: measured window")
     ap.add_argument("--no-kai", action="store_true", help="skip the 500-node / 4,000-job fill beside KAI's")
     ap.add_argument("--pause", action="store_true", help="print the PIDs (for py-spy) before the phases")
+    ap.add_argument("--scheduler-arg", action="append", default=[],
+                    help="passed on to `airflow-gpu scheduler` (repeat; e.g. --scheduler-arg=--bind-workers=4)")
     args = ap.parse_args(sys.argv[2:] if argv is None and len(sys.argv) > 1 and sys.argv[1] == "cluster_scale"
                          else argv or [])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally blocks stop the child processes
