@@ -58,7 +58,7 @@ import numpy as np
 from airflow_gpu.core.backoff import Backoff, FitMasks, NoPlanMemo, Refusal, RefusedAsks
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
-from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, QuotaAnswers, admit
+from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, QuotaAnswers, admit, keeps_one_product
 from airflow_gpu.core.model import Gang, PodRequest, RunningGang
 from airflow_gpu.core.preemption import (PreemptionPlan, PreemptionPolicy, head_takes_back, head_takes_back_admitted,
                                          plan_preemption)
@@ -189,8 +189,14 @@ class _Cycle:
     def wait(self, gang: Gang, reason: str, quota_products: frozenset[str],
              kept_off: frozenset[str] = frozenset()) -> None:
         self.result.waiting[gang.name] = reason
+        # members counted when it has several of one shape that must all start (not below minMember)
+        whole = any(ps.count > 1 for ps in gang.pod_sets) and (not gang.min_member or
+                                                                gang.min_member >= len(gang.members))
         self.result.refusals[gang.name] = Refusal(tuple(ps.request for ps in gang.pod_sets), kept_off,
-                                                  quota_products, self.profile.filters)
+                                                  quota_products, self.profile.filters,
+                                                  counts=tuple(ps.count for ps in gang.pod_sets) if whole else (),
+                                                  one_product=keeps_one_product(gang) and
+                                                  all(m.uses_gpu for m in gang.members))
 
     def admit_or_reserve(self, gang: Gang, hold: ReservationHold | None, starts: StartMemo | None) -> None:
         """Before any reservation: admit the gang, else it may become the head of line (reserve)."""
@@ -264,7 +270,10 @@ class _Cycle:
             return
         covered = self.refused.covering(gang, exclude is not None)
         if covered is not None:
-            self.wait(gang, *covered, kept_off)
+            # it fits no more than the ask that covers it, but may still plan where that one could
+            # not (a production gang behind a refused best-effort one of its team): a refusal it
+            # did not make takes no turn from it
+            self.wait(gang, self.plan_behind(gang, res, covered.reason), covered.quota_products, kept_off)
             return
         short = _set_fitting_nowhere(work.snap, gang)
         if short is not None:  # no placement to try: a member fits on no node, reserved or not
