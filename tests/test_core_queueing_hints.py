@@ -127,54 +127,6 @@ def test_usage_falling_on_a_limiting_product_wakes_a_quota_limited_gang():
     assert b.failures == {} and b.refusals == {}
 
 
-def _whole(b: Backoff, g, quota_products=frozenset()) -> Refusal:
-    """A refusal as the cycle records it for a gang placed whole: with its members per ask."""
-    refusal = Refusal(tuple(ps.request for ps in g.pod_sets), frozenset(), frozenset(quota_products),
-                      profile().filters, counts=tuple(ps.count for ps in g.pod_sets))
-    b.record(CycleResult(waiting={g.name: "no room"}, refusals={g.name: refusal}), [g], 0.0)
-    return refusal
-
-
-def _full_nodes(snap: Snapshot, n: int) -> list:
-    return [start(snap, gang(f"fill{i}", 1, 8), profile()) for i in range(n)]
-
-
-def test_a_gang_of_whole_nodes_is_woken_only_once_enough_nodes_have_room():
-    """One node that empties has room for one member of a 3 x 8-GPU gang, not for the gang: it is
-    not tried until three have."""
-    snap = Snapshot.from_nodes(cluster(4))
-    running = _full_nodes(snap, 4)
-    b = Backoff(base=NEVER, cap=NEVER)
-    _whole(b, gang("big", 3, 8))
-    _end_last(snap, running, b)
-    assert not b.ready("big", 1.0, frozenset(), snap)
-    _end_last(snap, running, b)
-    assert not b.ready("big", 2.0, frozenset(), snap)
-    _end_last(snap, running, b)
-    assert not b.ready("big", 3.0, frozenset({"n0001"}), snap)  # one of the three is reserved against it
-    assert b.ready("big", 3.0, frozenset(), snap)
-    # without its counts (a minMember below its size) one member's room is enough, as before
-    b2 = Backoff(base=NEVER, cap=NEVER)
-    snap2 = Snapshot.from_nodes(cluster(4))
-    running2 = _full_nodes(snap2, 4)
-    _refused(b2, gang("big", 3, 8))
-    _end_last(snap2, running2, b2)
-    assert b2.ready("big", 1.0, frozenset(), snap2)
-
-
-def test_usage_falling_wakes_a_quota_limited_gang_only_when_the_nodes_can_hold_it():
-    snap = Snapshot.from_nodes(cluster(3))
-    running = _full_nodes(snap, 3)
-    b = Backoff(base=NEVER, cap=NEVER)
-    refusal = _whole(b, gang("big", 2, 8), quota_products={"H100"})
-    _end_last(snap, running, b)  # one node free: usage fell, but 2 whole nodes are needed
-    b.wake(snap, [], quota_freed={"H100"})
-    assert not b.ready("big", 1.0, frozenset(), snap)
-    assert refusal.epoch == len(b._wakes)  # folded: the wakes so far are heard
-    _end_last(snap, running, b)
-    assert b.ready("big", 2.0, frozenset(), snap)
-
-
 def _gang_trace(directory: Path) -> tuple[Path, Path]:
     """A contended day of multi-node gangs (up to 4 x 8 GPUs) on 6 A100 and 4 H100 nodes."""
     import random

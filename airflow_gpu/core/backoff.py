@@ -14,10 +14,7 @@ logged, and in the cycle `ready` reads the wakes since the gang's refusal: it is
 fell on one of its quota-limited products, or when a node that gained room, or a reserved node it
 was kept off and is not now, has room for one of its members (static filters and resources)
 outside this cycle's reservation. A gang that none of this reaches would be refused again: on the
-nodes that did not gain, capacity only shrank. A gang of several members of one shape that must
-start together (Refusal.counts) is woken, by room or by usage falling, only when all the nodes it may
-use together hold each ask's members (of one GPU product when it keeps to one): one emptied node
-does not wake a gang of sixteen whole-node members. Gangs of one shape refused under the same wakes and
+nodes that did not gain, capacity only shrank. Gangs of one shape refused under the same wakes and
 reservation share one answer per state of the cycle (FitMasks). The replay uses wake (same
 decisions as waking every gang, tested on the seed scenario and on multi-node gangs over two
 products); the scheduler still resets on every change.
@@ -42,12 +39,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
-
 from airflow_gpu.core.framework import static_mask
 from airflow_gpu.core.model import Gang, HashedTuple, PodRequest
 from airflow_gpu.core.snapshot import Snapshot
-from airflow_gpu.core.topology import fit_count
 
 if TYPE_CHECKING:
     from airflow_gpu.core.queue import CycleResult
@@ -66,10 +60,6 @@ class Refusal:
     quota_products: frozenset[str] = frozenset()  # GangDecision.quota_products
     filters: tuple = ()  # the profile's filters (the static ones say where an ask may ever go)
     epoch: int = 0  # Backoff wakes heard before it (set by Backoff.record)
-    # members per ask, when all of them must be placed at once (empty: not counted, e.g. a minMember
-    # below the gang's size lets fewer start)
-    counts: tuple[int, ...] = ()
-    one_product: bool = False  # its GPU members keep to one GPU product (RoomEstimate.per_product)
     _shape: HashedTuple | None = field(default=None, repr=False)
 
     @property
@@ -77,23 +67,18 @@ class Refusal:
         """What may_fit reads of it: gangs of one shape get one answer (FitMasks.answers; hashed once,
         as every refusal of a long backlog is looked up there)."""
         if self._shape is None:
-            self._shape = HashedTuple((tuple(a.shape for a in self.asks), self.filters, self.counts,
-                                       self.one_product))
+            self._shape = HashedTuple((tuple(a.shape for a in self.asks), self.filters))
         return self._shape
 
     def keep_shape(self, old: Refusal) -> None:
-        """Take over the shape of the gang's previous refusal `old` (hashed already) when its asks,
-        filters and counts are the same: that does not change."""
-        if old.asks == self.asks and old.filters is self.filters and (old.counts, old.one_product) == \
-                (self.counts, self.one_product):
+        """Take over the shape of the gang's previous refusal `old` (hashed already) when its asks
+        and filters are the same: that does not change."""
+        if old.asks == self.asks and old.filters is self.filters:
             self._shape = old._shape
 
-    def may_fit(self, snap: Snapshot, nodes: Sequence[int], fits: FitMasks | None = None,
-                closed: Sequence[int] = ()) -> bool:
-        """A member may go to one of `nodes` (static filters) and fits there by resources, and (with
-        `counts`) every node it may use but `closed` together hold each ask's members: a gang of 16
-        whole-node members is not woken by one node that empties. `fits`: fit masks of this state of
-        `snap` (many refusals checked between two changes)."""
+    def may_fit(self, snap: Snapshot, nodes: Sequence[int], fits: FitMasks | None = None) -> bool:
+        """A member may go to one of `nodes` (static filters) and fits there by resources. `fits`:
+        fit masks of this state of `snap` (many refusals checked between two changes)."""
         if not nodes:
             return False
         # where its asks may ever go: a fact of the node list, kept beside it (one per shape)
@@ -103,34 +88,8 @@ class Refusal:
         for ask, where in zip(self.asks, wheres):
             fit = fits.of(snap, ask)
             if any(where[i] and fit[i] for i in nodes):
-                return self.room_for_all(snap, closed) if self.counts else True
+                return True
         return False
-
-    def room_for_all(self, snap: Snapshot, closed: Sequence[int]) -> bool:
-        """Each ask's members fit, counted alone per node, on the nodes it may use but `closed` (of
-        one GPU product, when it keeps to one): a placement needs at least that, whatever quota says."""
-        for ask, count in zip(self.asks, self.counts):
-            if count < 2:
-                continue
-            where = snap.shape.cached_mask(("refusal-static", ask.shape, self.filters),
-                                           lambda a=ask: static_mask(snap, a, self.filters))
-            if len(closed):
-                where = where.copy()
-                where[list(closed)] = False
-            slots = fit_count(ask, count, snap.cpu_free, snap.mem_free, snap.gpu_free, snap.mig_free,
-                              snap.shape.mig_profiles, snap.whole_free_gpus())
-            if self.one_product:
-                product = snap.shape.product_id
-                on = where & (product >= 0)
-                if not on.any() or np.bincount(product[on], weights=slots[on]).max() < count:
-                    return False
-            elif int(slots[where].sum()) < count:
-                return False
-        return True
-
-
-def _closed(snap: Snapshot, kept_off: frozenset[str]) -> list[int]:
-    return [snap.node_index(n) for n in kept_off]
 
 
 class FitMasks:
@@ -140,7 +99,7 @@ class FitMasks:
 
     def __init__(self) -> None:
         self._masks: dict[tuple, list[bool]] = {}
-        self.answers: dict[tuple, object] = {}  # Backoff.ready's answers (hints, room for all) in this state
+        self.answers: dict[tuple, tuple[bool, frozenset[str]]] = {}
 
     def of(self, snap: Snapshot, ask: PodRequest) -> list[bool]:
         key = (ask.cpu_milli, ask.memory_mib, ask.gpus, ask.gpu_milli, ask.mig_profile)
@@ -227,10 +186,7 @@ class Backoff:
         if r is None:
             return self._settle(name)
         if r.epoch < epoch:
-            # usage fell where quota limited it: tried again, unless every node it may use together
-            # cannot hold it (then only room can help, and the nodes that gained are checked below)
-            if self._quota_woken(r, epoch) and (snap is None or not r.counts or self._room_for_all(r, snap, kept_off,
-                                                                                                  fits)):
+            if self._quota_woken(r, epoch):
                 self.forget(name)
                 return True
         elif r.kept_off <= kept_off:
@@ -244,7 +200,7 @@ class Backoff:
             names = snap.shape.nodes
             usable = {snap.node_index(n) for n in r.kept_off - kept_off}
             usable.update(i for i in gained if names[i].name not in kept_off)
-            if r.may_fit(snap, sorted(usable), fits=fits, closed=_closed(snap, kept_off) if r.counts else ()):
+            if r.may_fit(snap, sorted(usable), fits=fits):
                 got = (True, r.kept_off)
             else:
                 got = (False, frozenset(n for n in r.kept_off.union(names[i].name for i in gained) if n in kept_off))
@@ -254,18 +210,6 @@ class Backoff:
             return True
         r.kept_off, r.epoch = got[1], epoch
         return False
-
-    @staticmethod
-    def _room_for_all(r: Refusal, snap: Snapshot, kept_off: frozenset[str], fits: FitMasks | None) -> bool:
-        """Refusal.room_for_all off the `kept_off` nodes, one answer per shape and reservation in
-        this state (`fits`)."""
-        key = ("room-for-all", r.shape, kept_off)
-        got = fits.answers.get(key) if fits is not None else None
-        if got is None:
-            got = r.room_for_all(snap, _closed(snap, kept_off))
-            if fits is not None:
-                fits.answers[key] = got
-        return got
 
     def failed(self, name: str, now: float) -> float:
         """Record a failed try; returns the delay until the next one."""

@@ -58,7 +58,7 @@ import numpy as np
 from airflow_gpu.core.backoff import Backoff, FitMasks, NoPlanMemo, Refusal, RefusedAsks
 from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
-from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, QuotaAnswers, admit, keeps_one_product
+from airflow_gpu.core.gang import BLOCKED_CAPACITY, GangDecision, QuotaAnswers, admit
 from airflow_gpu.core.model import Gang, PodRequest, RunningGang
 from airflow_gpu.core.preemption import (PreemptionPlan, PreemptionPolicy, head_takes_back, head_takes_back_admitted,
                                          plan_preemption)
@@ -189,14 +189,8 @@ class _Cycle:
     def wait(self, gang: Gang, reason: str, quota_products: frozenset[str],
              kept_off: frozenset[str] = frozenset()) -> None:
         self.result.waiting[gang.name] = reason
-        # members counted when it has several of one shape that must all start (not below minMember)
-        whole = any(ps.count > 1 for ps in gang.pod_sets) and (not gang.min_member or
-                                                                gang.min_member >= len(gang.members))
         self.result.refusals[gang.name] = Refusal(tuple(ps.request for ps in gang.pod_sets), kept_off,
-                                                  quota_products, self.profile.filters,
-                                                  counts=tuple(ps.count for ps in gang.pod_sets) if whole else (),
-                                                  one_product=keeps_one_product(gang) and
-                                                  all(m.uses_gpu for m in gang.members))
+                                                  quota_products, self.profile.filters)
 
     def admit_or_reserve(self, gang: Gang, hold: ReservationHold | None, starts: StartMemo | None) -> None:
         """Before any reservation: admit the gang, else it may become the head of line (reserve)."""
