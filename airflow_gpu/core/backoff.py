@@ -28,9 +28,9 @@ nomination's victims keep their quota until they are gone). This keeps a cycle o
 at about one placement per distinct ask instead of one per gang. After the reservation, a gang with
 a member that fits on no node by resources (CPU, memory, GPU form: one vectorised test) is refused
 without a placement, and the "would it fit without the reservation" test for the wait reason runs
-only when a member fits on a reserved node. A covered gang still searches a preemption plan behind the head when it
-may (a production gang behind a refused best-effort one of its team): a refusal it did not make
-takes no turn from it.
+only when a member fits on a reserved node. A covered gang still searches a preemption plan behind
+the head when it may (a production gang behind a refused best-effort one of its team): a refusal it
+did not make takes no turn from it.
 """
 
 from __future__ import annotations
