@@ -42,6 +42,31 @@ def estimates_hash(result) -> str:
     return _file_hash(lambda d: write_estimates(result.start_samples, d / "estimates.csv"))
 
 
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def run_and_print(setting, names: list[str], jobs: int | None, target: str = "") -> None:
+    """`simulate replay`'s run (sim.replay.replay_platforms with its progress), then a line per
+    platform: wall clock, CPU time, events and estimates hashes, GPU time allocated and useful, p95
+    wait per tier and preemptions; then the whole run's wall clock and the load average."""
+    from airflow_gpu.cli.simulate import replay_showing_progress
+    from airflow_gpu.sim.replay_report import summarize
+
+    w0 = time.perf_counter()
+    results = replay_showing_progress(setting, names, jobs)
+    wall = time.perf_counter() - w0
+    for name, r in zip(names, results):
+        s = summarize(r)
+        p95 = "  ".join(f"{tier} p95 {w.get('p95')}" for tier, w in sorted(s["queue_wait_seconds"].items()))
+        print(f"{name:8s} wall {r.seconds:6.1f} s  cpu {r.cpu_seconds:6.1f} s  events {events_hash(r)}  "
+              f"estimates {estimates_hash(r)}  alloc {s['gpu_utilization_pct']:.2f} %  "
+              f"useful {s['useful_gpu_utilization_pct']:.2f} %  {p95}  preemptions {s['preemptions']}", flush=True)
+    procs = min(jobs or os.cpu_count() or 1, len(names))
+    print(f"{'all':8s} wall {wall:6.1f} s in {procs} process(es), cpus {os.cpu_count()}"
+          f"{', target ' + target if target else ''}; load average {load_average()}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     from airflow_gpu.sim.replay import PLATFORMS, replay, replay_platforms
     from airflow_gpu.sim.replay_report import summarize

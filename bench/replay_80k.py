@@ -13,7 +13,6 @@ rates, nodes and team quotas times the scale, so the mix and the contention stay
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from dataclasses import replace
@@ -31,10 +30,8 @@ def params(scale: float, days: float):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from airflow_gpu.cli.simulate import replay_showing_progress
-    from airflow_gpu.sim.replay_report import summarize
     from airflow_gpu.sim.settings import seed_setting
-    from bench.replay import estimates_hash, events_hash
+    from bench.replay import load_average, run_and_print
 
     ap = argparse.ArgumentParser(prog="python -m bench replay_80k")
     ap.add_argument("--scale", type=float, default=7.7, help="times the seed scenario's rates, nodes and quotas")
@@ -52,22 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     gpus = sum(n.gpu_count for n in setting.nodes)
     print(f"generator x{args.scale:g}, {args.days:g} days, seed {args.seed}: {len(setting.nodes)} nodes, {gpus} GPUs, "
           f"{len(setting.jobs)} jobs (built in {time.perf_counter() - t0:.1f} s), estimates {args.estimates}; load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    names = args.platforms.split(",")
-    jobs = args.jobs or os.cpu_count() or 1
-    w0 = time.perf_counter()
-    results = replay_showing_progress(setting, names, jobs)
-    wall = time.perf_counter() - w0
-    for name, r in zip(names, results):
-        s = summarize(r)
-        waits = s["queue_wait_seconds"]
-        print(f"{name:8s} wall {r.seconds:6.1f} s  cpu {r.cpu_seconds:6.1f} s  events {events_hash(r)}  "
-              f"estimates {estimates_hash(r)}  "
-              f"alloc {s['gpu_utilization_pct']:.2f} %  prod p95 {waits.get('production-training', {}).get('p95')}  "
-              f"best-effort p95 {waits.get('best-effort-training', {}).get('p95')}  preemptions {s['preemptions']}",
-              flush=True)
-    print(f"{'all':8s} wall {wall:6.1f} s in {min(jobs, len(names))} process(es), cpus {os.cpu_count()}, target 120 s; "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+          f"{load_average()}", flush=True)
+    run_and_print(setting, args.platforms.split(","), args.jobs, target="120 s")
 
 
 if __name__ == "__main__":

@@ -19,11 +19,9 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import os
 import random
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -74,10 +72,8 @@ def write_trace(directory: Path, days: float, seed: int) -> tuple[Path, Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from airflow_gpu.cli.simulate import replay_showing_progress
-    from airflow_gpu.sim.replay_report import summarize
     from airflow_gpu.sim.settings import DEFAULT_CONFIG, trace_setting
-    from bench.replay import estimates_hash, events_hash
+    from bench.replay import load_average, run_and_print
 
     ap = argparse.ArgumentParser(prog="python -m bench replay_gangs")
     ap.add_argument("--days", type=float, default=109.0)
@@ -96,17 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     offered = sum(j.work * j.gpu_milli / 1000 for j in setting.jobs) / (gpus * args.days * 86400)
     print(f"large gangs, {args.days:g} days, seed {args.seed}: {len(setting.jobs)} jobs, {len(setting.nodes)} nodes, "
           f"{gpus} GPUs, {100 * offered:.0f} % of the GPUs asked for; estimates {args.estimates}; load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    w0 = time.perf_counter()
-    results = replay_showing_progress(setting, names, args.jobs)
-    wall = time.perf_counter() - w0
-    for name, r in zip(names, results):
-        s = summarize(r)
-        waits = s["queue_wait_seconds"].get("best-effort-training", {})
-        print(f"{name:8s} wall {r.seconds:6.1f} s  cpu {r.cpu_seconds:6.1f} s  events {events_hash(r)}  "
-              f"estimates {estimates_hash(r)}  useful {s['useful_gpu_utilization_pct']:.2f} %  "
-              f"p50 wait {waits.get('p50')}  p95 wait {waits.get('p95')}", flush=True)
-    print(f"{'all':8s} wall {wall:6.1f} s; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+          f"{load_average()}", flush=True)
+    run_and_print(setting, names, args.jobs)
 
 
 if __name__ == "__main__":
