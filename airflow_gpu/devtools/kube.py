@@ -16,7 +16,7 @@ from typing import Iterator
 import yaml
 
 from airflow_gpu import constants as C
-from airflow_gpu.devtools.processes import ManagedProcess, free_port
+from airflow_gpu.devtools.processes import ManagedProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SPEC = REPO_ROOT / "examples" / "cluster-small.yaml"
@@ -133,8 +133,9 @@ def start_kube_cluster(tmp_dir: Path, spec: str | Path | dict | None = None, tok
     state_dir = tmp_dir / "state"
     for stale in ("cluster.json", "kubeconfig"):  # from an earlier run on the same state dir
         (state_dir / stale).unlink(missing_ok=True)
-    port = free_port()
-    argv = [*launcher, sys.executable, "-m", "airflow_gpu", "cluster", "up", "--spec", str(spec_path), "--port", str(port),
+    # --port 0: the cluster binds a free port itself and writes it to cluster.json; a port picked
+    # here and bound there could be taken in between by another test's server
+    argv = [*launcher, sys.executable, "-m", "airflow_gpu", "cluster", "up", "--spec", str(spec_path), "--port", "0",
             "--state-dir", str(state_dir), "--bookmark-seconds", str(bookmark_seconds)]
     if audit:  # every request as an audit.k8s.io Event: KubeCluster.audit_events()
         argv += ["--audit-log", str(state_dir / "audit.log")]
