@@ -136,7 +136,7 @@ def test_the_exporters_write_the_format_from_their_example_files(tmp_path):
     skipped = Counter()
     out = io.StringIO()
     write(kueue_rows(json.loads((EXAMPLES / "kueue-workloads.json").read_text()), skipped), out)
-    assert skipped == {"not admitted and finished": 1}
+    assert skipped == {"not finished (pending, running or deleted)": 1}
     rows = list(csv.DictReader(io.StringIO(out.getvalue())))
     assert [(r["job"], r["submit_time"], r["duration"], r["workers"], r["gpus_per_worker"], r["team"], r["tier"])
             for r in rows] == [("team-nlp/job-finetune-7f3a", "0", "7200", "2", "4", "team-nlp",
@@ -169,3 +169,180 @@ def test_the_example_trace_replays_from_the_readme_command(tmp_path):
     # before the replay, stderr says what only a fallback rule mapped (not team-vision: its namespace says)
     guessed = next(line for line in done.stderr.splitlines() if line.strip().startswith("trace teams"))
     assert f"ml-platform -> {doc['mapping']['teams']['ml-platform']}" in guessed and "team-vision" not in guessed
+
+
+def _replay(tmp_path, trace, *extra, platforms="naive,full"):
+    _nodes(tmp_path / "nodes.csv")
+    done = subprocess.run([sys.executable, "-m", "airflow_gpu", "simulate", "replay", "--trace", str(trace), "--nodes",
+                           str(tmp_path / "nodes.csv"), "--platforms", platforms, "--jobs", "1", "--json",
+                           "--estimates", "off", *extra], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), done.stderr
+
+
+def test_the_kueue_export_replays_with_its_namespaced_job_names(tmp_path):
+    """The documented path, export then replay: job names are namespace/name (a '/' once crashed the replay)."""
+    out = tmp_path / "sub" / "jobs.csv"  # a directory that does not exist yet
+    done = subprocess.run([sys.executable, "-m", "airflow_gpu.sim.export", "kueue", str(EXAMPLES / "kueue-workloads.json"),
+                           "-o", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    doc, _ = _replay(tmp_path, out, "--events", str(tmp_path / "events"))
+    assert doc["jobs"] == 2 and all(p["finished_jobs"] == 2 for p in doc["platforms"].values())
+    rows = list(csv.DictReader((tmp_path / "events" / "full.csv").open()))
+    assert {r["job"] for r in rows} == {"team-nlp/job-finetune-7f3a", "team-research/job-sweep-11"}
+
+
+def test_a_trace_in_epoch_seconds_replays_as_one_from_zero(tmp_path):
+    _trace(tmp_path / "jobs.csv", n=80)
+    rows = list(csv.DictReader((tmp_path / "jobs.csv").open()))
+    first = min(float(r["submit_time"]) for r in rows)
+
+    def shifted(name: str, origin: float):
+        path = tmp_path / name
+        with path.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=COLUMNS)
+            w.writeheader()
+            w.writerows({**r, "submit_time": f"{origin + float(r['submit_time']) - first:.1f}"} for r in rows)
+        return path
+
+    epoch, zero = shifted("epoch.csv", 1_740_000_000), shifted("zero.csv", 0)
+    a, said = _replay(tmp_path, epoch)
+    b, _ = _replay(tmp_path, zero)
+    assert "submit times counted from the first submission (submit_time 1,740,000,000)" in said
+    for name in ("naive", "full"):
+        pa, pb = ({k: v for k, v in d["platforms"][name].items() if k != "seconds"} for d in (a, b))
+        assert pa == pb
+        assert 10 < pa["gpu_utilization_pct"] <= 100 and pa["horizon_seconds"] > 86400
+
+
+def test_a_batch_submitted_at_once_is_measured_over_its_packed_time(tmp_path):
+    """No arrival window: utilisation and cost over the time the work takes packed on every GPU, not 0."""
+    path = tmp_path / "batch.csv"
+    path.write_text("job,submit_time,duration,workers,gpus_per_worker\n" +
+                    "".join(f"b{i},0,3600,1,8\n" for i in range(12)))  # 12 x 8 GPUs for an hour on 48 GPUs
+    doc, _ = _replay(tmp_path, path)
+    for p in doc["platforms"].values():
+        assert p["horizon_seconds"] == 7200.0  # 96 GPU-hours on 48 GPUs
+        assert 60 <= p["gpu_utilization_pct"] <= 100 and p["cost"] > 0 and 3600 < p["end_seconds"] <= 10800
+
+
+def test_a_faster_product_runs_the_reference_duration_faster(tmp_path):
+    """duration is on the reference product: the quota file's relative_speed 2.5 makes an hour 1,440 s on an H100."""
+    path = tmp_path / "jobs.csv"
+    path.write_text("job,submit_time,duration,gpus_per_worker,products\na,0,3600,8,h100-80gb\nb,0,3600,8,a100-80gb\n")
+    _replay(tmp_path, path, "--events", str(tmp_path / "events"))
+    ends = {r["job"]: float(r["end"]) for r in csv.DictReader((tmp_path / "events" / "full.csv").open())}
+    assert ends == {"a": 1440.0, "b": 3600.0}
+
+
+def test_jobs_that_can_never_start_are_left_out_with_the_scheduler_s_reason(tmp_path):
+    path = tmp_path / "jobs.csv"
+    path.write_text("job,submit_time,duration,workers,gpus_per_worker,cpu_milli,memory_mib,products\n"
+                    "ok,0,3600,1,8,,,\nhuge,10,3600,10,8,,,\nfat,20,3600,1,16,,,\ncpu,30,3600,1,1,200000,,\n"
+                    "h100s,40,3600,2,8,,,h100-80gb\nlast,50,3600,1,1,,,\n")
+    doc, said = _replay(tmp_path, path)
+    assert doc["jobs"] == 2 and set(doc["left_out"]) == {"huge", "fat", "cpu", "h100s"}
+    assert "needs 80 GPUs" in doc["left_out"]["huge"] and "insufficient cpu" in doc["left_out"]["cpu"]
+    assert "4 jobs can never start on these nodes and are left out" in said
+    assert all(p["finished_jobs"] == 2 and p["starved_jobs"] == 0 for p in doc["platforms"].values())
+    path.write_text("job,submit_time,duration,gpus_per_worker\nhuge,0,60,9\n")
+    bad = subprocess.run([sys.executable, "-m", "airflow_gpu", "simulate", "replay", "--trace", str(path), "--nodes",
+                          str(tmp_path / "nodes.csv")], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "no job can start on the 6 nodes kept" in bad.stderr
+
+
+def test_spot_is_what_the_node_list_says_unless_asked(tmp_path):
+    _trace(tmp_path / "jobs.csv", n=120)
+    listed, said = _replay(tmp_path, tmp_path / "jobs.csv", platforms="full")
+    assert listed["spot_share"] == 0.0 and listed["platforms"]["full"]["interruptions"] == 0
+    assert "no node is spot" in said
+    asked, said = _replay(tmp_path, tmp_path / "jobs.csv", "--spot-share", "0.5", platforms="full")
+    assert asked["spot_share"] == 0.5 and "50 % of the nodes are spot" in said
+    assert asked["platforms"]["full"]["cost"] < listed["platforms"]["full"]["cost"]
+
+
+@pytest.mark.parametrize("name, data", [
+    ("bom", "\ufeffjob,submit_time,duration,gpus_per_worker\na,0,60,1\n".encode()),
+    ("utf16", "job,submit_time,duration,gpus_per_worker\na,0,60,1\n".encode("utf-16")),
+    ("tabs", b"job\tsubmit_time\tduration\tgpus_per_worker\na\t0\t60\t1\n"),
+    ("semicolons", b"job;submit_time;duration;gpus_per_worker\na;0;60;1\n"),
+    ("capitals and spaces", b"Job, Submit_Time, Duration, GPUs_per_worker\na, 0, 60, 1\n"),
+    ("pandas floats", b"job,submit_time,duration,gpus_per_worker,workers\na,0.0,60.0,1.0,1.0\n"),
+    ("an unrelated extra column", b"job,submit_time,duration,gpus_per_worker,time,user\na,0,60,1,x,y\n"),
+])
+def test_headers_and_numbers_as_spreadsheets_write_them_load(tmp_path, name, data):
+    path = tmp_path / "jobs.csv"
+    path.write_bytes(data)
+    [job] = load_jobs(path)
+    assert (job.name, job.submit, job.work, job.worker.gpus, job.workers) == ("a", 0.0, 60.0, 1, 1)
+
+
+@pytest.mark.parametrize("data, expected", [
+    (b"job,submit_time,duration,gpus_per_worker,worker\na,0,60,1,4\n", "column 'worker' is not one this format "
+                                                                         "reads.*did you mean 'workers'"),
+    (b"job,submit_time,duration,gpus_per_worker,teir\na,0,60,1,high\n", "did you mean 'tier'"),
+    (b"job,submit_time,duration,gpus_per_worker,checkpointible\na,0,60,1,yes\n", "did you mean 'checkpointable'"),
+    (b"jobid,submit,duration\na,0,60\n", "missing column.*found 'jobid', 'submit', 'duration'"),
+    (b"", "found nothing \\(an empty file\\)"),
+    ("job,submit_time,duration,gpus_per_worker,team\na,0,60,1,\xe9quipe\n".encode("latin-1"), "not UTF-8 text"),
+])
+def test_a_header_typo_or_an_unreadable_file_is_refused_naming_it(tmp_path, data, expected):
+    path = tmp_path / "jobs.csv"
+    path.write_bytes(data)
+    with pytest.raises(TraceError, match=expected):
+        load_jobs(path)
+
+
+@pytest.mark.parametrize("rows, expected", [
+    (["a,8,8,8,a100", "a,8,8,8,a100"], "column sn 'a' is also the node of line 2"),
+    (["cpu-0,8,8,0,"], "no node has a GPU"),
+])
+def test_a_node_list_that_cannot_be_replayed_is_refused(tmp_path, rows, expected):
+    from airflow_gpu.sim.traces import load_nodes
+
+    path = tmp_path / "nodes.csv"
+    path.write_text("\n".join(["sn,cpu_milli,memory_mib,gpu,model", *rows]) + "\n")
+    with pytest.raises(TraceError, match=expected):
+        load_nodes(path)
+
+
+def test_the_exporters_read_what_clusters_write_and_say_what_they_approximated(tmp_path):
+    """Kueue: YAML, MIG slices, podSets of different asks, a finished Workload whose Admitted went False
+    (Kueue 0.15); Slurm: GPUs uneven over nodes, a requeued JobID listed twice, a pending job."""
+    t = "2026-01-01T00:{:02d}:00Z"
+    def workload(name, podsets, conditions):
+        return {"metadata": {"name": name, "namespace": "team-nlp", "creationTimestamp": t.format(0)},
+                "spec": {"podSets": [{"name": f"ps{i}", "count": c, "template": {"spec": {"containers": [
+                    {"resources": {"requests": r}}]}}} for i, (c, r) in enumerate(podsets)]},
+                "status": {"conditions": [{"type": k, "status": v, "lastTransitionTime": t.format(m)}
+                                          for k, v, m in conditions]}}
+    done = [("Admitted", "True", 1), ("Finished", "True", 31)]
+    doc = {"items": [
+        workload("mig", [(1, {"nvidia.com/mig-1g.10gb": "1"})], done),
+        workload("mixed", [(1, {"nvidia.com/gpu": "8"}), (4, {"nvidia.com/gpu": "1"})], done),
+        workload("kueue-015", [(2, {"nvidia.com/gpu": "4"})],
+                 [("PodsReady", "True", 5), ("Admitted", "False", 45), ("Finished", "True", 45)]),
+        workload("pending", [(1, {"nvidia.com/gpu": "1"})], [])]}
+    import yaml
+
+    src = tmp_path / "workloads.yaml"
+    src.write_text(yaml.safe_dump(doc))
+    out = subprocess.run([sys.executable, "-m", "airflow_gpu.sim.export", "kueue", str(src)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    rows = {r["job"]: r for r in csv.DictReader(io.StringIO(out.stdout))}
+    assert (rows["team-nlp/mig"]["gpu_milli"], rows["team-nlp/mig"]["gpus_per_worker"]) == ("143", "")
+    assert (rows["team-nlp/mixed"]["workers"], rows["team-nlp/mixed"]["gpus_per_worker"]) == ("5", "8")
+    assert rows["team-nlp/kueue-015"]["duration"] == "2400"  # PodsReady at :05 to Finished at :45
+    assert "team-nlp/pending" not in rows
+    assert "1 job with podSets of different GPU asks" in out.stderr and "1 not finished" in out.stderr
+    sacct = ("JobID|Account|QOS|Submit|Start|End|NNodes|AllocTRES\n"
+             "7|nlp|high|2026-01-01T00:00:00|2026-01-01T00:01:00|2026-01-01T01:01:00|2|cpu=8,gres/gpu=5\n"
+             "8|nlp|high|2026-01-01T00:00:00|2026-01-01T00:01:00|2026-01-01T00:02:00|1|cpu=8,gres/gpu=4\n"
+             "8|nlp|high|2026-01-01T00:03:00|2026-01-01T00:04:00|2026-01-01T01:04:00|1|cpu=8,gres/gpu=4\n"
+             "9|nlp|high|2026-01-01T00:03:00|Unknown|Unknown|1|\n")
+    skipped, notes = Counter(), Counter()
+    rows = {r["job"]: r for r in slurm_rows(sacct, skipped, notes=notes)}
+    assert (rows["7"]["workers"], rows["7"]["gpus_per_worker"]) == (2, 3)
+    assert rows["8"]["duration"] == 3600.0 and list(rows) == ["7", "8"]
+    assert skipped == {"never started or still running": 1} and sum(notes.values()) == 2

@@ -82,6 +82,10 @@ def _register_replay(modes) -> None:
                     help="--trace: trace tier (Slurm QOS, PriorityClass) -> quota file tier ('*=TIER'); unmapped "
                          "unknown tiers run as the file's lowest-priority preemptible tier")
     rp.add_argument("--capacity", type=float, default=1.0, help="keep this seeded fraction of the nodes (0, 1]")
+    rp.add_argument("--spot-share", type=float, default=None, metavar="FRACTION",
+                    help="seeded fraction of the nodes that are spot (interrupted, cheaper) on the platforms with "
+                         "spot; default: 0 for --trace (your node list as it is), 0.25 for --pods, the generator's "
+                         "for --seed-scenario")
     rp.add_argument("--seed", type=int, default=42, help="seed of capacity, teams, spot and the generator")
     rp.add_argument("--days", type=float, help="seed scenario: days of arrivals (default from SeedParams)")
     rp.add_argument("--config", type=Path, help="quota config for tiers and prices (default examples/seed-quotas.yaml)")
@@ -171,6 +175,13 @@ def _replay(args) -> int:
     except ValueError as exc:
         print(f"--max-wait: {exc}", file=sys.stderr)
         return 2
+    for option, path in (("--events", args.events), ("--plots", args.plots)):
+        if path is not None and path.exists() and not path.is_dir():
+            print(f"{option} {path}: is a file; give a directory (it gets one file per platform)", file=sys.stderr)
+            return 2
+    if args.spot_share is not None and not 0 <= args.spot_share <= 1:
+        print(f"--spot-share must be in [0, 1] (a fraction of the nodes), got {args.spot_share}", file=sys.stderr)
+        return 2
     if args.restart_overhead is not None and args.restart_overhead < 0:
         print(f"--restart-overhead must be >= 0 seconds, got {args.restart_overhead}", file=sys.stderr)
         return 2
@@ -210,6 +221,8 @@ def _replay(args) -> int:
     from dataclasses import replace as _with
 
     setting = _with(setting, duration_estimate=args.duration_estimate, estimates=args.estimates)
+    if args.spot_share is not None:
+        setting = _with(setting, spot=_with(setting.spot, share=args.spot_share))
     if args.reservation_hold is not None:
         setting = _with(setting, reservation_hold=args.reservation_hold)
     if args.placement_hold is not None:
@@ -233,7 +246,9 @@ def _replay(args) -> int:
            "min_runtime": dict(setting.preemption_policy.min_runtime),
            "max_wait": {t: tier.max_wait_seconds for t, tier in setting.tiers.items()
                         if tier.max_wait_seconds is not None},
+           "spot_share": setting.spot.share,
            "nodes": len(setting.nodes), "gpus": sum(n.gpu_count for n in setting.nodes), "jobs": len(setting.jobs),
+           "left_out": setting.left_out,  # job -> why it can never start on these nodes
            "platforms": {r.platform.name: summarize(r) for r in results}}
     if params is not None:
         doc["parameters"] = params.describe()
@@ -260,18 +275,48 @@ def _replay(args) -> int:
     return 0
 
 
+def _count(n: int, word: str, plural: str = "s") -> str:
+    return f"{n:,} {word}{plural if n != 1 else ''}"
+
+
 def _say_what_runs(trace: str, setting, names: list[str], jobs: int | None, mapped) -> None:
     """On stderr, before minutes of work: what is replayed, and the trace's teams and tiers that only
     a fallback rule placed (a trace whose tiers are all unknown runs as one preemptible tier: a
     what-if of preemption then has nothing to preempt)."""
     import os
 
+    from airflow_gpu.sim.replay import PLATFORMS
+
     gpus = sum(n.gpu_count for n in setting.nodes)
     procs = min(jobs or os.cpu_count() or 1, len(names))
-    print(f"replay {trace}: {len(setting.jobs):,} jobs on {len(setting.nodes)} nodes ({gpus} GPUs); "
-          f"{', '.join(names)} in {procs} process{'es' if procs > 1 else ''}", file=sys.stderr, flush=True)
+    print(f"replay {trace}: {_count(len(setting.jobs), 'job')} on {_count(len(setting.nodes), 'node')} ({gpus} GPUs); "
+          f"{', '.join(names)} in {_count(procs, 'process', 'es')}", file=sys.stderr, flush=True)
+    spot = [n for n in names if PLATFORMS[n].spot]
+    if spot:
+        said = (f"{100 * setting.spot.share:g} % of the nodes are spot, interrupted "
+                f"{setting.spot.interruptions_per_node_day:g} times a node-day" if setting.spot.share
+                else "no node is spot, so spot is not exercised")
+        print(f"  on {', '.join(spot)}: {said} (--spot-share to choose)", file=sys.stderr, flush=True)
+    if setting.left_out:
+        shown = "; ".join(f"{name}: {why}" for name, why in list(setting.left_out.items())[:5])
+        more = f"; and {len(setting.left_out) - 5:,} more" if len(setting.left_out) > 5 else ""
+        print(f"  {_count(len(setting.left_out), 'job')} can never start on these nodes "
+              f"and {'are' if len(setting.left_out) != 1 else 'is'} left out (the JSON's left_out lists all): "
+              f"{shown}{more}", file=sys.stderr, flush=True)
     if mapped is None:
         return
+    if mapped.disallowed:
+        pairs = "; ".join(f"{team} / {tier}: {n:,}" for (team, tier), n in sorted(mapped.disallowed.items()))
+        print(f"  jobs mapped to a tier their team's `tiers` do not allow (the cluster's ResourceQuota would refuse "
+              f"their pods; replayed all the same): {pairs} (--team-map or --tier-map to choose)",
+              file=sys.stderr, flush=True)
+    if mapped.unknown_models:
+        print(f"  node models the quota file has no product for (name or node_label): "
+              f"{', '.join(sorted(mapped.unknown_models))}; priced as its first product, at relative speed 1.0",
+              file=sys.stderr, flush=True)
+    if mapped.origin:
+        print(f"  submit times counted from the first submission (submit_time {mapped.origin:,.0f}): the "
+              "replay's 0", file=sys.stderr, flush=True)
     for word, applied, guessed, option, rule in (
             ("teams", mapped.teams, mapped.guessed_teams, "--team-map", "spread over its teams by a seeded hash"),
             ("tiers", mapped.tiers, mapped.guessed_tiers, "--tier-map", "its lowest-priority preemptible tier")):

@@ -10,13 +10,14 @@
 What a job is, per source (docs/replay-traces.md):
 - Kueue Workload: one job; team = its namespace (mapped to the quota file's team of that namespace),
   tier = spec.priorityClassName (`airflow-gpu-<tier>` reads as <tier>); workers = the pods of the
-  podSets that ask GPUs (nvidia.com/gpu, requests else limits), gpus_per_worker = the largest ask among
-  them; duration = the Finished condition's time - the Admitted (else QuotaReserved) condition's;
-  submit = creationTimestamp. Workloads not admitted and finished are left out (counted on stderr).
+  podSets that ask GPUs (nvidia.com/gpu, or MIG slices as sevenths of one: gpu_milli; requests else
+  limits), gpus_per_worker = the largest ask among them; duration = the Finished condition's time - the
+  Admitted (else QuotaReserved, else PodsReady) condition's; submit = creationTimestamp. Workloads not
+  finished are left out (counted on stderr).
 - Slurm allocation (sacct -X: one row per job, no steps): team = Account, tier = QOS; workers =
   NNodes, gpus_per_worker = the gres/gpu count of AllocTRES / NNodes, cpu and mem of AllocTRES / NNodes;
   products = the gres type (gres/gpu:a100=8) with --gpu-types only; duration = End - Start; submit = Submit. Jobs without GPUs or that never
-  started are left out.
+  started are left out; a JobID listed again (requeued, sacct -D) keeps its last run.
 Times become seconds since the earliest submit. Jobs are written as not checkpointable: neither
 source records it; edit the column for jobs that checkpoint.
 """
@@ -26,10 +27,13 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import re
 import sys
 from collections import Counter
 from pathlib import Path
+
+import yaml
 
 from airflow_gpu.kube.wire import ConversionError, parse_time
 
@@ -77,7 +81,24 @@ def _condition_time(wl: dict, kind: str, name: str) -> float | None:
     return None
 
 
-def kueue_rows(doc: dict, skipped: Counter) -> list[dict]:
+# MIG slices of a GPU (A100 and H100 have 7): nvidia.com/mig-<N>g.<mem> is N sevenths of one
+_MIG = re.compile(r"^nvidia\.com/mig-(\d+)g\.")
+MIG_SLICES = 7
+
+
+def _gpu_ask(asked: dict) -> float:
+    """GPUs a container asks: nvidia.com/gpu, or its MIG slices as a fraction of one GPU."""
+    gpus = _quantity(asked.get(GPU_RESOURCE, 0))
+    for resource, value in asked.items():
+        mig = _MIG.match(resource)
+        if mig:
+            gpus += int(mig.group(1)) * _quantity(value) / MIG_SLICES
+    return gpus
+
+
+def kueue_rows(doc: dict, skipped: Counter, notes: Counter | None = None) -> list[dict]:
+    """Workloads -> rows; `skipped`: why some were left out; `notes`: how some were approximated."""
+    notes = Counter() if notes is None else notes
     items = doc.get("items") if isinstance(doc, dict) else None
     if items is None:
         raise ExportError("not a Workload list: expected the output of `kubectl get workloads -A -o json` "
@@ -86,15 +107,22 @@ def kueue_rows(doc: dict, skipped: Counter) -> list[dict]:
     for i, wl in enumerate(items):
         meta = wl.get("metadata") or {}
         name = f"{meta.get('namespace', '')}/{meta.get('name', f'item{i}')}"
-        admitted = _condition_time(wl, "Admitted", name) or _condition_time(wl, "QuotaReserved", name)
         finished = _condition_time(wl, "Finished", name)
-        if admitted is None or finished is None:
-            skipped["not admitted and finished"] += 1
+        # Kueue 0.15 before its revert (kueue#8599) set Admitted and QuotaReserved False on finishing,
+        # losing the admission time; PodsReady (all pods started) still says when it ran
+        admitted = (_condition_time(wl, "Admitted", name) or _condition_time(wl, "QuotaReserved", name)
+                    or _condition_time(wl, "PodsReady", name))
+        if finished is None:
+            skipped["not finished (pending, running or deleted)"] += 1
+            continue
+        if admitted is None:
+            skipped["finished without an Admitted, QuotaReserved or PodsReady time"] += 1
             continue
         created = _time(meta.get("creationTimestamp"), f"workload {name}: metadata.creationTimestamp")
         if created is None:
             raise ExportError(f"workload {name}: no metadata.creationTimestamp")
         workers = gpus = cpu = mem = 0
+        shapes = set()
         for ps in (wl.get("spec") or {}).get("podSets") or []:
             count = int(ps.get("count", 1))
             pod_gpus = pod_cpu = pod_mem = 0.0
@@ -102,7 +130,7 @@ def kueue_rows(doc: dict, skipped: Counter) -> list[dict]:
                 res = c.get("resources") or {}
                 asked = {**(res.get("limits") or {}), **(res.get("requests") or {})}
                 try:
-                    pod_gpus += _quantity(asked.get(GPU_RESOURCE, 0))
+                    pod_gpus += _gpu_ask(asked)
                     pod_cpu += _quantity(asked.get("cpu", 0))
                     pod_mem += _quantity(asked.get("memory", 0))
                 except ValueError:
@@ -110,15 +138,21 @@ def kueue_rows(doc: dict, skipped: Counter) -> list[dict]:
                                       f"a number: {asked}") from None
             if pod_gpus > 0:
                 workers += count
+                shapes.add(pod_gpus)
                 if pod_gpus >= gpus:
                     gpus, cpu, mem = pod_gpus, pod_cpu, pod_mem
         if not workers:
             skipped["no GPU"] += 1
             continue
+        if len(shapes) > 1:  # one worker shape per job in the format: the largest, so it fits where it ran
+            notes["with podSets of different GPU asks, written as that many workers of the largest ask"] += 1
+        whole, milli = (math.ceil(gpus - 1e-9), "") if gpus >= 1 else ("", max(1, round(gpus * 1000)))
+        if gpus % 1 and gpus > 1:
+            notes["asking a fraction of a GPU above one, rounded up to whole GPUs"] += 1
         spec = wl.get("spec") or {}
-        rows.append(_row(name, created, max(1.0, finished - admitted), workers, int(gpus),
-                         int(cpu * 1000), int(mem / 2**20), meta.get("namespace", ""),
-                         spec.get("priorityClassName") or ""))
+        row = _row(name, created, max(1.0, finished - admitted), workers, whole,
+                   int(cpu * 1000), int(mem / 2**20), meta.get("namespace", ""), spec.get("priorityClassName") or "")
+        rows.append({**row, "gpu_milli": milli})
     return rows
 
 
@@ -128,7 +162,10 @@ _TRES_MEM = re.compile(r"(?:^|,)mem=([\d.]+)([KMGT]?)")
 _SLURM_MIB = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2}  # Slurm's units are binary
 
 
-def slurm_rows(text: str, skipped: Counter, gpu_types: bool = False) -> list[dict]:
+def slurm_rows(text: str, skipped: Counter, gpu_types: bool = False, notes: Counter | None = None) -> list[dict]:
+    """sacct --parsable2 output -> rows; `skipped`: why some were left out; `notes`: how some were
+    approximated. A JobID listed again (requeued, with -D) keeps its last run."""
+    notes = Counter() if notes is None else notes
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:
         raise ExportError("empty sacct output")
@@ -138,12 +175,16 @@ def slurm_rows(text: str, skipped: Counter, gpu_types: bool = False) -> list[dic
     if missing:
         raise ExportError(f"sacct output lacks field(s) {', '.join(missing)}: run sacct --parsable2 "
                           f"--format={','.join(need)} (first line must be the header)")
-    rows = []
+    rows: dict[str, dict] = {}
     for n, line in enumerate(lines[1:], start=2):
         rec = dict(zip(header, line.split("|")))
         job = rec["JobID"]
         if "." in job:  # a step: -X was not given; its allocation row is the job
             skipped["job steps"] += 1
+            continue
+        submit, start, end = (_time(rec[f], f"line {n}: sacct job {job}: field {f}") for f in ("Submit", "Start", "End"))
+        if submit is None or start is None or end is None:
+            skipped["never started or still running"] += 1
             continue
         tres = {}
         for product, count in _TRES_GPU.findall(rec["AllocTRES"]):
@@ -153,22 +194,21 @@ def slurm_rows(text: str, skipped: Counter, gpu_types: bool = False) -> list[dic
         if not gpus:
             skipped["no GPU"] += 1
             continue
-        submit, start, end = (_time(rec[f], f"line {n}: sacct job {job}: field {f}") for f in ("Submit", "Start", "End"))
-        if submit is None or start is None or end is None:
-            skipped["never started or still running"] += 1
-            continue
         try:
             nodes = max(1, int(rec["NNodes"]))
         except ValueError:
             raise ExportError(f"line {n}: sacct job {job}: field NNodes must be an integer, got {rec['NNodes']!r}") from None
-        if gpus % nodes:
-            raise ExportError(f"line {n}: sacct job {job}: {gpus} GPUs do not split evenly over {nodes} nodes")
+        if gpus % nodes:  # one worker shape per job in the format: the most any node had
+            notes["with GPUs not even over their nodes, written as the most per node"] += 1
         cpu, mem = _TRES_CPU.search(rec["AllocTRES"]), _TRES_MEM.search(rec["AllocTRES"])
         mem_mib = float(mem.group(1)) * _SLURM_MIB[mem.group(2) or "M"] if mem else 0.0
-        rows.append(_row(job, submit, max(1.0, end - start), nodes, gpus // nodes,
+        if job in rows:
+            notes["listed again (requeued, sacct -D), kept as their last run"] += 1
+            del rows[job]  # the last run, in its own place in submit order
+        rows[job] = _row(job, submit, max(1.0, end - start), nodes, -(-gpus // nodes),
                          int(cpu.group(1)) * 1000 // nodes if cpu else 0, int(mem_mib // nodes),
-                         rec["Account"], rec["QOS"], tuple(sorted(typed)) if gpu_types else ()))
-    return rows
+                         rec["Account"], rec["QOS"], tuple(sorted(typed)) if gpu_types else ())
+    return list(rows.values())
 
 
 def write(rows: list[dict], out) -> None:
@@ -179,6 +219,29 @@ def write(rows: list[dict], out) -> None:
     for r in sorted(rows, key=lambda r: (r["submit_time"], r["job"])):
         writer.writerow({**r, "submit_time": f"{r['submit_time'] - origin:g}",
                          "duration": f"{r['duration']:g}"})
+
+
+def _text(raw: bytes) -> str:
+    """UTF-16 when it says so (PowerShell's `>` writes it), else UTF-8 with or without a BOM."""
+    try:
+        return raw.decode("utf-16") if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ExportError(f"not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
+
+
+def _document(text: str) -> dict:
+    """`kubectl get workloads -A -o json` or `-o yaml` output."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError:
+            doc = None
+        if not isinstance(doc, dict):
+            raise ExportError(f"neither JSON ({exc}) nor a YAML document; give `kubectl get workloads -A -o json` "
+                              "output") from None
+        return doc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,26 +255,26 @@ def main(argv: list[str] | None = None) -> int:
                          "model column uses the same names, else those jobs fit nowhere")
     args = ap.parse_args(argv)
     skipped: Counter = Counter()
+    notes: Counter = Counter()
     try:
-        text = args.file.read_text()
+        text = _text(args.file.read_bytes())
         if args.source == "kueue":
-            try:
-                doc = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ExportError(f"not JSON ({exc})") from None
-            rows = kueue_rows(doc, skipped)
+            rows = kueue_rows(_document(text), skipped, notes)
         else:
-            rows = slurm_rows(text, skipped, args.gpu_types)
+            rows = slurm_rows(text, skipped, args.gpu_types, notes)
     except (OSError, ExportError) as exc:
         print(f"{args.file}: {exc}", file=sys.stderr)
         return 2
     if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
         with args.output.open("w", newline="") as fh:
             write(rows, fh)
     else:
         write(rows, sys.stdout)
     left = ", ".join(f"{n} {why}" for why, n in sorted(skipped.items()))
-    print(f"{len(rows)} jobs exported" + (f"; left out: {left}" if left else ""), file=sys.stderr)
+    print(f"{len(rows)} job{'s' if len(rows) != 1 else ''} exported" + (f"; left out: {left}" if left else ""), file=sys.stderr)
+    for why, n in sorted(notes.items()):
+        print(f"  {n} job{'s' if n != 1 else ''} {why}", file=sys.stderr)
     return 0
 
 

@@ -25,12 +25,12 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from airflow_gpu.constants import TIER_BEST_EFFORT_TRAINING, TIER_PRODUCTION_TRAINING
 from airflow_gpu.core.model import GPU_MILLI, PodRequest
 from airflow_gpu.core.tiers import TierPolicy, tier_of_priority_class
-from airflow_gpu.sim.traces import TracePod, TraceError, _rows
+from airflow_gpu.sim.traces import TracePod, TraceError, _integer, _rows
 from airflow_gpu.sim.workload import Job
 
 JOB_COLUMNS = ("job", "submit_time", "duration")
@@ -50,8 +50,8 @@ def _number(path, line, row, column, *, integer=False, default=None, minimum=0.0
     if raw == "" and default is not None:
         return default
     try:
-        value = int(raw) if integer else float(raw)
-    except ValueError:
+        value = _integer(raw) if integer else float(raw)
+    except (ValueError, OverflowError):
         kind = "an integer" if integer else "a number (seconds)"
         raise TraceError(f"{path}:{line}: column {column} must be {kind}, got {raw!r}") from None
     if not math.isfinite(value) or value < minimum or (above and value <= minimum):
@@ -91,7 +91,7 @@ def load_jobs(path) -> list[Job]:
     """The generic job CSV -> jobs with the trace's own team and tier (map_jobs maps them)."""
     jobs: list[Job] = []
     seen: dict[str, int] = {}
-    for line, row in _rows(path, JOB_COLUMNS):
+    for line, row in _rows(path, JOB_COLUMNS, JOB_COLUMNS + OPTIONAL_COLUMNS):
         name = _cell(row, "job")
         if not name:
             raise TraceError(f"{path}:{line}: column job is empty; every job needs a unique name")
@@ -114,6 +114,13 @@ def load_jobs(path) -> list[Job]:
     if not jobs:
         raise TraceError(f"{path}: no jobs")
     return jobs
+
+
+def from_zero(jobs: Sequence[Job]) -> tuple[list[Job], float]:
+    """The jobs with their submit times counted from the first submission, and that origin: a trace
+    in epoch seconds replays the same as one from 0 (the horizon and the plots start at the first job)."""
+    origin = min((j.submit for j in jobs), default=0.0)
+    return ([replace(j, submit=j.submit - origin) for j in jobs] if origin else list(jobs)), origin
 
 
 # --- teams and tiers ----------------------------------------------------------------------------
@@ -150,6 +157,11 @@ class Mapped:
     # the trace's names only a fallback rule placed (the seeded spread, the default tier): said before a replay
     guessed_teams: frozenset[str] = frozenset()
     guessed_tiers: frozenset[str] = frozenset()
+    origin: float = 0.0  # the trace's first submit_time: the replay's 0 (from_zero)
+    # node models the quota file has no product for: priced as its first product, speed 1.0
+    unknown_models: frozenset[str] = frozenset()
+    # (team, tier) pairs the quota file does not let the team submit -> jobs (they run all the same)
+    disallowed: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def map_jobs(jobs: Sequence[Job], teams: Sequence[str], tiers: Mapping[str, TierPolicy] | None, seed: int,

@@ -23,7 +23,7 @@ import heapq
 import math
 import pickle
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from queue import Empty
@@ -34,6 +34,7 @@ from airflow_gpu.constants import (CAPACITY_SPOT, DEFAULT_CHECKPOINT_SECONDS, DE
                                    DEFAULT_PLACEMENT_HOLD_BUDGET, DEFAULT_PLACEMENT_HOLD_SECONDS,
                                    DEFAULT_RESERVATION_HOLD_SECONDS)
 from airflow_gpu.core.framework import place_pod
+from airflow_gpu.core.gang import place_gang
 from airflow_gpu.core.holding import PlacementHolds
 from airflow_gpu.core.model import (GPU_MILLI, Gang, Node, Placement, RunningGang, TopologyLevel, TopologyRequirement,
                                     periodic_checkpoint_work, restart_lost_gpu_seconds, sigterm_checkpoint_commits,
@@ -142,6 +143,8 @@ class Setting:
     # the stretch learned from earlier estimates and starts (StartCalibration); "runs": run lengths
     # only; "declared": declared durations only (the estimator before both); "off": not recorded
     estimates: str = "learned"
+    # jobs of the source left out because they can never start on these nodes -> why (never_fit)
+    left_out: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -239,6 +242,37 @@ def quota_book(setting: Setting, nodes: list[Node], platform: Platform) -> Quota
         teams[UNASSIGNED] = TeamQuota.from_gpus(UNASSIGNED, rest, {})
     return QuotaBook(teams, borrowed_priority=setting.borrowed_priority, speeds=setting.speeds,
                      product_rank=setting.product_rank)
+
+
+def measured_horizon(jobs: Sequence[Job], nodes: Sequence[Node]) -> float:
+    """The window utilisation and cost are measured over, from 0, the same on every platform: the
+    arrivals' (to the last submission), or, when the trace's GPU work cannot fit into it even packed
+    without a gap on every GPU (a batch submitted at once, an overloaded trace), the time that
+    packing would take."""
+    last = max((j.submit for j in jobs), default=0.0)
+    gpus = sum(n.gpu_count for n in nodes) * GPU_MILLI
+    packed = sum(j.work * j.gpu_milli for j in jobs) / gpus if gpus else 0.0
+    return max(last, packed)
+
+
+def never_fit(setting: Setting) -> dict[str, str]:
+    """Jobs that can never start on the setting's nodes, whatever runs beside them: all their workers
+    at once have no placement on the empty cluster (core.gang.place_gang, the scheduler's own answer,
+    as `full` asks: spot counted as on-demand) -> core's reason. One answer per ask and gang size."""
+    snap = Snapshot.from_nodes(setting.nodes)
+    profile = make_profile(DEFAULT_POLICY, prefer_products=False)
+    platform = replace(FULL, spot=False)
+    answers: dict[tuple, str] = {}
+    out: dict[str, str] = {}
+    for job in setting.jobs:
+        key = (replace(job.worker, name=""), job.workers)
+        if key not in answers:
+            gang = next(iter(_unit_gangs(job, platform, setting.tiers).values()))
+            placed, _, why = place_gang(snap, gang, profile)
+            answers[key] = "" if placed is not None else why
+        if answers[key]:
+            out[job.name] = answers[key]
+    return out
 
 
 def _unit_gangs(job: Job, platform: Platform, tiers: dict[str, TierPolicy],
@@ -420,6 +454,7 @@ class Replay:
         self.events: list[tuple[float, int, str, object]] = []
         self.seq = 0
         self.states: dict[str, JobState] = {}
+        self.job_of: dict[str, str] = {}  # unit (gang) name -> its job's name (a job's name may hold "/")
         self.pending: dict[str, Gang] = {}
         # the same gangs in queue order (core.queue.queue_order), kept sorted as gangs come and go: the
         # cycle sorts its input, and a sorted backlog of thousands costs it one pass instead of a sort
@@ -498,7 +533,7 @@ class Replay:
         del self.queue[i]
 
     def _bind(self, gang: Gang, placements: tuple[Placement, ...], borrowed: bool, now: float) -> None:
-        job_name = gang.name.split("/")[0]
+        job_name = self.job_of[gang.name]
         st = self.states[job_name]
         self.live.start(RunningGang(gang, placements, now, borrowed=borrowed))
         del self.pending[gang.name]
@@ -635,10 +670,11 @@ class Replay:
 
         t0, c0 = time.perf_counter(), time.process_time()
         jobs = self.setting.jobs
-        horizon = max(j.submit for j in jobs) if jobs else 0.0
+        horizon = measured_horizon(jobs, self.nodes)
         for j in jobs:
             self.states[j.name] = JobState(j, _unit_gangs(j, self.platform, self.setting.tiers,
                                                           self.setting.duration_estimate))
+            self.job_of.update((unit, j.name) for unit in self.states[j.name].units)
             self.push(j.submit, "arrive", j.name)
         if self.platform.queue == "fifo":
             self.fifo = _Fifo([g for st in self.states.values() for g in st.units.values()], self.cycle.profile)
@@ -695,7 +731,7 @@ class Replay:
 
     def _lone(self, gang: Gang) -> bool:
         """A job of one pod (never a gang's member): what may be held."""
-        return len(gang.members) == 1 and len(self.states[gang.name.split("/")[0]].units) == 1
+        return len(gang.members) == 1 and len(self.states[self.job_of[gang.name]].units) == 1
 
     def _book_holds(self, holds, now: float) -> None:
         """Held placements this cycle: a cycle at each new hold's end (it binds then at the latest)
@@ -726,7 +762,7 @@ class Replay:
                                          self.calibration)
             for gang, placements, borrowed in admitted:
                 self._bind(gang, placements, borrowed, now)
-            for job in sorted({v.gang.name.split("/")[0] for p in plans for v in p.victims}):
+            for job in sorted({self.job_of[v.gang.name] for p in plans for v in p.victims}):
                 st = self.states[job]
                 if st.attempt is not None:
                     self.preemptions += 1

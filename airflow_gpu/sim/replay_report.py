@@ -95,6 +95,10 @@ def summarize(r: ReplayResult) -> dict:
         "finished_jobs": sum(1 for st in r.jobs.values() if st.finished_at is not None),
         "guarantee_met_pct": {t: round(100 * m / w, 1) if w else 100.0 for t, (m, w) in r.guarantee.items()},
         "seconds": round(r.seconds, 2),
+        # utilisation and cost are over [0, horizon] (replay.measured_horizon, every platform's); the
+        # platform's last event (its drain) may be later
+        "horizon_seconds": round(h, 1),
+        "end_seconds": round(r.end, 1),
         # per tier, how right the published estimated start was (sim/start_accuracy.py); None: none published
         "estimated_start_error": None if r.start_samples is None else error_table(r.start_samples),
         # held placements (core/holding.py): their cost; None: the platform held none
@@ -215,6 +219,11 @@ def markdown(doc: dict) -> str:
         lines += ["Trace teams -> quota file teams: " + ", ".join(f"{k or '(none)'} -> {v}" for k, v in m["teams"].items()),
                   "Trace tiers -> tiers: " + ", ".join(f"{k or '(none)'} -> {v}" for k, v in m["tiers"].items()),
                   "Guaranteed shares: " + ", ".join(f"{k} {100 * v:.1f} %" for k, v in m["shares"].items()), ""]
+    first = next(iter(doc["platforms"].values()), None)
+    if first and "horizon_seconds" in first:
+        ends = ", ".join(f"{name} {s['end_seconds']:,.0f} s" for name, s in doc["platforms"].items())
+        lines += [f"Utilisation and cost over the first {first['horizon_seconds']:,.0f} s (the arrivals, or the trace's "
+                  f"GPU work packed on every GPU if that is longer); the last job ended at: {ends}.", ""]
     lines += ["| platform | util % | useful % | computing while queued % | prod p95 wait (s) | best-effort p95 (s) "
               "| lost GPU-h | restart GPU-h | cost | starved | preemptions | per job | interruptions | s |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

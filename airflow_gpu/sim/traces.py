@@ -33,24 +33,85 @@ class TracePod:
     scheduled_time: int | None = None  # None: the trace never scheduled it
 
 
-def _rows(path: Path, required: tuple[str, ...]):
+def _encoding(path: Path) -> str:
+    """UTF-16 when the file says so (PowerShell's `>`), else UTF-8 with or without a BOM (Excel's
+    "CSV UTF-8" starts with one, which would glue itself to the first column's name)."""
+    with path.open("rb") as fh:
+        head = fh.read(2)
+    return "utf-16" if head in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig"
+
+
+def _near(a: str, b: str) -> bool:
+    """A typo of `b`: one edit apart (a letter added, dropped, changed or two swapped), two for a
+    long name. `time` is not taken for `tier` (two edits, short names)."""
+    if abs(len(a) - len(b)) > 2 or a == b:
+        return False
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[len(a)][len(b)] <= (2 if len(b) >= 8 else 1)
+
+
+def _header(path: Path, fieldnames, required: tuple[str, ...], known: tuple[str, ...] | None) -> list[str]:
+    """The header's names as read (trimmed, lower case); a missing required column, or one that is a
+    typo of a column this format reads (its values would be dropped without a word), is an error
+    showing the header found."""
+    names = [(f or "").strip().lower().replace("-", "_").replace(" ", "_") for f in fieldnames or ()]
+    found = ", ".join(repr(f) for f in fieldnames or ()) or "nothing (an empty file)"
+    missing = [c for c in required if c not in names]
+    if missing:
+        hints = [f"{n!r} for {c}?" for c in missing for n in names if _near(n, c)]
+        raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; expected at least {', '.join(required)}, "
+                         f"comma-separated, on the first line; found {found}" + (f" ({'; '.join(hints)})" if hints else ""))
+    if known is not None:
+        for n in names:
+            close = [c for c in known if _near(n, c)] if n not in known else []
+            if close:
+                raise TraceError(f"{path}: column {n!r} is not one this format reads, and its values would be "
+                                 f"ignored; did you mean {close[0]!r}? Rename it, or remove the column")
+    return names
+
+
+def _rows(path: Path, required: tuple[str, ...], known: tuple[str, ...] | None = None):
+    """(line number, row dict) of a CSV whose header names `required` (and, with `known`, no typo of
+    a column the format reads). Comma-separated; a header of tabs or semicolons and no comma is read
+    with that separator; names are matched trimmed and in lower case."""
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in required if c not in (reader.fieldnames or ())]
-        if missing:
-            raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; expected at least {', '.join(required)}")
-        for line, row in enumerate(reader, start=2):
-            yield line, row
+    try:
+        with path.open(newline="", encoding=_encoding(path)) as fh:
+            first = fh.readline()
+            fh.seek(0)
+            delimiter = "," if "," in first else "\t" if "\t" in first else ";" if ";" in first else ","
+            reader = csv.DictReader(fh, delimiter=delimiter, skipinitialspace=True)
+            reader.fieldnames = _header(path, reader.fieldnames, required, known)
+            for line, row in enumerate(reader, start=2):
+                yield line, row
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8 "
+                         "(\"CSV UTF-8\" in a spreadsheet)") from None
+
+
+def _integer(raw: str) -> int:
+    """An integer, also when written as a float with no fraction ("8.0": what pandas writes)."""
+    try:
+        return int(raw)
+    except ValueError:
+        value = float(raw)  # ValueError for anything else
+        if not value.is_integer():
+            raise
+        return int(value)
 
 
 def _int(path, line, row, column) -> int:
     raw = (row.get(column) or "").strip()
     try:
-        value = int(raw)
-    except ValueError:
+        value = _integer(raw)
+    except (ValueError, OverflowError):
         raise TraceError(f"{path}:{line}: column {column} must be an integer, got {raw!r}") from None
     if value < 0:
         raise TraceError(f"{path}:{line}: column {column} must not be negative, got {value}")
@@ -59,14 +120,21 @@ def _int(path, line, row, column) -> int:
 
 def load_nodes(path) -> list[Node]:
     nodes = []
-    for line, row in _rows(path, NODE_COLUMNS):
+    seen: dict[str, int] = {}
+    for line, row in _rows(path, NODE_COLUMNS, NODE_COLUMNS):
+        name = (row.get("sn") or "").strip()
+        if not name or name in seen:
+            raise TraceError(f"{path}:{line}: column sn " + (f"{name!r} is also the node of line {seen[name]}; node "
+                                                           "names must be unique" if name else "is empty; every node "
+                                                           "needs a unique name"))
+        seen[name] = line
         gpus = _int(path, line, row, "gpu")
         model = (row.get("model") or "").strip() or None
         if gpus and not model:
             raise TraceError(f"{path}:{line}: node {row['sn']} has {gpus} GPUs but no model; fill the model column")
         nodes.append(
             Node(
-                name=row["sn"].strip(),
+                name=name,
                 cpu_milli=_int(path, line, row, "cpu_milli"),
                 memory_mib=_int(path, line, row, "memory_mib"),
                 gpu_count=gpus,
@@ -75,6 +143,8 @@ def load_nodes(path) -> list[Node]:
         )
     if not nodes:
         raise TraceError(f"{path}: no nodes")
+    if not any(n.gpu_count for n in nodes):
+        raise TraceError(f"{path}: no node has a GPU (column gpu); a replay needs GPU nodes")
     return nodes
 
 
