@@ -346,3 +346,22 @@ def test_the_exporters_read_what_clusters_write_and_say_what_they_approximated(t
     assert (rows["7"]["workers"], rows["7"]["gpus_per_worker"]) == (2, 3)
     assert rows["8"]["duration"] == 3600.0 and list(rows) == ["7", "8"]
     assert skipped == {"never started or still running": 1} and sum(notes.values()) == 2
+
+
+def test_the_openb_pods_left_out_are_counted_by_why(tmp_path):
+    path = tmp_path / "pods.csv"
+    path.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
+                    "scheduled_time\n"
+                    "p0,1000,1024,1,1000,,LS,Running,0,3600,0\np1,1000,1024,0,0,,LS,Running,0,3600,0\n"
+                    "p2,1000,1024,1,1000,,Weird,Running,0,3600,0\np3,1000,1024,1,1000,,BE,Pending,0,3600,\n"
+                    "p4,1000,1024,1,1000,,BE,Running,10,3600,10\n")
+    _nodes(tmp_path / "nodes.csv")
+    done = subprocess.run([sys.executable, "-m", "airflow_gpu", "simulate", "replay", "--pods", str(path), "--nodes",
+                           str(tmp_path / "nodes.csv"), "--platforms", "naive", "--jobs", "1", "--json",
+                           "--estimates", "off"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["jobs"] == 2 and sorted(doc["source_notes"]) == [
+        "1 pod of qos Weird (not LS, Guaranteed, BE, Burstable) left out",
+        "1 pod the trace never scheduled (no scheduled_time) left out", "1 pod without a GPU left out"]
+    assert "1 pod without a GPU left out" in done.stderr

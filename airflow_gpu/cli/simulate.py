@@ -249,6 +249,7 @@ def _replay(args) -> int:
            "spot_share": setting.spot.share,
            "nodes": len(setting.nodes), "gpus": sum(n.gpu_count for n in setting.nodes), "jobs": len(setting.jobs),
            "left_out": setting.left_out,  # job -> why it can never start on these nodes
+           "source_notes": list(setting.notes),  # what reading the source dropped
            "platforms": {r.platform.name: summarize(r) for r in results}}
     if params is not None:
         doc["parameters"] = params.describe()
@@ -297,6 +298,8 @@ def _say_what_runs(trace: str, setting, names: list[str], jobs: int | None, mapp
                 f"{setting.spot.interruptions_per_node_day:g} times a node-day" if setting.spot.share
                 else "no node is spot, so spot is not exercised")
         print(f"  on {', '.join(spot)}: {said} (--spot-share to choose)", file=sys.stderr, flush=True)
+    for note in setting.notes:
+        print(f"  {note}", file=sys.stderr, flush=True)
     if setting.left_out:
         shown = "; ".join(f"{name}: {why}" for name, why in list(setting.left_out.items())[:5])
         more = f"; and {len(setting.left_out) - 5:,} more" if len(setting.left_out) > 5 else ""

@@ -23,6 +23,7 @@ same shape (workload.openb_jobs).
 from __future__ import annotations
 
 import math
+from collections import Counter
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -262,24 +263,36 @@ QOS_TIER = {"LS": TIER_PRODUCTION_TRAINING, "Guaranteed": TIER_PRODUCTION_TRAINI
 OPENB_TEAMS = ("team-a", "team-b", "team-c", "team-d")
 
 
-def openb_jobs(pods: list[TracePod], seed: int, checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL) -> list[Job]:
+def openb_jobs(pods: list[TracePod], seed: int, checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
+               skipped: Counter | None = None) -> list[Job]:
     """Trace pods -> jobs. Rules: qos is the tier, mapped by QOS_TIER (LS/Guaranteed ->
     production-training, BE/Burstable -> best-effort-training; other qos left out); no team: spread
     over OPENB_TEAMS by `hashed` pod name; num_gpu = N > 1 -> a gang of N one-GPU workers (the pod's
     CPU and memory split evenly); gpu_milli < 1000 -> a share of one GPU; work = deletion - scheduled
     time (pods the trace never scheduled, or without GPUs, are left out); every job checkpoints every
-    `checkpoint_interval` s. Submit = creation time."""
+    `checkpoint_interval` s. Submit = creation time. `skipped`: pods left out, by why."""
+    skipped = Counter() if skipped is None else skipped
     jobs = []
     for p in pods:
         r = p.request
-        if r.gpu_milli_total == 0 or p.creation_time is None or p.deletion_time is None:
-            continue
-        if p.qos not in QOS_TIER or p.scheduled_time is None:
-            continue
-        work = max(1.0, float(p.deletion_time - p.scheduled_time))
-        workers = r.gpus if r.gpus > 1 else 1
-        worker = r if workers == 1 else replace(r, gpus=1, cpu_milli=r.cpu_milli // workers,
-                                                memory_mib=r.memory_mib // workers)
-        jobs.append(Job(r.name, "", p.qos, worker, workers, float(p.creation_time), work,
-                        checkpointable=True, checkpoint_interval=checkpoint_interval))
+        if r.gpu_milli_total == 0:
+            skipped["without a GPU"] += 1
+        elif p.creation_time is None or p.deletion_time is None:
+            skipped["without creation_time and deletion_time"] += 1
+        elif p.qos not in QOS_TIER:
+            skipped[f"of qos {p.qos or '(none)'} (not {', '.join(QOS_TIER)})"] += 1
+        elif p.scheduled_time is None:
+            skipped["the trace never scheduled (no scheduled_time)"] += 1
+        else:
+            jobs.append(_openb_job(p, checkpoint_interval))
     return map_jobs(jobs, OPENB_TEAMS, None, seed, tier_map=QOS_TIER).jobs
+
+
+def _openb_job(p: TracePod, checkpoint_interval: float) -> Job:
+    r = p.request
+    work = max(1.0, float(p.deletion_time - p.scheduled_time))
+    workers = r.gpus if r.gpus > 1 else 1
+    worker = r if workers == 1 else replace(r, gpus=1, cpu_milli=r.cpu_milli // workers,
+                                            memory_mib=r.memory_mib // workers)
+    return Job(r.name, "", p.qos, worker, workers, float(p.creation_time), work,
+               checkpointable=True, checkpoint_interval=checkpoint_interval)

@@ -145,6 +145,8 @@ class Setting:
     estimates: str = "learned"
     # jobs of the source left out because they can never start on these nodes -> why (never_fit)
     left_out: dict[str, str] = field(default_factory=dict)
+    # what reading the source dropped, said before a replay ("1,088 pods without a GPU")
+    notes: tuple[str, ...] = ()
 
 
 @dataclass

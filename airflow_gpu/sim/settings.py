@@ -43,12 +43,14 @@ def openb_setting(nodes_csv: Path, pods_csv: Path, capacity: float, seed: int, c
     model (the trace's models have no public price)."""
     cfg, tiers, policy, borrowed, prices = _from_config(config)
     nodes = keep_capacity(load_nodes(nodes_csv), capacity, seed)
-    jobs = openb_jobs(load_pods(pods_csv), seed)
+    skipped: Counter = Counter()
+    jobs = openb_jobs(load_pods(pods_csv), seed, skipped=skipped)
+    notes = tuple(f"{n:,} pod{'s' if n != 1 else ''} {why} left out" for why, n in sorted(skipped.items()))
     price = next(iter(prices.values()), (0.0, 0.0))
     prices = {n.gpu_product: price for n in nodes if n.gpu_product}
     share = 1.0 / len(OPENB_TEAMS)
     return startable(Setting(tuple(nodes), tuple(jobs), tiers, {t: share for t in OPENB_TEAMS}, policy, borrowed,
-                             prices, spot, seed, **_queue_rules(cfg)), pods_csv)
+                             prices, spot, seed, notes=notes, **_queue_rules(cfg)), pods_csv)
 
 
 def trace_setting(nodes_csv: Path, trace_csv: Path, capacity: float, seed: int, config: Path = DEFAULT_CONFIG,
