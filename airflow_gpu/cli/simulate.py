@@ -281,45 +281,56 @@ def _count(n: int, word: str, plural: str = "s") -> str:
 
 
 def _say_what_runs(trace: str, setting, names: list[str], jobs: int | None, mapped) -> None:
-    """On stderr, before minutes of work: what is replayed, and the trace's teams and tiers that only
-    a fallback rule placed (a trace whose tiers are all unknown runs as one preemptible tier: a
-    what-if of preemption then has nothing to preempt)."""
+    """On stderr, before minutes of work: what is replayed, what reading the source left out or
+    assumed, and the trace's teams and tiers that only a fallback rule placed (a trace whose tiers
+    are all unknown runs as one preemptible tier: a what-if of preemption then has nothing to preempt)."""
     import os
-
-    from airflow_gpu.sim.replay import PLATFORMS
 
     gpus = sum(n.gpu_count for n in setting.nodes)
     procs = min(jobs or os.cpu_count() or 1, len(names))
-    print(f"replay {trace}: {_count(len(setting.jobs), 'job')} on {_count(len(setting.nodes), 'node')} ({gpus} GPUs); "
-          f"{', '.join(names)} in {_count(procs, 'process', 'es')}", file=sys.stderr, flush=True)
+    lines = [f"replay {trace}: {_count(len(setting.jobs), 'job')} on {_count(len(setting.nodes), 'node')} "
+             f"({gpus} GPUs); {', '.join(names)} in {_count(procs, 'process', 'es')}"]
+    lines += [f"  {line}" for line in _setting_lines(setting, names) + _mapping_lines(mapped)]
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _setting_lines(setting, names: list[str]) -> list[str]:
+    """Spot on the platforms that have it, and what reading the source left out."""
+    from airflow_gpu.sim.replay import PLATFORMS
+
+    out = []
     spot = [n for n in names if PLATFORMS[n].spot]
     if spot:
         said = (f"{100 * setting.spot.share:g} % of the nodes are spot, interrupted "
                 f"{setting.spot.interruptions_per_node_day:g} times a node-day" if setting.spot.share
                 else "no node is spot, so spot is not exercised")
-        print(f"  on {', '.join(spot)}: {said} (--spot-share to choose)", file=sys.stderr, flush=True)
-    for note in setting.notes:
-        print(f"  {note}", file=sys.stderr, flush=True)
-    if setting.left_out:
-        shown = "; ".join(f"{name}: {why}" for name, why in list(setting.left_out.items())[:5])
-        more = f"; and {len(setting.left_out) - 5:,} more" if len(setting.left_out) > 5 else ""
-        print(f"  {_count(len(setting.left_out), 'job')} can never start on these nodes "
-              f"and {'are' if len(setting.left_out) != 1 else 'is'} left out (the JSON's left_out lists all): "
-              f"{shown}{more}", file=sys.stderr, flush=True)
+        out.append(f"on {', '.join(spot)}: {said} (--spot-share to choose)")
+    out += list(setting.notes)
+    left = setting.left_out
+    if left:
+        shown = "; ".join(f"{name}: {why}" for name, why in list(left.items())[:5])
+        more = f"; and {len(left) - 5:,} more" if len(left) > 5 else ""
+        out.append(f"{_count(len(left), 'job')} can never start on these nodes and {'are' if len(left) != 1 else 'is'} "
+                   f"left out (the JSON's left_out lists all): {shown}{more}")
+    return out
+
+
+def _mapping_lines(mapped) -> list[str]:
+    """How a --trace was read: tiers a team may not submit, unknown node models, the origin, and
+    the teams and tiers only a fallback rule placed."""
     if mapped is None:
-        return
+        return []
+    out = []
     if mapped.disallowed:
         pairs = "; ".join(f"{team} / {tier}: {n:,}" for (team, tier), n in sorted(mapped.disallowed.items()))
-        print(f"  jobs mapped to a tier their team's `tiers` do not allow (the cluster's ResourceQuota would refuse "
-              f"their pods; replayed all the same): {pairs} (--team-map or --tier-map to choose)",
-              file=sys.stderr, flush=True)
+        out.append(f"jobs mapped to a tier their team's `tiers` do not allow (the cluster's ResourceQuota would refuse "
+                   f"their pods; replayed all the same): {pairs} (--team-map or --tier-map to choose)")
     if mapped.unknown_models:
-        print(f"  node models the quota file has no product for (name or node_label): "
-              f"{', '.join(sorted(mapped.unknown_models))}; priced as its first product, at relative speed 1.0",
-              file=sys.stderr, flush=True)
+        out.append(f"node models the quota file has no product for (name or node_label): "
+                   f"{', '.join(sorted(mapped.unknown_models))}; priced as its first product, at relative speed 1.0")
     if mapped.origin:
-        print(f"  submit times counted from the first submission (submit_time {mapped.origin:,.0f}): the "
-              "replay's 0", file=sys.stderr, flush=True)
+        out.append(f"submit times counted from the first submission (submit_time {mapped.origin:,.0f}): the replay's 0")
     for word, applied, guessed, option, rule in (
             ("teams", mapped.teams, mapped.guessed_teams, "--team-map", "spread over its teams by a seeded hash"),
             ("tiers", mapped.tiers, mapped.guessed_tiers, "--tier-map", "its lowest-priority preemptible tier")):
@@ -330,9 +341,8 @@ def _say_what_runs(trace: str, setting, names: list[str], jobs: int | None, mapp
         if "" in guessed:  # rows without one: per job (teams) or one default (tiers)
             pairs.append(f"none given -> {applied['']}")
         if pairs:
-            pairs = "; ".join(pairs)
-            print(f"  trace {word} not in the quota file, {rule}: {pairs} ({option} to choose)",
-                  file=sys.stderr, flush=True)
+            out.append(f"trace {word} not in the quota file, {rule}: {'; '.join(pairs)} ({option} to choose)")
+    return out
 
 
 class _ProgressLines:

@@ -57,9 +57,10 @@ def trace_setting(nodes_csv: Path, trace_csv: Path, capacity: float, seed: int, 
                   team_map: dict[str, str] | None = None, tier_map: dict[str, str] | None = None,
                   spot: SpotModel = SpotModel(share=0.0)) -> tuple[Setting, Mapped]:
     """A generic job CSV (sim/jobtrace.py) on a seeded `capacity` fraction of the node list's GPU
-    nodes, on-demand as listed unless `spot` makes a share of them spot (a what-if). Teams and tiers: the quota file's, the trace's mapped onto them (jobtrace.map_jobs), each
-    team guaranteed jobtrace.team_shares of every product; prices: the config's price of a product
-    whose name or node label is the node model, else its first product's."""
+    nodes, on-demand as listed unless `spot` makes a share of them spot (a what-if). Teams and tiers:
+    the quota file's, the trace's mapped onto them (jobtrace.map_jobs), each team guaranteed
+    jobtrace.team_shares of every product; prices and relative speeds: the config's product whose
+    name or node label is the node model, else its first product's price at speed 1.0."""
     cfg, tiers, policy, borrowed, prices = _from_config(config)
     all_nodes = load_nodes(nodes_csv)
     nodes = keep_capacity(all_nodes, capacity, seed)

@@ -123,15 +123,16 @@ def load_nodes(path) -> list[Node]:
     seen: dict[str, int] = {}
     for line, row in _rows(path, NODE_COLUMNS, NODE_COLUMNS):
         name = (row.get("sn") or "").strip()
-        if not name or name in seen:
-            raise TraceError(f"{path}:{line}: column sn " + (f"{name!r} is also the node of line {seen[name]}; node "
-                                                           "names must be unique" if name else "is empty; every node "
-                                                           "needs a unique name"))
+        if not name:
+            raise TraceError(f"{path}:{line}: column sn is empty; every node needs a unique name")
+        if name in seen:
+            raise TraceError(f"{path}:{line}: column sn {name!r} is also the node of line {seen[name]}; node names "
+                             "must be unique")
         seen[name] = line
         gpus = _int(path, line, row, "gpu")
         model = (row.get("model") or "").strip() or None
         if gpus and not model:
-            raise TraceError(f"{path}:{line}: node {row['sn']} has {gpus} GPUs but no model; fill the model column")
+            raise TraceError(f"{path}:{line}: node {name} has {gpus} GPUs but no model; fill the model column")
         nodes.append(
             Node(
                 name=name,
