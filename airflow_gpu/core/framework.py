@@ -13,13 +13,14 @@ the lowest rank in `Profile.tie_rank` wins. With a seeded shuffled rank this is 
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
-from airflow_gpu.core.model import Placement, PodRequest
+from airflow_gpu.core.model import GPU_MILLI, Placement, PodRequest
 from airflow_gpu.core.snapshot import Snapshot
 
 
@@ -173,6 +174,69 @@ def pick_best(nodes: np.ndarray, scores: np.ndarray, tie_rank: np.ndarray | None
     if tie_rank is None or len(best) == 1:
         return int(best[0])
     return int(best[np.argmin(tie_rank[best])])
+
+
+def place_identical(snap: Snapshot, pods: list[PodRequest], profile: Profile) -> list[Placement] | None:
+    """The placements place_pod gives `pods` (one shape, whole GPUs) placed one after another, each
+    with the earlier ones held, worked out at once: a gang of 128 one-GPU members is one score
+    table, not 128 passes over every filter and score. Exact because every filter of the profile
+    is fixed by the node list or reads the node's own free capacity, and every score plugin says
+    its scores pod after pod (`score_run`) or is static: placing a pod changes only its node's
+    row. None (nothing worked out) when that does not hold, or when not every pod fits: the caller
+    places them one by one and says why. Does not change `snap`."""
+    pod = pods[0]
+    if pod.gpus <= 0 or pod.gpu_milli or pod.mig_profile is not None or not profile.scores:
+        return None
+    chooser = profile.gpu_chooser
+    if chooser is not None and not getattr(chooser, "whole_gpus_lowest_first", False):
+        return None
+    if not all(getattr(f, "static", False) or getattr(f, "fixed", False) or getattr(f, "resources", False)
+               for f in profile.filters):
+        return None
+    ok, _ = run_filters(snap, pod, profile.filters)
+    nodes = np.flatnonzero(ok)
+    if not len(nodes):
+        return None
+    # how many of them fit on each node, by the node's own free capacity (ResourceFit, pod after pod)
+    cap = snap.whole_free_gpus()[nodes] // pod.gpus
+    if pod.cpu_milli:
+        cap = np.minimum(cap, snap.cpu_free[nodes] // pod.cpu_milli)
+    if pod.memory_mib:
+        cap = np.minimum(cap, snap.mem_free[nodes] // pod.memory_mib)
+    if int(cap.sum()) < len(pods):
+        return None
+    depth = int(min(len(pods), cap.max()))
+    table = None
+    for plugin, weight in profile.scores:
+        if getattr(plugin, "static", False):
+            part = (weight * np.asarray(plugin.score(snap, pod, nodes), dtype=np.float64))[:, None]
+        elif hasattr(plugin, "score_run"):
+            run = plugin.score_run(snap, pod, nodes, depth)
+            if run is None:
+                return None
+            part = weight * np.asarray(run, dtype=np.float64)
+        else:
+            return None
+        table = part if table is None else table + part
+    table = np.broadcast_to(table, (len(nodes), depth))
+    # pick_best pod after pod: the highest score, then the lowest tie rank, then the lowest index
+    rank = profile.tie_rank
+    heap = [(-float(table[j, 0]), int(rank[n]) if rank is not None else 0, int(n), j) for j, n in enumerate(nodes)]
+    heapq.heapify(heap)
+    used = [0] * len(nodes)
+    whole_ids: dict[int, list[int]] = {}
+    out = []
+    for p in pods:
+        _, _, node, j = heapq.heappop(heap)
+        ids = whole_ids.get(node)
+        if ids is None:  # default_gpu_choice pod after pod: the lowest-index whole GPUs still free
+            ids = whole_ids[node] = np.flatnonzero(snap.gpu_free[node] == GPU_MILLI).tolist()
+        m = used[j]
+        out.append(snap.placement_for(p, node, tuple((g, GPU_MILLI) for g in ids[m * p.gpus:(m + 1) * p.gpus])))
+        used[j] = m + 1
+        if m + 1 < cap[j] and m + 1 < depth:
+            heapq.heappush(heap, (-float(table[j, m + 1]), int(rank[node]) if rank is not None else 0, node, j))
+    return out
 
 
 def place_pod(snap: Snapshot, pod: PodRequest, profile: Profile) -> tuple[Placement | None, FilterDiagnosis]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from airflow_gpu.core.framework import FilterResult, Profile, place_pod
+from airflow_gpu.core.framework import FilterResult, Profile, place_identical, place_pod
 from airflow_gpu.core.model import GPU_MILLI, Gang, Placement, PodRequest, TopologyLevel
 from airflow_gpu.core.quota import (
     MAY_STOP_SEARCH,
@@ -67,6 +67,7 @@ class _Within:
     """Filter plugin restricting a placement to a node mask (a topology domain minus reservations)."""
 
     name = "GangDomain"
+    fixed = True  # a mask that placing pods does not change (framework.place_identical)
 
     def __init__(self, mask: np.ndarray, reason: str):
         self.mask = mask
@@ -91,14 +92,37 @@ def _place_members(snap: Snapshot, members: list[PodRequest], profile: Profile,
     placed: list[Placement] = []
     last = len(members) - 1
     with snap.trial() as trial:
-        for k, pod in enumerate(members):
+        k = 0
+        while k <= last:
+            run = _identical_run(members, k)
+            # a pod set's members one after another, placed at once when the profile can say so
+            # (the same placements: framework.place_identical); else, or when one does not fit, one by one
+            batch = place_identical(snap, members[k:k + run], prof) if run > 1 else None
+            for placement in batch or ():
+                if len(placed) < last:  # held for the members after it (the caller holds the whole gang)
+                    trial.assume(placement)
+                placed.append(placement)
+            if batch:
+                k += run
+                continue
+            pod = members[k]
             placement, diagnosis = place_pod(snap, pod, prof)
             if placement is None:
                 return None, f"member {pod.name} does not fit" + (f": {diagnosis.message()}" if explain else "")
-            if k < last:  # held for the members after it (the caller holds the whole gang)
+            if k < last:
                 trial.assume(placement)
             placed.append(placement)
+            k += 1
     return placed, ""
+
+
+def _identical_run(members: list[PodRequest], k: int) -> int:
+    """How many members from the k-th on ask exactly what it asks (one pod set, as a rule)."""
+    shape = members[k].shape
+    n = k + 1
+    while n < len(members) and members[n].shape == shape:
+        n += 1
+    return n - k
 
 
 def _describe_domain(dom: Domain, used: int) -> str:

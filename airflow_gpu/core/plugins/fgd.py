@@ -216,6 +216,7 @@ class FGDScore:
     """
 
     name = "FGD"
+    whole_gpus_lowest_first = True  # choose_gpus: as default_gpu_choice for whole GPUs
 
     def __init__(
         self,
@@ -317,6 +318,29 @@ class FGDScore:
 
     def score(self, snap: Snapshot, pod: PodRequest, nodes: np.ndarray) -> np.ndarray:
         return self._entry(snap, pod, nodes)[0][nodes]
+
+    def score_run(self, snap: Snapshot, pod: PodRequest, nodes: np.ndarray, depth: int) -> np.ndarray | None:
+        """[len(nodes), depth]: the score of one more `pod` on each node with m = 0..depth-1 of them
+        placed there already (lowest-index whole GPUs first, as default_gpu_choice and choose_gpus
+        place them): what `score` says member after member of a pod set, at once. Whole-GPU pods
+        only, and not while learning (each member scored would be learnt); None otherwise."""
+        if self._learning or pod.gpus <= 0 or pod.gpu_milli or pod.mig_profile is not None:
+            return None
+        out = np.empty((len(nodes), depth), dtype=np.int64)
+        out[:, 0] = self.score(snap, pod, nodes)  # m = 0 from the per-version cache, as `score`
+        if depth == 1:
+            return out
+        free = snap.gpu_free[nodes]
+        whole = free == GPU_MILLI
+        m = np.arange(depth + 1)
+        # after m pods: the first m x gpus whole GPUs taken; states m = 0..depth
+        taken = whole[:, None, :] & (np.cumsum(whole, axis=1)[:, None, :] <= (m * pod.gpus)[None, :, None])
+        rows = np.where(taken, 0, free[:, None, :]).astype(free.dtype, copy=False)
+        cpu = snap.cpu_free[nodes][:, None] - m[None, :] * pod.cpu_milli
+        frag = self._bind(snap).frag(rows.reshape(-1, free.shape[1]), cpu.reshape(-1),
+                                     np.repeat(nodes, depth + 1)).reshape(len(nodes), depth + 1)
+        out[:, 1:] = _score(frag[:, 2:] - frag[:, 1:-1], self.divisor)
+        return out
 
     def choose_gpus(self, snap: Snapshot, pod: PodRequest, node: int) -> tuple[tuple[int, int], ...]:
         if pod.gpu_milli:

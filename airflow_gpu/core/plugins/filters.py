@@ -26,6 +26,7 @@ class ResourceFit:
     """CPU, memory and the GPU form (whole GPUs, a gpu_milli share of one GPU, a MIG slice)."""
 
     name = "ResourceFit"
+    resources = True  # reads only the node's own free capacity (framework.place_identical counts it itself)
 
     def filter(self, snap: Snapshot, pod: PodRequest) -> FilterResult:
         gpu_ok = snap.gpu_fit_mask(pod)

@@ -128,12 +128,16 @@ class GpuPackingScore:
 class BestFitGpu:
     """GPU choice "best": whole GPUs lowest index first; a share on the fitting GPU with least free."""
 
+    whole_gpus_lowest_first = True  # as default_gpu_choice (framework.place_identical relies on it)
+
     def choose_gpus(self, snap: Snapshot, pod: PodRequest, node: int):
         return snap.default_gpu_choice(pod, node)
 
 
 class RandomGpu:
     """GPU choice "random": a share on a uniformly random fitting GPU; whole GPUs lowest index first."""
+
+    whole_gpus_lowest_first = True  # as default_gpu_choice (framework.place_identical relies on it)
 
     def __init__(self, rng: np.random.Generator):
         self.rng = rng
@@ -150,6 +154,7 @@ class GpuProductPreference:
     last 100/k (k products); nodes of other products never get here (GpuProduct filter)."""
 
     name = "GpuProductPreference"
+    static = True  # reads only the node list, never free capacity: the same score pod after pod
 
     def score(self, snap: Snapshot, pod: PodRequest, nodes: np.ndarray) -> np.ndarray:
         k = len(pod.gpu_products)
@@ -167,6 +172,7 @@ class CapacityPreference:
     preference. Profiles weigh it above every other score (a preference, not a tie-break)."""
 
     name = "CapacityPreference"
+    static = True  # reads only the node list, never free capacity: the same score pod after pod
 
     def score(self, snap: Snapshot, pod: PodRequest, nodes: np.ndarray) -> np.ndarray:
         if len(pod.capacity_types) < 2:
