@@ -98,11 +98,11 @@ def _place_members(snap: Snapshot, members: list[PodRequest], profile: Profile,
             # a pod set's members one after another, placed at once when the profile can say so
             # (the same placements: framework.place_identical); else, or when one does not fit, one by one
             batch = place_identical(snap, members[k:k + run], prof) if run > 1 else None
-            for placement in batch or ():
-                if len(placed) < last:  # held for the members after it (the caller holds the whole gang)
-                    trial.assume(placement)
-                placed.append(placement)
             if batch:
+                if k + run <= last:  # held for the members after them (the caller holds the whole gang)
+                    for placement in batch:
+                        trial.assume(placement)
+                placed += batch
                 k += run
                 continue
             pod = members[k]
