@@ -262,7 +262,8 @@ def never_fit(setting: Setting) -> dict[str, str]:
     at once have no placement on the empty cluster (core.gang.place_gang, the scheduler's own answer,
     as `full` asks: spot counted as on-demand) -> core's reason. One answer per ask and gang size."""
     snap = Snapshot.from_nodes(setting.nodes)
-    profile = make_profile(DEFAULT_POLICY, prefer_products=False)
+    profile = make_profile(DEFAULT_POLICY, typical=TypicalPods.from_pods([j.worker for j in setting.jobs]),
+                           prefer_products=False)  # as the replay's (a learning one would learn every job)
     platform = replace(FULL, spot=False)
     answers: dict[tuple, str] = {}
     out: dict[str, str] = {}
