@@ -11,7 +11,13 @@ teams and three tiers the quota file does not know (so all of it runs as best-ef
 replayed without --tier-map does); 60 % checkpointable. Nodes: 48 A100 and 32 H100 nodes of 8 GPUs.
 It goes through the generic job CSV and `simulate replay`'s own loading (sim.settings.trace_setting).
 
-    python -m bench replay_gangs [--days 109] [--seed 5] [--platforms naive,full] [--estimates learned]
+`--shape openb` writes the same jobs as the openb pod list instead, as the reviewed trace was converted:
+a job of N GPUs is one pod of num_gpu = N (the loader makes it a gang of N one-GPU workers), qos LS
+for the trace's "prod" tier and BE for the others (so production preempts best-effort), every job
+checkpointable (openb's rule).
+
+    python -m bench replay_gangs [--days 109] [--seed 5] [--shape jobs|openb] [--platforms naive,full]
+                                 [--estimates learned]
 """
 
 from __future__ import annotations
@@ -71,9 +77,24 @@ def write_trace(directory: Path, days: float, seed: int) -> tuple[Path, Path]:
     return jobs, nodes
 
 
+def write_openb(jobs_csv: Path, directory: Path) -> Path:
+    """The job CSV as openb's pod list: one pod per job, num_gpu = its GPUs, qos LS for prod."""
+    pods = directory / "pods.csv"
+    with jobs_csv.open() as f, pods.open("w", newline="") as out:
+        w = csv.writer(out)
+        w.writerow(("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec", "qos", "pod_phase",
+                    "creation_time", "deletion_time", "scheduled_time"))
+        for r in csv.DictReader(f):
+            gpus = int(r["workers"]) * int(r["gpus_per_worker"])
+            t = int(r["submit_time"])
+            w.writerow((r["job"], 4000 * gpus, 16384 * gpus, gpus, 1000, "", "LS" if r["tier"] == "prod" else "BE",
+                        "Succeeded", t, t + int(r["duration"]), t))
+    return pods
+
+
 def main(argv: list[str] | None = None) -> None:
     from airflow_gpu.sim.replay import SpotModel
-    from airflow_gpu.sim.settings import DEFAULT_CONFIG, trace_setting
+    from airflow_gpu.sim.settings import DEFAULT_CONFIG, openb_setting, trace_setting
     from bench.replay import load_average, run_and_print
 
     ap = argparse.ArgumentParser(prog="python -m bench replay_gangs")
@@ -82,17 +103,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--platforms", default="naive,full")
     ap.add_argument("--jobs", type=int, default=None, help="platforms in parallel processes (default: one per CPU)")
     ap.add_argument("--estimates", default="learned", choices=("learned", "runs", "declared", "off"))
+    ap.add_argument("--shape", default="jobs", choices=("jobs", "openb"),
+                    help="jobs: the generic job CSV (gangs of 8-GPU workers, tiers unknown); openb: the pod list "
+                         "(gangs of one-GPU workers, LS/BE)")
     args = ap.parse_args(sys.argv[2:] if argv is None and len(sys.argv) > 1 and sys.argv[1] == "replay_gangs"
                          else argv or [])
     names = args.platforms.split(",")
     with tempfile.TemporaryDirectory(prefix="bench-replay-gangs-") as tmp:
         jobs_csv, nodes_csv = write_trace(Path(tmp), args.days, args.seed)
-        # a quarter of the nodes spot, as the reviewed trace ran (openb's shape: --pods models 25 %)
-        setting, _ = trace_setting(nodes_csv, jobs_csv, 1.0, 42, DEFAULT_CONFIG, {}, {}, spot=SpotModel(share=0.25))
+        if args.shape == "openb":
+            setting = openb_setting(nodes_csv, write_openb(jobs_csv, Path(tmp)), 1.0, 42, DEFAULT_CONFIG)
+        else:  # a quarter of the nodes spot, as the reviewed trace ran (openb's shape: --pods models 25 %)
+            setting, _ = trace_setting(nodes_csv, jobs_csv, 1.0, 42, DEFAULT_CONFIG, {}, {}, spot=SpotModel(share=0.25))
     setting = replace(setting, estimates=args.estimates)
     gpus = sum(n.gpu_count for n in setting.nodes)
     offered = sum(j.work * j.gpu_milli / 1000 for j in setting.jobs) / (gpus * args.days * 86400)
-    print(f"large gangs, {args.days:g} days, seed {args.seed}: {len(setting.jobs)} jobs, {len(setting.nodes)} nodes, "
+    print(f"large gangs ({args.shape}), {args.days:g} days, seed {args.seed}: {len(setting.jobs)} jobs, {len(setting.nodes)} nodes, "
           f"{gpus} GPUs, {100 * offered:.0f} % of the GPUs asked for; estimates {args.estimates}; load average "
           f"{load_average()}", flush=True)
     run_and_print(setting, names, args.jobs)
