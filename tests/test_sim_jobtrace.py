@@ -340,11 +340,13 @@ def test_the_exporters_read_what_clusters_write_and_say_what_they_approximated(t
              "7|nlp|high|2026-01-01T00:00:00|2026-01-01T00:01:00|2026-01-01T01:01:00|2|cpu=8,gres/gpu=5\n"
              "8|nlp|high|2026-01-01T00:00:00|2026-01-01T00:01:00|2026-01-01T00:02:00|1|cpu=8,gres/gpu=4\n"
              "8|nlp|high|2026-01-01T00:03:00|2026-01-01T00:04:00|2026-01-01T01:04:00|1|cpu=8,gres/gpu=4\n"
-             "9|nlp|high|2026-01-01T00:03:00|Unknown|Unknown|1|\n")
+             "9|nlp|high|2026-01-01T00:03:00|Unknown|Unknown|1|\n"
+             "10|nlp|high|2026-01-01T00:05:00|2026-01-01T00:05:00|2026-01-01T00:06:00|1|gres/gpu:1g.10gb=1,gres/gpu=1\n")
     skipped, notes = Counter(), Counter()
     rows = {r["job"]: r for r in slurm_rows(sacct, skipped, notes=notes)}
     assert (rows["7"]["workers"], rows["7"]["gpus_per_worker"]) == (2, 3)
-    assert rows["8"]["duration"] == 3600.0 and list(rows) == ["7", "8"]
+    assert rows["8"]["duration"] == 3600.0 and list(rows) == ["7", "8", "10"]
+    assert (rows["10"]["gpus_per_worker"], rows["10"]["gpu_milli"]) == ("", 143)  # a MIG slice: a seventh
     assert skipped == {"never started or still running": 1} and sum(notes.values()) == 2
 
 

@@ -157,6 +157,7 @@ def kueue_rows(doc: dict, skipped: Counter, notes: Counter | None = None) -> lis
 
 
 _TRES_GPU = re.compile(r"gres/gpu(?::([^=,]+))?=(\d+)")
+_SLURM_MIG = re.compile(r"(?:^|_)(\d+)g\.\d+gb$")  # a MIG gres type: 1g.10gb, a100_3g.40gb
 _TRES_CPU = re.compile(r"(?:^|,)cpu=(\d+)")
 _TRES_MEM = re.compile(r"(?:^|,)mem=([\d.]+)([KMGT]?)")
 _SLURM_MIB = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2}  # Slurm's units are binary
@@ -205,9 +206,17 @@ def slurm_rows(text: str, skipped: Counter, gpu_types: bool = False, notes: Coun
         if job in rows:
             notes["listed again (requeued, sacct -D), kept as their last run"] += 1
             del rows[job]  # the last run, in its own place in submit order
-        rows[job] = _row(job, submit, max(1.0, end - start), nodes, -(-gpus // nodes),
-                         int(cpu.group(1)) * 1000 // nodes if cpu else 0, int(mem_mib // nodes),
-                         rec["Account"], rec["QOS"], tuple(sorted(typed)) if gpu_types else ())
+        row = _row(job, submit, max(1.0, end - start), nodes, -(-gpus // nodes),
+                   int(cpu.group(1)) * 1000 // nodes if cpu else 0, int(mem_mib // nodes),
+                   rec["Account"], rec["QOS"], tuple(sorted(typed)) if gpu_types else ())
+        slices = [(_SLURM_MIG.search(t), c) for t, c in typed.items()]
+        if slices and all(m for m, _ in slices):  # MIG slices (gres/gpu:1g.10gb=1): sevenths of one GPU
+            milli = round(sum(int(m.group(1)) * c for m, c in slices) * 1000 / MIG_SLICES / nodes)
+            if milli < 1000:
+                row.update(gpus_per_worker="", gpu_milli=milli, products="")
+            else:
+                row.update(gpus_per_worker=-(-milli // 1000))
+        rows[job] = row
     return list(rows.values())
 
 
