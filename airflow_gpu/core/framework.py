@@ -9,6 +9,13 @@ Placement (node and GPU indices) without changing the snapshot: the caller reser
 Ties: scores are integers (as in kube-scheduler and the FGD artifact), and the best-scoring node with
 the lowest rank in `Profile.tie_rank` wins. With a seeded shuffled rank this is the artifact's
 "consistent first fit among equals", which its published numbers depend on.
+
+What a plugin may declare so that `place_identical` places a pod set's members at once (a plugin
+that declares nothing keeps them one by one): a filter `static = True` (reads only the node list)
+or `fixed = True` (a mask placing pods does not change) or `resources = True` (ResourceFit: the
+node's own free capacity); a score `static = True` (the same score pod after pod) or
+`score_run(snap, pod, nodes, depth)` (its scores member after member); a GPU chooser
+`whole_gpus_lowest_first = True` (whole GPUs as `Snapshot.default_gpu_choice` takes them).
 """
 
 from __future__ import annotations
