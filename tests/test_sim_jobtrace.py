@@ -99,12 +99,12 @@ def test_a_bad_row_is_refused_naming_the_line_and_the_column(tmp_path, header, r
 def test_a_duplicate_job_names_both_lines_and_the_cli_says_it(tmp_path):
     path = tmp_path / "jobs.csv"
     path.write_text("job,submit_time,duration,gpus_per_worker\na,0,60,1\nb,1,60,1\na,2,60,1\n")
-    with pytest.raises(TraceError, match=r"jobs.csv:4: column job: 'a' is also the job of line 2"):
+    with pytest.raises(TraceError, match=r"jobs.csv:4: column job 'a' is also the job of line 2"):
         load_jobs(path)
     _nodes(tmp_path / "nodes.csv")
     bad = subprocess.run([sys.executable, "-m", "airflow_gpu", "simulate", "replay", "--trace", str(path), "--nodes",
                           str(tmp_path / "nodes.csv")], capture_output=True, text=True, cwd=ROOT)
-    assert bad.returncode == 2 and "jobs.csv:4: column job" in bad.stderr
+    assert bad.returncode == 2 and "jobs.csv:4: column job 'a'" in bad.stderr
 
 
 def test_teams_and_tiers_map_by_the_documented_rules(tmp_path):

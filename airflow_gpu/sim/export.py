@@ -36,6 +36,7 @@ from pathlib import Path
 import yaml
 
 from airflow_gpu.kube.wire import ConversionError, parse_time
+from airflow_gpu.sim.traces import text_encoding
 
 COLUMNS = ("job", "submit_time", "duration", "workers", "gpus_per_worker", "gpu_milli", "cpu_milli", "memory_mib",
            "team", "tier", "products", "checkpointable")
@@ -57,10 +58,13 @@ def _quantity(value) -> float:
     return float(s)
 
 
-def _row(job, submit, duration, workers, gpus, cpu_milli, memory_mib, team, tier, products=()) -> dict:
-    return {"job": job, "submit_time": submit, "duration": duration, "workers": workers, "gpus_per_worker": gpus,
-            "gpu_milli": "", "cpu_milli": cpu_milli, "memory_mib": memory_mib, "team": team, "tier": tier,
-            "products": "|".join(products), "checkpointable": "false"}
+def _row(job, submit, duration, workers, gpus: float, cpu_milli, memory_mib, team, tier, products=()) -> dict:
+    """One job; `gpus` per worker: whole GPUs from one up (a fraction above one rounded up), a share
+    of one GPU (gpu_milli) below, which names no product (a MIG slice's type is not a model)."""
+    whole, milli = (math.ceil(gpus - 1e-9), "") if gpus >= 1 else ("", max(1, round(gpus * 1000)))
+    return {"job": job, "submit_time": submit, "duration": duration, "workers": workers, "gpus_per_worker": whole,
+            "gpu_milli": milli, "cpu_milli": cpu_milli, "memory_mib": memory_mib, "team": team, "tier": tier,
+            "products": "|".join(products) if whole else "", "checkpointable": "false"}
 
 
 def _time(value, where: str) -> float | None:
@@ -146,13 +150,12 @@ def kueue_rows(doc: dict, skipped: Counter, notes: Counter | None = None) -> lis
             continue
         if len(shapes) > 1:  # one worker shape per job in the format: the largest, so it fits where it ran
             notes["with podSets of different GPU asks, written as that many workers of the largest ask"] += 1
-        whole, milli = (math.ceil(gpus - 1e-9), "") if gpus >= 1 else ("", max(1, round(gpus * 1000)))
         if gpus % 1 and gpus > 1:
             notes["asking a fraction of a GPU above one, rounded up to whole GPUs"] += 1
         spec = wl.get("spec") or {}
-        row = _row(name, created, max(1.0, finished - admitted), workers, whole,
-                   int(cpu * 1000), int(mem / 2**20), meta.get("namespace", ""), spec.get("priorityClassName") or "")
-        rows.append({**row, "gpu_milli": milli})
+        rows.append(_row(name, created, max(1.0, finished - admitted), workers, gpus,
+                         int(cpu * 1000), int(mem / 2**20), meta.get("namespace", ""),
+                         spec.get("priorityClassName") or ""))
     return rows
 
 
@@ -206,17 +209,13 @@ def slurm_rows(text: str, skipped: Counter, gpu_types: bool = False, notes: Coun
         if job in rows:
             notes["listed again (requeued, sacct -D), kept as their last run"] += 1
             del rows[job]  # the last run, in its own place in submit order
-        row = _row(job, submit, max(1.0, end - start), nodes, -(-gpus // nodes),
-                   int(cpu.group(1)) * 1000 // nodes if cpu else 0, int(mem_mib // nodes),
-                   rec["Account"], rec["QOS"], tuple(sorted(typed)) if gpu_types else ())
+        per_node = -(-gpus // nodes)
         slices = [(_SLURM_MIG.search(t), c) for t, c in typed.items()]
         if slices and all(m for m, _ in slices):  # MIG slices (gres/gpu:1g.10gb=1): sevenths of one GPU
-            milli = round(sum(int(m.group(1)) * c for m, c in slices) * 1000 / MIG_SLICES / nodes)
-            if milli < 1000:
-                row.update(gpus_per_worker="", gpu_milli=milli, products="")
-            else:
-                row.update(gpus_per_worker=-(-milli // 1000))
-        rows[job] = row
+            per_node = sum(int(m.group(1)) * c for m, c in slices) / MIG_SLICES / nodes
+        rows[job] = _row(job, submit, max(1.0, end - start), nodes, per_node,
+                         int(cpu.group(1)) * 1000 // nodes if cpu else 0, int(mem_mib // nodes),
+                         rec["Account"], rec["QOS"], tuple(sorted(typed)) if gpu_types else ())
     return list(rows.values())
 
 
@@ -231,9 +230,8 @@ def write(rows: list[dict], out) -> None:
 
 
 def _text(raw: bytes) -> str:
-    """UTF-16 when it says so (PowerShell's `>` writes it), else UTF-8 with or without a BOM."""
     try:
-        return raw.decode("utf-16") if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else raw.decode("utf-8-sig")
+        return raw.decode(text_encoding(raw[:2]))
     except UnicodeDecodeError as exc:
         raise ExportError(f"not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
 

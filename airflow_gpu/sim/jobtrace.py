@@ -23,15 +23,15 @@ same shape (workload.openb_jobs).
 from __future__ import annotations
 
 import math
-from collections import Counter
 import zlib
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from airflow_gpu.constants import TIER_BEST_EFFORT_TRAINING, TIER_PRODUCTION_TRAINING
 from airflow_gpu.core.model import GPU_MILLI, PodRequest
 from airflow_gpu.core.tiers import TierPolicy, tier_of_priority_class
-from airflow_gpu.sim.traces import TracePod, TraceError, _integer, _rows
+from airflow_gpu.sim.traces import TracePod, TraceError, _integer, _rows, _unique_name
 from airflow_gpu.sim.workload import Job
 
 JOB_COLUMNS = ("job", "submit_time", "duration")
@@ -93,13 +93,7 @@ def load_jobs(path) -> list[Job]:
     jobs: list[Job] = []
     seen: dict[str, int] = {}
     for line, row in _rows(path, JOB_COLUMNS, JOB_COLUMNS + OPTIONAL_COLUMNS):
-        name = _cell(row, "job")
-        if not name:
-            raise TraceError(f"{path}:{line}: column job is empty; every job needs a unique name")
-        if name in seen:
-            raise TraceError(f"{path}:{line}: column job: {name!r} is also the job of line {seen[name]}; names "
-                             "must be unique")
-        seen[name] = line
+        name = _unique_name(path, line, row, "job", "job", seen)
         gpus, milli = _gpu_ask(path, line, row)
         checkpointable = _flag(path, line, row, "checkpointable")
         interval = _number(path, line, row, "checkpoint_interval",

@@ -72,15 +72,15 @@ def trace_setting(nodes_csv: Path, trace_csv: Path, capacity: float, seed: int, 
                               {t.namespace: t.name for t in cfg.teams}), origin=origin)
     check_products(mapped.jobs, {n.gpu_product for n in all_nodes if n.gpu_product}, trace_csv)
     by_name = {p.name: p for p in cfg.products}
+    aliases, product_speeds = cfg.node_label_aliases(), cfg.product_speeds()
     fallback = next(iter(prices.values()), (0.0, 0.0))
-    by_label = {p.node_label: p for p in cfg.products if p.node_label}
     node_prices, speeds = {}, {}
     for n in nodes:
-        product = by_name.get(n.gpu_product or "") or by_label.get(n.gpu_product or "")
+        product = by_name.get(aliases.get(n.gpu_product or "", n.gpu_product or ""))
         key = (product.node_label or product.name) if product else n.gpu_product
         node_prices[n.gpu_product] = prices.get(key, fallback)
         if product is not None:  # durations are on the reference product; a faster one runs them faster
-            speeds[n.gpu_product] = float(product.relative_speed)
+            speeds[n.gpu_product] = float(product_speeds[product.name])
     shares = team_shares(teams, sum(n.gpu_count for n in nodes))
     setting = startable(Setting(tuple(nodes), tuple(mapped.jobs), tiers, shares, policy, borrowed, node_prices, spot,
                                 seed, speeds=speeds, **_queue_rules(cfg)), trace_csv)

@@ -33,12 +33,11 @@ class TracePod:
     scheduled_time: int | None = None  # None: the trace never scheduled it
 
 
-def _encoding(path: Path) -> str:
-    """UTF-16 when the file says so (PowerShell's `>`), else UTF-8 with or without a BOM (Excel's
-    "CSV UTF-8" starts with one, which would glue itself to the first column's name)."""
-    with path.open("rb") as fh:
-        head = fh.read(2)
-    return "utf-16" if head in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig"
+def text_encoding(head: bytes) -> str:
+    """The encoding of a text file whose first bytes are `head`: UTF-16 when it says so (PowerShell's
+    `>`), else UTF-8 with or without a BOM (Excel's "CSV UTF-8" starts with one, which would glue
+    itself to the first column's name)."""
+    return "utf-16" if head[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig"
 
 
 def _near(a: str, b: str) -> bool:
@@ -83,7 +82,9 @@ def _rows(path: Path, required: tuple[str, ...], known: tuple[str, ...] | None =
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
     try:
-        with path.open(newline="", encoding=_encoding(path)) as fh:
+        with path.open("rb") as fh:
+            head = fh.read(2)
+        with path.open(newline="", encoding=text_encoding(head)) as fh:
             first = fh.readline()
             fh.seek(0)
             delimiter = "," if "," in first else "\t" if "\t" in first else ";" if ";" in first else ","
@@ -94,6 +95,19 @@ def _rows(path: Path, required: tuple[str, ...], known: tuple[str, ...] | None =
     except UnicodeDecodeError as exc:
         raise TraceError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8 "
                          "(\"CSV UTF-8\" in a spreadsheet)") from None
+
+
+def _unique_name(path, line, row, column: str, what: str, seen: dict[str, int]) -> str:
+    """The row's name in `column`, refused when empty or already the name of an earlier line (`seen`:
+    name -> line, updated)."""
+    name = (row.get(column) or "").strip()
+    if not name:
+        raise TraceError(f"{path}:{line}: column {column} is empty; every {what} needs a unique name")
+    if name in seen:
+        raise TraceError(f"{path}:{line}: column {column} {name!r} is also the {what} of line {seen[name]}; "
+                         f"{what} names must be unique")
+    seen[name] = line
+    return name
 
 
 def _integer(raw: str) -> int:
@@ -122,13 +136,7 @@ def load_nodes(path) -> list[Node]:
     nodes = []
     seen: dict[str, int] = {}
     for line, row in _rows(path, NODE_COLUMNS, NODE_COLUMNS):
-        name = (row.get("sn") or "").strip()
-        if not name:
-            raise TraceError(f"{path}:{line}: column sn is empty; every node needs a unique name")
-        if name in seen:
-            raise TraceError(f"{path}:{line}: column sn {name!r} is also the node of line {seen[name]}; node names "
-                             "must be unique")
-        seen[name] = line
+        name = _unique_name(path, line, row, "sn", "node", seen)
         gpus = _int(path, line, row, "gpu")
         model = (row.get("model") or "").strip() or None
         if gpus and not model:
