@@ -151,6 +151,9 @@ class Scheduler:
         self._pool = ThreadPoolExecutor(max_workers=self.settings.bind_workers, thread_name_prefix="bind")
         self.writes = Writes(write_workers=self.settings.bind_workers)  # bindings, wait reasons, status: off the cycle
         self._written: dict[str, tuple] = {}  # owner key -> last annotations/status written (dedup only)
+        # unit key -> (Unit, its has-plan and timed-out flags) whose PodGroup status needed no write: a
+        # Unit the build kept (none of its objects changed) needs none again with the same flags
+        self._settled: dict[str, tuple] = {}
         self._ignored: dict[str, tuple[str, ...]] = {}  # unit key -> this cycle's ignored hints (wait reasons)
         self.cycles = 0
         self._memo = Memo()  # conversions, the running snapshot and quota kept between cycles
@@ -237,6 +240,7 @@ class Scheduler:
         leader = self.is_leader()
         if leader and not self._was_leader:
             self._written.clear()  # another replica may have written since: trust only the API
+            self._settled.clear()
         self._was_leader = leader
         self.metrics.is_leader.set(1 if leader else 0)
         if now - self._observed >= OBSERVE_INTERVAL:  # gauges over every gang: not each cycle of a churning cluster
@@ -699,15 +703,22 @@ class Scheduler:
         the phase read back from the API is already TimedOut)."""
         timed_out = timed_out or {}
         binding = self.writes.binding()  # their status is the next cycle's, once they are bound or forgotten
+        settled, self._settled = self._settled, {}
         for key, unit in world.units.items():
             pg = unit.podgroup
             if pg is None or key in binding:
                 continue
-            want = wanted_status(world, unit, key in world.plans, key in timed_out, view.assumed)
+            flags = (key in world.plans, key in timed_out)
+            hit = settled.get(key)
+            if hit is not None and hit[0] is unit and hit[1] == flags:
+                self._settled[key] = hit
+                continue
+            want = wanted_status(world, unit, flags[0], flags[1], view.assumed)
             if want is None:
                 continue  # an invalid minMember: reported as the wait reason
             have = pg.get("status") or {}
             if all(have.get(k) == v for k, v in want.items()) or self._written.get(("status", key)) == want:
+                self._settled[key] = (unit, flags)
                 continue
             self.writes.write("status", key, want, partial(self._write_status, key, pg, want, have, timed_out))
 

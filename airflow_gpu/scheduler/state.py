@@ -414,6 +414,7 @@ class Memo:
     def __init__(self) -> None:
         self.pods: dict[tuple, PodRequest] = {}
         self.nodes: dict[tuple, Node] = {}
+        self.node_list: tuple[dict, dict[str, Node]] | None = None  # the last view's node objects, as read
         self.empty: tuple[tuple, Snapshot] | None = None
         self.live: Snapshot | None = None  # the running pods held, on the node list of `empty`
         self.held: dict[str, tuple[tuple, Placement]] = {}  # pod key -> ((uid, node, request), placement)
@@ -501,10 +502,9 @@ class Memo:
             if new is None:
                 epochs.pop(key, None)
         add = list(self.unheld.values())
-        for key, d in bound.items():
-            if applied.get(key) is not d:
-                applied[key] = d
-                add += [(row, key) for row in d.rows if row[0] not in held]
+        for key, d in [(key, d) for key, d in bound.items() if applied.get(key) is not d]:
+            applied[key] = d
+            add += [(row, key) for row in d.rows if row[0] not in held]
         for row, key in sorted(add, key=lambda a: a[0][0]):
             pod, ident, req, node = row
             placement = _assume_running(live, pod, req, node)
@@ -617,37 +617,39 @@ class _Build:
         self.invalid.append((unit, str(exc) if isinstance(exc, ConversionError) else _malformed(unit, exc)))
 
     def read_nodes(self) -> dict[str, Node]:
+        objs, kept = self.view.nodes, self.memo.node_list
+        if kept is not None and len(kept[0]) == len(objs) and all(kept[0].get(n) is o for n, o in objs.items()):
+            return kept[1]  # the very objects of last cycle (the cache replaces a node that changes)
         nodes: dict[str, Node] = {}
-        for name, obj in sorted(self.view.nodes.items()):
+        for name, obj in sorted(objs.items()):
             try:
                 nodes[name] = self.memo.node(obj)
             except _MALFORMED as exc:  # a node the scheduler cannot read takes no pods; the others do
                 log.warning("node %s skipped: %s", name, exc)
+        self.memo.node_list = (dict(objs), nodes)
         return nodes
 
     def read_bound(self, units: dict[str, Unit], nodes: dict[str, Node]) -> tuple[Snapshot, list[tuple[Unit, Derived]]]:
         """What runs holds its resources: the live snapshot takes this cycle's deltas, the cycle a
         copy. Returns it and, per unit with bound pods, (unit, its entry: rows of those read)."""
         view, memo = self.view, self.memo
-        bound: dict[str, Derived] = {}
-        for unit in units.values():
-            d = self.derived[unit.key]
-            if not d.held:
-                continue
+        # every unit has an entry (in unit order); a kept entry has its rows already
+        bound = {key: d for key, d in self.derived.items() if d.held}
+        for key in [key for key, d in bound.items() if d.rows is None or d.errors]:
+            d = bound[key]
             if d.rows is None:
                 d.rows = []
                 for pod in d.held:
-                    key = key_of(pod)
+                    pkey = key_of(pod)
                     try:
                         req = memo.pod(pod, self.ctx)
                     except _MALFORMED as exc:
                         d.errors.append(exc)
                         continue
-                    node = (pod.get("spec") or {}).get("nodeName") or view.assumed.get(key)
-                    d.rows.append((key, (_uid(pod), node, req), req, node))
+                    node = (pod.get("spec") or {}).get("nodeName") or view.assumed.get(pkey)
+                    d.rows.append((pkey, (_uid(pod), node, req), req, node))
             for exc in d.errors:
-                self.refuse(unit, exc)
-            bound[unit.key] = d
+                self.refuse(units[key], exc)
         memo.running_snapshot(list(nodes.values()), bound)
         return memo.live.copy(), [(units[key], d) for key, d in bound.items()]
 
@@ -669,7 +671,8 @@ class _Build:
             _, rg, hints = d.running
             if rg is None:
                 continue
-            self.ignored_hints += [(unit, h) for h in hints]
+            if hints:
+                self.ignored_hints += [(unit, h) for h in hints]
             if isinstance(rg, Exception):
                 self.refuse(unit, rg)
                 continue

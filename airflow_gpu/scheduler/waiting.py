@@ -87,18 +87,22 @@ class RoomWatch:
     Over-reporting only costs a retry; missing a change costs at most the back-off cap."""
 
     def __init__(self) -> None:
-        self._seen: tuple[set, set, dict] | None = None  # holding pods, plans, nodes: last cycle
+        self._seen: tuple[dict, set, dict] | None = None  # running gangs by id, plans, nodes: last cycle
         self._head: str | None = None  # the gang holding last cycle's reservation
 
     def changed(self, world: World) -> bool:
-        holding = {p.pod for rg in world.running for p in rg.placements}
+        running = {id(rg): rg for rg in world.running}  # the build keeps an unchanged gang's very object
         plans = set(world.plans)
         nodes = dict(world.nodes)
-        last, self._seen = self._seen, (holding, plans, nodes)
+        last, self._seen = self._seen, (running, plans, nodes)
         if last is None:
             return False
-        return bool(last[0] - holding or last[1] - plans
-                    or any(last[2].get(n) != node for n, node in nodes.items()))
+        # a pod held last cycle and not now: only the pods of gangs whose object changed are compared
+        gone = {p.pod for key, rg in last[0].items() if key not in running for p in rg.placements}
+        if gone:
+            gone -= {p.pod for key, rg in running.items() if key not in last[0] for p in rg.placements}
+        return bool(gone or last[1] - plans
+                    or any((old := last[2].get(n)) is not node and old != node for n, node in nodes.items()))
 
     def head_moved(self, reservation: Reservation | None) -> bool:
         head = reservation.gang.name if reservation is not None else None
