@@ -345,6 +345,9 @@ class Finished(threading.Thread):
         self.join(timeout=60)
 
 
+QUEUED = "airflow_gpu_scheduler_writes_queued"
+
+
 def steady(api, nodes: int, port: int, sched: Proc, pending: int, churn: float, members: int, seconds: float) -> dict:
     clear(api)
     running = nodes * 8 // members
@@ -369,13 +372,17 @@ def steady(api, nodes: int, port: int, sched: Proc, pending: int, churn: float, 
     wait0, cpu0 = histogram(port, "airflow_gpu_queue_wait_seconds"), sched.cpu()
     print(f"  steady: set up in {setup:.0f} s; measuring {seconds:g} s", flush=True)
     start, arrived = time.time(), 0
+    queued = [G.scheduler_metric(port, QUEUED)]  # the writes off the binding waiting: bounded, or piling up?
     while time.time() - start < seconds:
         due = int((time.time() - start) * churn) - arrived
         if due > 0:
             submit_gangs(poster, [(f"new-{arrived + i:06d}", duration) for i in range(due)], members)
             arrived += due
+        if time.time() - start >= len(queued):
+            queued.append(G.scheduler_metric(port, QUEUED))
         time.sleep(0.05)
     window = time.time() - start
+    queued.append(G.scheduler_metric(port, QUEUED))
     cleaner.stop()
     cycles, bind, wait = (histogram(port, n) for n in ("airflow_gpu_scheduling_cycle_seconds",
                                                        "airflow_gpu_binding_latency_seconds",
@@ -385,12 +392,14 @@ def steady(api, nodes: int, port: int, sched: Proc, pending: int, churn: float, 
     r = {"cycle_p50": quantile(cycles0, cycles, 0.5), "cycle_p99": quantile(cycles0, cycles, 0.99),
          "bind_p50": quantile(bind0, bind, 0.5), "bind_p99": quantile(bind0, bind, 0.99),
          "wait_p50": quantile(wait0, wait, 0.5), "cycles": n_cycles, "arrived": arrived, "window": window,
-         "cpu": sched.cpu() - cpu0, "rss": sched.rss_mib()}
+         "cpu": sched.cpu() - cpu0, "rss": sched.rss_mib(), "writes_queued": (queued[0], max(queued), queued[-1])}
     print(f"steady ({running} running gangs of {members} x 1 GPU ending at {churn:g}/s, {pending} pending, {churn:g} "
           f"arriving/s; set up in {setup:.0f} s): over {window:.0f} s, {n_cycles:.0f} cycles p50 {ms(r['cycle_p50'])} "
           f"p99 {ms(r['cycle_p99'])} (targets 500 ms / 2 s); binding latency p50 {ms(r['bind_p50'])} p99 "
           f"{ms(r['bind_p99'])}; queue wait p50 {ms(r['wait_p50'])}; {arrived} arrivals "
-          f"({arrived / window:.0f}/s achieved by the client), {cleaner.deleted} ended gangs deleted; scheduler CPU {r['cpu'] / window:.2f} cores, "
+          f"({arrived / window:.0f}/s achieved by the client), {cleaner.deleted} ended gangs deleted; writes queued (wait "
+          f"reasons, statuses, bound annotations) {queued[0]:.0f} at the start, {max(queued):.0f} at most, "
+          f"{queued[-1]:.0f} at the end; scheduler CPU {r['cpu'] / window:.2f} cores, "
           f"RSS {r['rss']:.0f} MiB", flush=True)
     return r
 

@@ -115,6 +115,11 @@ class Writes:
         with self._lock:
             return not self._binding and not self._queued
 
+    def queued(self) -> int:
+        """Writes (not bindings) queued or running."""
+        with self._lock:
+            return sum(len(lane) for lane in self._queued.values())
+
     def is_binding(self, key: str) -> bool:
         with self._lock:
             return key in self._binding

@@ -150,6 +150,7 @@ class Scheduler:
             else make_profile("bestfit")  # until there are pods to learn the workload's typical shapes from
         self._pool = ThreadPoolExecutor(max_workers=self.settings.bind_workers, thread_name_prefix="bind")
         self.writes = Writes(write_workers=self.settings.bind_workers)  # bindings, wait reasons, status: off the cycle
+        self.metrics.writes_queued.set_function(self.writes.queued)
         self._written: dict[str, tuple] = {}  # owner key -> last annotations/status written (dedup only)
         # unit key -> (Unit, its has-plan and timed-out flags) whose PodGroup status needed no write: a
         # Unit the build kept (none of its objects changed) needs none again with the same flags

@@ -76,6 +76,11 @@ class SchedulerMetrics:
         self.api_errors = Counter(
             "airflow_gpu_scheduler_api_errors", "Failed API writes by operation.", ["operation"], registry=r
         )
+        self.writes_queued = Gauge(
+            "airflow_gpu_scheduler_writes_queued",
+            "Wait reasons, PodGroup statuses and bound annotations queued or being written (latest per gang and kind).",
+            registry=r,
+        )
 
     def serve(self, port: int, addr: str = "127.0.0.1"):
         """Start the /metrics HTTP endpoint in a thread; returns (server, thread)."""
