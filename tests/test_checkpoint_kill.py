@@ -179,9 +179,22 @@ def run_kill_campaign(uri: str, env: dict[str, str], seed: int) -> dict:
         finally:
             proc.kill()
             proc.wait()
+            # what the writer wrote before it died and this loop had not read yet: on a loaded
+            # machine it may have finished the save in flight and begun (even committed) the next
+            rest = proc.stdout.read()  # type: ignore[union-attr]
             stderr = proc.stderr.read()  # type: ignore[union-attr]
             proc.stdout.close()  # type: ignore[union-attr]
             proc.stderr.close()  # type: ignore[union-attr]
+        for line in rest.splitlines() if killed_phase is not None else ():
+            marker, step = line.split()[0], int(line.split()[1])
+            if marker == "C":
+                commits += 1
+                last_committed = step
+            elif marker in MARKERS:
+                if step != killed_step:
+                    killed_step = step
+                    saves += 1
+                killed_phase = MARKERS[marker]
         assert killed_phase is not None, f"writer exited early (rc={proc.returncode}):\n{stderr[-3000:]}"
         kills[killed_phase] += 1
         observed = verify_latest(uri)
