@@ -13,7 +13,9 @@ from airflow_gpu.core.model import GPU_MILLI
 from airflow_gpu.scheduler.state import World
 
 WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600)
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+# fine between 0.5 and 5 s, where a loaded scheduler's cycle falls: histogram_quantile interpolates within
+# a bucket, so with 1 / 2.5 / 5 alone any p50 from 1 to 2.5 s read as one of a few values
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 2.5, 3, 4, 5, 7.5, 10, 15, 30)
 
 
 class SchedulerMetrics:
