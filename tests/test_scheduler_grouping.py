@@ -50,11 +50,12 @@ def _apply(stores, assumed, step):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.lists(change, max_size=6), min_size=1, max_size=12))
-def test_kept_grouping_equals_grouping_every_pod_again(cycles):
+@given(st.lists(st.lists(change, max_size=6), min_size=1, max_size=12), st.sampled_from([Grouping.REBUILD_SHARE, 2.0]))
+def test_kept_grouping_equals_grouping_every_pod_again(cycles, rebuild_share):
     stores = {"pods": {}, "podgroups": {}}
     assumed: dict[str, str] = {}
     grouping = Grouping()
+    grouping.REBUILD_SHARE = rebuild_share  # 2.0: kept whatever share of the pods changed (as at scale)
     last: dict = {}
     last_assumed: dict = {}
     for steps in cycles:

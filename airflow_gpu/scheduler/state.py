@@ -247,6 +247,8 @@ class Grouping:
     50,000 pods the full grouping (a sort of every pod key) was a quarter of a steady cycle. Same
     units in the same order as group_units (tested against it)."""
 
+    REBUILD_SHARE = 0.5  # more of the pods changed than this: grouped from scratch
+
     def __init__(self) -> None:
         self.pods: dict[str, tuple[dict, str | None]] = {}  # pod key -> (pod, its gang key)
         self.assumed: dict[str, str] = {}
@@ -293,6 +295,8 @@ class Grouping:
         """Bring the kept grouping to `view`; False where it cannot be (rebuild instead)."""
         pods, kept = view.pods, self.pods
         changed = [key for key, pod in pods.items() if (hit := kept.get(key)) is None or hit[0] is not pod]
+        if len(changed) > self.REBUILD_SHARE * len(pods):
+            return False  # a relist, a restart's first cycles: grouping all again is cheaper
         gone = kept.keys() - pods.keys()
         flipped = {key for key, _ in view.assumed.items() ^ self.assumed.items() if key in pods}
         touched: set[str] = set()
