@@ -186,7 +186,8 @@ def run_kill_campaign(uri: str, env: dict[str, str], seed: int) -> dict:
             proc.stdout.close()  # type: ignore[union-attr]
             proc.stderr.close()  # type: ignore[union-attr]
         for line in rest.splitlines() if killed_phase is not None else ():
-            marker, step = line.split()[0], int(line.split()[1])
+            marker, raw_step = line.split()
+            step = int(raw_step)
             if marker == "C":
                 commits += 1
                 last_committed = step

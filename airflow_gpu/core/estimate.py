@@ -106,7 +106,6 @@ class StartCalibration:
     def __init__(self) -> None:
         self._first: dict[str, tuple[str, float, float]] = {}  # gang -> (tier, at, predicted wait)
         self._ratios: dict[tuple[str, int | None], deque[float]] = {}
-        self._medians: dict[tuple[str, int | None], float] = {}  # of _ratios, until one of them changes
 
     def _band(self, wait: float) -> int | None:
         return None if wait < self.BANDS[0] else bisect.bisect_right(self.BANDS, wait) - 1
@@ -128,7 +127,6 @@ class StartCalibration:
         for key in ((tier, band), (tier, None)):
             ratios = self._ratios.setdefault(key, deque(maxlen=self.KEEP))
             ratios.append(ratio)
-            self._medians.pop(key, None)
 
     def forget(self, keep: Iterable[str]) -> None:
         """Drop the first estimates of gangs no longer waiting nor known (deleted before they started)."""
@@ -144,10 +142,7 @@ class StartCalibration:
         for key in ((tier, band), (tier, None)):
             ratios = self._ratios.get(key)
             if ratios is not None and len(ratios) >= self.MIN_RUNS:
-                median = self._medians.get(key)
-                if median is None:
-                    median = self._medians[key] = float(np.median(ratios))
-                return now + wait * median
+                return now + wait * float(np.median(ratios))
         return start
 
 

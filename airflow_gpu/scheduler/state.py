@@ -259,14 +259,13 @@ class Grouping:
         self.lone: set[str] = set()  # keys of lone pods (a unit of their own)
         self.units: dict[str, Unit] = {}
         self.kept = False  # the fields above describe the last view
-        self._touched: set[str] = set()
 
     def group(self, view: View) -> tuple[dict[str, Unit], set[str] | None]:
         """The view's units and the keys of those grouped again (None: all of them)."""
-        if not self.kept or not self._update(view):
+        touched = self._update(view) if self.kept else None
+        if touched is None:
             self._rebuild(view)
             return self.units, None
-        touched = self._touched
         units: dict[str, Unit] = {}
         for key in view.podgroups:
             units[key] = self.units[key] if key not in touched else self._unit(key, view)
@@ -291,12 +290,13 @@ class Grouping:
         gangs = {gkey for _, gkey in self.pods.values() if gkey is not None}
         self.kept = not (self.lone & (gangs | view.podgroups.keys()))
 
-    def _update(self, view: View) -> bool:
-        """Bring the kept grouping to `view`; False where it cannot be (rebuild instead)."""
+    def _update(self, view: View) -> set[str] | None:
+        """Bring the kept grouping to `view`; the keys of the units it touched, or None where it cannot
+        be (rebuild instead)."""
         pods, kept = view.pods, self.pods
         changed = [key for key, pod in pods.items() if (hit := kept.get(key)) is None or hit[0] is not pod]
         if len(changed) > self.REBUILD_SHARE * len(pods):
-            return False  # a relist, a restart's first cycles: grouping all again is cheaper
+            return None  # a relist, a restart's first cycles: grouping all again is cheaper
         gone = kept.keys() - pods.keys()
         flipped = {key for key, _ in view.assumed.items() ^ self.assumed.items() if key in pods}
         touched: set[str] = set()
@@ -309,19 +309,18 @@ class Grouping:
             gkey = gang_key_of_pod(pods[key])
             kept[key] = (pods[key], gkey)
             if not self._join(key, gkey, view, touched):
-                return False
+                return None
         for key in flipped:  # its unit's derivations read which of its pods are assumed bound
             touched.add(kept[key][1] or key)
         pgs = view.podgroups
         for key in pgs.keys() ^ self.podgroups.keys():  # a PodGroup created or deleted: its members move
             if key in self.lone:
-                return False
+                return None
             touched.add(key)
             self._place(key, pgs)
         touched.update(key for key, pg in pgs.items() if self.podgroups.get(key) is not pg)
         self.assumed, self.podgroups = dict(view.assumed), dict(pgs)
-        self._touched = touched
-        return True
+        return touched
 
     def _leave(self, key: str, gkey: str | None, touched: set[str]) -> None:
         ukey = gkey or key
@@ -565,14 +564,13 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
     b = _Build(view, scheduler_name, ctx, memo)
     nodes = b.read_nodes()
     units, touched = memo.grouping.group(view)
+    # an untouched unit is the same Unit as last cycle: its entry is the one derived then; the others
+    # (every unit when all were grouped again) are looked up by their objects (Memo.derived)
+    kept = memo.units if touched is not None else {}
     memo.units_next = {}
-    if touched is None:
-        b.derived = {key: memo.derived(unit, view.assumed, scheduler_name) for key, unit in units.items()}
-    else:  # an untouched unit is the same Unit as last cycle: its entry is the one derived then
-        kept = memo.units
-        b.derived = {key: kept[key] if key not in touched and key in kept else
-                     memo.derived(unit, view.assumed, scheduler_name) for key, unit in units.items()}
-        memo.units_next = b.derived
+    b.derived = {key: kept[key] if key in kept and key not in touched else
+                 memo.derived(unit, view.assumed, scheduler_name) for key, unit in units.items()}
+    memo.units_next = b.derived
     memo.cycle_done()
     records, stale_plans = read_plan_records(view, units)
     snap, bound_units = b.read_bound(units, nodes)

@@ -35,12 +35,13 @@ from pathlib import Path
 
 import yaml
 
+from airflow_gpu import constants as C
+from airflow_gpu.config.core import mig_gpus
 from airflow_gpu.kube.wire import ConversionError, parse_time
 from airflow_gpu.sim.traces import text_encoding
 
 COLUMNS = ("job", "submit_time", "duration", "workers", "gpus_per_worker", "gpu_milli", "cpu_milli", "memory_mib",
            "team", "tier", "products", "checkpointable")
-GPU_RESOURCE = "nvidia.com/gpu"
 
 
 class ExportError(ValueError):
@@ -85,18 +86,13 @@ def _condition_time(wl: dict, kind: str, name: str) -> float | None:
     return None
 
 
-# MIG slices of a GPU (A100 and H100 have 7): nvidia.com/mig-<N>g.<mem> is N sevenths of one
-_MIG = re.compile(r"^nvidia\.com/mig-(\d+)g\.")
-MIG_SLICES = 7
-
-
 def _gpu_ask(asked: dict) -> float:
-    """GPUs a container asks: nvidia.com/gpu, or its MIG slices as a fraction of one GPU."""
-    gpus = _quantity(asked.get(GPU_RESOURCE, 0))
+    """GPUs a container asks: nvidia.com/gpu, or its MIG instances as the share of one GPU the
+    scheduler counts them for (config.core.mig_gpus: nvidia.com/mig-3g.40gb is three sevenths)."""
+    gpus = _quantity(asked.get(C.RESOURCE_GPU, 0))
     for resource, value in asked.items():
-        mig = _MIG.match(resource)
-        if mig:
-            gpus += int(mig.group(1)) * _quantity(value) / MIG_SLICES
+        if resource.startswith(C.RESOURCE_MIG_PREFIX):
+            gpus += mig_gpus(resource[len(C.RESOURCE_MIG_PREFIX):]) * _quantity(value)
     return gpus
 
 
@@ -160,7 +156,7 @@ def kueue_rows(doc: dict, skipped: Counter, notes: Counter | None = None) -> lis
 
 
 _TRES_GPU = re.compile(r"gres/gpu(?::([^=,]+))?=(\d+)")
-_SLURM_MIG = re.compile(r"(?:^|_)(\d+)g\.\d+gb$")  # a MIG gres type: 1g.10gb, a100_3g.40gb
+_SLURM_MIG = re.compile(r"(?:^|_)(\d+g\.\d+gb)$")  # the MIG profile of a gres type: 1g.10gb, a100_3g.40gb
 _TRES_CPU = re.compile(r"(?:^|,)cpu=(\d+)")
 _TRES_MEM = re.compile(r"(?:^|,)mem=([\d.]+)([KMGT]?)")
 _SLURM_MIB = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2}  # Slurm's units are binary
@@ -212,7 +208,7 @@ def slurm_rows(text: str, skipped: Counter, gpu_types: bool = False, notes: Coun
         per_node = -(-gpus // nodes)
         slices = [(_SLURM_MIG.search(t), c) for t, c in typed.items()]
         if slices and all(m for m, _ in slices):  # MIG slices (gres/gpu:1g.10gb=1): sevenths of one GPU
-            per_node = sum(int(m.group(1)) * c for m, c in slices) / MIG_SLICES / nodes
+            per_node = sum(mig_gpus(m.group(1)) * c for m, c in slices) / nodes
         rows[job] = _row(job, submit, max(1.0, end - start), nodes, per_node,
                          int(cpu.group(1)) * 1000 // nodes if cpu else 0, int(mem_mib // nodes),
                          rec["Account"], rec["QOS"], tuple(sorted(typed)) if gpu_types else ())
