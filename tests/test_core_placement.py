@@ -97,6 +97,59 @@ def test_random_assume_forget_never_over_commits(ops):
     assert np.array_equal(snap.gpu_free + held, np.where(snap.shape.gpu_exists, 1000, 0))
 
 
+def _state(snap: Snapshot):
+    return (snap.gpu_free.tolist(), snap.cpu_free.tolist(), snap.mem_free.tolist(), snap.mig_free.tolist(),
+            snap.kind_counts.tolist(), snap.whole_free_gpus().tolist(), snap.max_gpu_free().tolist(),
+            dict(snap.placements))
+
+
+_placement = st.tuples(st.integers(0, 3), st.integers(0, 2), st.sampled_from([0, 250, 1000, 2000, 3000]),
+                       st.integers(0, 30_000), st.booleans(), st.integers(0, 5))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(_placement, max_size=12), max_size=6), st.lists(st.integers(0, 60), max_size=20))
+def test_assume_many_and_forget_many_equal_one_pod_at_a_time(batches, releases):
+    """Snapshot.assume_many / forget_many (what-ifs holding and releasing whole gangs) leave exactly
+    the state of assume / forget pod after pod: capacity, MIG slices, kind counts, the derived whole
+    and widest free GPUs, the placements; the same placements refused; a node's version moves
+    exactly when its capacity does."""
+    nodes = [gpu_node(f"n{i}", gpus=3, cpu=64_000, mem=65_536, mig_slices=(("1g.10gb", 2),) if i == 3 else ())
+             for i in range(4)]
+    one, many = Snapshot.from_nodes(nodes), Snapshot.from_nodes(nodes)
+    k = 0
+    for batch in batches:
+        placements = []
+        for node, gpu, milli, cpu, mig, dup in batch:
+            k += 1
+            name = f"p{k - 1}" if dup == 0 and k > 1 else f"p{k}"  # sometimes a pod named twice
+            if mig and node == 3:
+                placements.append(Placement(name, "n3", cpu_milli=cpu, mig_profile="1g.10gb"))
+                continue
+            shares = (((gpu, 1000), ((gpu + 1) % 3, 1000))[: milli // 1000] if milli >= 1000
+                      else ((gpu, milli),) if milli else ())
+            placements.append(Placement(name, f"n{node}", gpu_shares=shares, cpu_milli=cpu, memory_mib=cpu))
+        refused = []
+        for p in placements:
+            try:
+                one.assume(p)
+            except OverCommitError:
+                refused.append(p)
+        before = many.version.copy()
+        assert many.assume_many(placements) == refused
+        moved = {many.node_index(p.node) for p in placements if not any(p is r for r in refused)}
+        assert [i for i in range(4) if many.version[i] != before[i]] == sorted(moved)
+        assert _state(one) == _state(many)
+        gone = sorted({name for j, name in enumerate(sorted(one.placements)) if j in set(releases)})
+        for name in gone:
+            one.forget(name)
+        many.forget_many(gone)
+        assert _state(one) == _state(many)
+    with pytest.raises(OverCommitError, match="not placed"):
+        many.forget_many(["ghost", *list(many.placements)[:1]])
+    assert _state(one) == _state(many)  # refused whole: nothing released
+
+
 # --- filters and wait reasons -------------------------------------------------------------------
 
 

@@ -133,9 +133,7 @@ class CycleState:
         self.running = [r for r in self.running if r is not rg]
 
     def _release(self, rg: RunningGang) -> None:
-        for p in rg.placements:
-            if p.pod in self.snap.placements:  # a pod the snapshot does not hold frees nothing
-                self.snap.forget(p.pod)
+        self.snap.forget_placed(rg.placements)  # a pod the snapshot does not hold frees nothing
         if self.usage is not None:
             self.usage.remove(rg.gang.team, self.demand_of(rg))
 

@@ -20,7 +20,7 @@ from airflow_gpu.core.gang import admit
 from airflow_gpu.core.model import GPU_MILLI, Gang, Placement, RunningGang
 from airflow_gpu.core.reservation import node_mask
 from airflow_gpu.core.room import RoomEstimate
-from airflow_gpu.core.snapshot import OverCommitError, Snapshot
+from airflow_gpu.core.snapshot import Snapshot
 from airflow_gpu.core.topology import members_per_node
 
 if TYPE_CHECKING:
@@ -353,17 +353,14 @@ def _hold_where_free(state: CycleState, team: str, placements: Iterable[Placemen
     """Hold what fits of `placements` on `state` (quota counted whole); the nodes where a placement
     does not fit (still taken at that time) are returned, to be kept off instead. `assumed`: the pods
     held are appended to it."""
-    blocked = set()
     placements = tuple(placements)
-    for p in placements:
-        if p.pod in state.snap.placements:
-            continue
-        try:
-            state.snap.assume(p)
-            if assumed is not None:
-                assumed.append(p.pod)
-        except OverCommitError:
-            blocked.add(p.node)
+    placed = state.snap.placements
+    todo = [p for p in placements if p.pod not in placed]
+    failed = state.snap.assume_many(todo)
+    blocked = {p.node for p in failed}
+    if assumed is not None:
+        refused = {id(p) for p in failed}
+        assumed.extend(p.pod for p in todo if id(p) not in refused)
     if state.usage is not None:
         state.usage.add(team, state.demand(placements))
     return blocked
@@ -394,10 +391,7 @@ class _Held:
         if self.trial is None:
             return
         snap = self.trial.snap
-        for p in r.placements:
-            if p.pod in snap.placements:
-                snap.forget(p.pod)
-                self.freed.add(p.node)
+        self.freed.update(snap.nodes[i].name for i in snap.forget_placed(r.placements))
         if demand is not None and self.trial.usage is not None:
             self.trial.usage.remove(r.gang.team, demand)
         self.changed = True
@@ -411,9 +405,8 @@ class _Held:
         trial, wanted = self.trial, set(want)
         for key in [key for key in self.held if key not in wanted]:  # its hold ended
             a, pods, _ = self.held.pop(key)
-            for pod in pods:
-                self.freed.add(trial.snap.placements[pod].node)
-                trial.snap.forget(pod)
+            self.freed.update(trial.snap.placements[pod].node for pod in pods)
+            trial.snap.forget_many(pods)
             if trial.usage is not None:
                 trial.usage.remove(a.team, trial.demand(a.placements))
         for a in overlapping:
@@ -425,17 +418,10 @@ class _Held:
                 self.held[id(a)] = (a, pods, [p for p in a.placements if p.pod not in held
                                               and p.pod not in trial.snap.placements])
             elif entry[2] and self.freed:  # what did not fit may now, where room was freed
-                still = []
-                for p in entry[2]:
-                    if p.node not in self.freed:
-                        still.append(p)
-                        continue
-                    try:
-                        trial.snap.assume(p)
-                        entry[1].append(p.pod)
-                    except OverCommitError:
-                        still.append(p)
-                entry[2][:] = still
+                retry = [p for p in entry[2] if p.node in self.freed]
+                refused = {id(p) for p in trial.snap.assume_many(retry)}
+                entry[1].extend(p.pod for p in retry if id(p) not in refused)
+                entry[2][:] = [p for p in entry[2] if p.node not in self.freed or id(p) in refused]
         self.held = {key: self.held[key] for key in want}
         self.changed = False
         self.freed.clear()
@@ -494,11 +480,7 @@ class _Releases:
             if self.snap is None:
                 self.snap = self.base.snap.copy()
             snap, r = self.snap, self.ends[len(self.freed)][1]
-            touched = set()
-            for p in r.placements:
-                if p.pod in snap.placements:
-                    snap.forget(p.pod)
-                    touched.add(snap.shape.index[p.node])
+            touched = snap.forget_placed(r.placements)
             self.freed.append([(n, snap.gpu_free[n].tolist(), int(snap.cpu_free[n]), int(snap.mem_free[n]))
                                for n in touched])
         return self.freed[k]
@@ -607,9 +589,7 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
 def _catch_up(work: CycleState, lag: list[RunningGang]) -> None:
     """Release on `work` the gangs its room tracker released already."""
     for r in lag:
-        for p in r.placements:
-            if p.pod in work.snap.placements:
-                work.snap.forget(p.pod)
+        work.snap.forget_placed(r.placements)
         if work.usage is not None:
             work.usage.remove(r.gang.team, work.demand_of(r))
     lag.clear()

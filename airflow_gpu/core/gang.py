@@ -11,6 +11,7 @@ Pure: the caller reserves the returned placements (Snapshot.assume) or binds the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -83,7 +84,7 @@ def restricted(profile: Profile, mask: np.ndarray, reason: str) -> Profile:
                    profile.gpu_chooser, profile.tie_rank)
 
 
-def _place_members(snap: Snapshot, members: list[PodRequest], profile: Profile,
+def _place_members(snap: Snapshot, members: Sequence[PodRequest], profile: Profile,
                    mask: np.ndarray, explain: bool = True) -> tuple[list[Placement] | None, str]:
     """All members into the nodes of `mask`, each placed with the earlier ones held; `snap` is the
     same afterwards (the members are assumed on a trial and undone). explain=False: the wait reason
@@ -116,7 +117,7 @@ def _place_members(snap: Snapshot, members: list[PodRequest], profile: Profile,
     return placed, ""
 
 
-def _identical_run(members: list[PodRequest], k: int) -> int:
+def _identical_run(members: Sequence[PodRequest], k: int) -> int:
     """How many members from the k-th on ask exactly what it asks (one pod set, as a rule)."""
     shape = members[k].shape
     n = k + 1
@@ -176,7 +177,7 @@ def place_gang(snap: Snapshot, gang: Gang, profile: Profile, exclude: np.ndarray
 
 def _any_product(gang: Gang) -> bool:
     """No GPU member names a product: every product is as good (absent a platform order)."""
-    return not any(m.gpu_products for m in gang.members if m.uses_gpu)
+    return not any(ps.request.gpu_products for ps in gang.pod_sets if ps.request.uses_gpu)
 
 
 def keeps_one_product(gang: Gang, book: QuotaBook | None = None) -> bool:
@@ -186,10 +187,11 @@ def keeps_one_product(gang: Gang, book: QuotaBook | None = None) -> bool:
     accepts any product is left to the scores, which is cheaper on a cluster of many products)."""
     if gang.products_mixed:
         return False
-    gpu = [m for m in gang.members if m.uses_gpu]
-    if len(gpu) != 1:
-        return len(gpu) > 1
-    return len(gpu[0].gpu_products) > 1 or (book is not None and bool(book.product_rank))
+    gpu = [ps for ps in gang.pod_sets if ps.request.uses_gpu]  # pod sets: a 128-pod gang is one or two
+    count = sum(ps.count for ps in gpu)
+    if count != 1:
+        return count > 1
+    return len(gpu[0].request.gpu_products) > 1 or (book is not None and bool(book.product_rank))
 
 
 def one_product_options(snap: Snapshot, gang: Gang, book: QuotaBook | None = None) -> list[str]:
@@ -211,8 +213,7 @@ def _place_gang(snap: Snapshot, gang: Gang, profile: Profile, exclude: np.ndarra
     """place_gang on the products the gang's members accept as they are."""
     if gang.pinned:
         return _place_pinned(snap, gang, profile, exclude, explain)
-    # Largest members first: they are the hardest to fit, small ones fill around them.
-    members = sorted(gang.members, key=lambda m: (-m.gpu_milli_total, -m.cpu_milli, -m.memory_mib))
+    members = gang.largest_first
     base = profile if exclude is None else restricted(profile, ~exclude, "node(s) reserved for another gang")
 
     if len(members) == 1:

@@ -247,6 +247,12 @@ class Gang:
         return any(m.uses_gpu for m in self.members)
 
     @cached_property
+    def largest_first(self) -> tuple[PodRequest, ...]:
+        """Its members, largest first (stable): the hardest to fit are placed first, small ones
+        fill around them. Kept: a gang waiting is placed in most cycles."""
+        return tuple(sorted(self.members, key=lambda m: (-m.gpu_milli_total, -m.cpu_milli, -m.memory_mib)))
+
+    @cached_property
     def ask(self) -> tuple:
         """Its members' shapes in member order (everything but their names): gangs of one ask and
         team are charged and refused by quota alike."""

@@ -139,11 +139,7 @@ class RoomTracker:
     def release(self, running: RunningGang) -> bool:
         """Forget the gang's pods; True if some domain may now hold the gang."""
         snap = self.snap
-        touched = set()
-        for p in running.placements:
-            if p.pod in snap.placements:
-                snap.forget(p.pod)
-                touched.add(snap.shape.index[p.node])
+        touched = snap.forget_placed(running.placements)
         return self.update([(n, snap.gpu_free[n], int(snap.cpu_free[n]), int(snap.mem_free[n])) for n in touched])
 
     def update(self, nodes: Iterable[tuple[int, object, int, int]]) -> bool:
