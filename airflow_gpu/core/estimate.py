@@ -18,6 +18,7 @@ from airflow_gpu.core.cycle import CycleState
 from airflow_gpu.core.framework import Profile
 from airflow_gpu.core.gang import admit
 from airflow_gpu.core.model import GPU_MILLI, Gang, Placement, RunningGang
+from airflow_gpu.core.quota import Demand
 from airflow_gpu.core.reservation import node_mask
 from airflow_gpu.core.room import RoomEstimate
 from airflow_gpu.core.snapshot import Snapshot
@@ -193,13 +194,15 @@ class _Ahead:
     start: float
     end: float
     whole: np.ndarray = field(compare=False, repr=False)
+    demand: Demand | None = field(compare=False, repr=False, default=None)  # its quota (None: no quota book)
 
     @classmethod
-    def of(cls, snap: Snapshot, team: str, placements: tuple[Placement, ...], start: float, end: float) -> _Ahead:
+    def of(cls, state: CycleState, team: str, placements: tuple[Placement, ...], start: float, end: float) -> _Ahead:
+        snap = state.snap
         whole = np.zeros(len(snap), dtype=np.int64)
         for p in placements:
             whole[snap.node_index(p.node)] += sum(1 for _, milli in p.gpu_shares if milli >= GPU_MILLI)
-        return cls(team, placements, start, end, whole)
+        return cls(team, placements, start, end, whole, state.demand(placements) if state.usage is not None else None)
 
     def overlaps(self, t: float, until: float) -> bool:
         return self.start < until and t < self.end
@@ -327,7 +330,7 @@ def _estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRe
             out[head] = StartEstimate(None if math.isinf(start) else start, tuple(sorted(res.nodes)),
                                       NOTE_NO_END if math.isinf(start) else "")
         if not math.isinf(start):
-            ahead.append(_Ahead.of(base.snap, res.gang.team, placements, start,
+            ahead.append(_Ahead.of(base, res.gang.team, placements, start,
                                    start + _duration(res.gang, run_lengths)))
     for i, gang in enumerate(order):
         if i >= limit:
@@ -343,13 +346,13 @@ def _estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRe
         est, placements = _estimate_one(base, ends, ahead, gang, profile, now, run_lengths, releases)
         out[gang.name] = est
         if est.start is not None:
-            ahead.append(_Ahead.of(base.snap, gang.team, tuple(placements), est.start,
+            ahead.append(_Ahead.of(base, gang.team, tuple(placements), est.start,
                                    est.start + _duration(gang, run_lengths)))
     return out
 
 
 def _hold_where_free(state: CycleState, team: str, placements: Iterable[Placement],
-                     assumed: list[str] | None = None) -> set[str]:
+                     assumed: list[str] | None = None, demand: Demand | None = None) -> set[str]:
     """Hold what fits of `placements` on `state` (quota counted whole); the nodes where a placement
     does not fit (still taken at that time) are returned, to be kept off instead. `assumed`: the pods
     held are appended to it."""
@@ -362,7 +365,7 @@ def _hold_where_free(state: CycleState, team: str, placements: Iterable[Placemen
         refused = {id(p) for p in failed}
         assumed.extend(p.pod for p in todo if id(p) not in refused)
     if state.usage is not None:
-        state.usage.add(team, state.demand(placements))
+        state.usage.add(team, demand if demand is not None else state.demand(placements))
     return blocked
 
 
@@ -408,12 +411,12 @@ class _Held:
             self.freed.update(trial.snap.placements[pod].node for pod in pods)
             trial.snap.forget_many(pods)
             if trial.usage is not None:
-                trial.usage.remove(a.team, trial.demand(a.placements))
+                trial.usage.remove(a.team, a.demand)
         for a in overlapping:
             entry = self.held.get(id(a))
             if entry is None:
                 pods: list[str] = []
-                _hold_where_free(trial, a.team, a.placements, pods)
+                _hold_where_free(trial, a.team, a.placements, pods, a.demand)
                 held = set(pods)
                 self.held[id(a)] = (a, pods, [p for p in a.placements if p.pod not in held
                                               and p.pod not in trial.snap.placements])
