@@ -145,6 +145,14 @@ def test_assume_many_and_forget_many_equal_one_pod_at_a_time(batches, releases):
             one.forget(name)
         many.forget_many(gone)
         assert _state(one) == _state(many)
+        # forget_placed: by name, those placed only (a gang held in part), the nodes touched returned
+        mixed = [p for p in placements if any(p is r for r in refused) or p.pod in one.placements][:3]
+        held_nodes = {one.node_index(one.placements[p.pod].node) for p in mixed if p.pod in one.placements}
+        for p in mixed:
+            if p.pod in one.placements:
+                one.forget(p.pod)
+        assert many.forget_placed(mixed) == held_nodes
+        assert _state(one) == _state(many)
     with pytest.raises(OverCommitError, match="not placed"):
         many.forget_many(["ghost", *list(many.placements)[:1]])
     assert _state(one) == _state(many)  # refused whole: nothing released

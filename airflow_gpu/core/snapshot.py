@@ -496,7 +496,14 @@ class Snapshot:
     def assume_many(self, placements: Iterable[Placement]) -> list[Placement]:
         """assume() each placement in order; those that do not fit then (or whose pod is placed
         already) are returned and nothing of them is taken."""
-        rows: dict[int, list] = {}  # node -> [GPU row, CPU free, memory free], as the placements so far leave it
+        placements = placements if isinstance(placements, (list, tuple)) else list(placements)
+        if len(placements) == 1:  # one pod: the plain call is cheaper than the bookkeeping
+            try:
+                self.assume(placements[0])
+                return []
+            except OverCommitError:
+                return [placements[0]]
+        rows: dict[int, list] = {}  # node -> [GPU row, CPU free, memory free, changed], as the placements so far leave it
         failed: list[Placement] = []
         kinds: dict[tuple[int, int], int] = {}
         placed = self.placements
@@ -545,14 +552,18 @@ class Snapshot:
         """Forget the pods of `placements` that are placed here (by name: a pod the snapshot does not
         hold frees nothing, as when a gang is released that was held in part); the nodes touched."""
         placed = self.placements
-        helds = []
+        helds, seen = [], set()
         for p in placements:
             held = placed.get(p.pod)
-            if held is not None:
+            if held is not None and p.pod not in seen:
+                seen.add(p.pod)
                 helds.append(held)
         return self._forget(helds)
 
     def _forget(self, helds: Sequence[Placement]) -> set[int]:
+        if len(helds) == 1:  # one pod: the plain call is cheaper than the bookkeeping
+            self.forget(helds[0].pod)
+            return {self.shape.index[helds[0].node]}
         rows: dict[int, list] = {}
         kinds: dict[tuple[int, int], int] = {}
         index, placed = self.shape.index, self.placements
