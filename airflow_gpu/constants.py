@@ -92,6 +92,10 @@ LABEL_QUEUE_OF = f"{DOMAIN}/queue-of"  # not LABEL_PLAN_OF: it is no plan record
 QUEUE_CONFIGMAP_PREFIX = "airflow-gpu-queue-"
 QUEUE_DATA_KEY = "queue.json.gz"
 DEFAULT_PUBLISH_INTERVAL = 5.0  # seconds between two publications at most (and on a change of the waiting set)
+# the scheduler process's interpreter switch interval (sys.setswitchinterval; Python's own is 0.005 s):
+# its cycle is CPU work among dozens of threads waiting on the API (watches, Bindings, status writes),
+# each of which took the interpreter from it every 5 ms (bench cluster_scale's steady phase, README)
+DEFAULT_SWITCH_INTERVAL = 0.05
 # live logs (triggers/gang.py): the timestamp of rank 0's last log line copied to the task log, on rank 0's
 # pod, so a restarted triggerer resumes after it (sinceTime) without copying a line twice
 ANNOTATION_LOGGED_UNTIL = f"{DOMAIN}/logged-until"

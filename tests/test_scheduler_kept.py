@@ -59,7 +59,7 @@ def test_the_scheduler_deletes_kept_pods_when_their_time_has_passed(kube_cluster
 
 
 @pytest.mark.parametrize("flag,value", [("--kept-sweep-interval", "0"), ("--publish-interval", "-1"),
-                                        ("--bind-workers", "0")])
+                                        ("--bind-workers", "0"), ("--switch-interval", "0")])
 def test_a_bad_interval_flag_is_refused_before_any_connection(flag, value, tmp_path):
     import subprocess
     import sys

@@ -15,7 +15,7 @@ USER_AGENT = "airflow-gpu-scheduler"
 
 
 def register(subparsers) -> None:
-    from airflow_gpu.constants import DEFAULT_SCHEDULER_NAME, DEFAULT_SCHEDULER_NAMESPACE
+    from airflow_gpu.constants import DEFAULT_SCHEDULER_NAME, DEFAULT_SCHEDULER_NAMESPACE, DEFAULT_SWITCH_INTERVAL
 
     p = subparsers.add_parser("scheduler", help="run the GPU scheduler (gangs, preemption, quotas) against a cluster")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
@@ -30,6 +30,10 @@ def register(subparsers) -> None:
                         "namespace, read by the UI and `airflow-gpu queue`) at most every this many seconds "
                         "(default 5), and when the set of waiting gangs changes")
     p.add_argument("--bind-workers", type=int, default=16, help="Bindings of one gang sent in parallel")
+    p.add_argument("--switch-interval", type=float, default=None,
+                   help="seconds the scheduling thread may keep the interpreter while the threads that wait on "
+                        "the API (watches, Bindings, status writes) ask for it (sys.setswitchinterval; default "
+                        f"{DEFAULT_SWITCH_INTERVAL:g}, Python's own 0.005)")
     p.add_argument("--kept-sweep-interval", type=float, default=60.0,
                    help="pods kept after their task (on_finish_action) are deleted at most this many seconds "
                         "after their keep-until time (default 60)")
@@ -98,7 +102,13 @@ def run(args) -> int:
     if args.bind_workers < 1:
         print(f"scheduler: --bind-workers {args.bind_workers}: must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from airflow_gpu.constants import DEFAULT_PUBLISH_INTERVAL
+    from airflow_gpu.constants import DEFAULT_PUBLISH_INTERVAL, DEFAULT_SWITCH_INTERVAL
+
+    switch = DEFAULT_SWITCH_INTERVAL if args.switch_interval is None else args.switch_interval
+    if not 0 < switch <= 1:
+        print(f"scheduler: --switch-interval {args.switch_interval}: must be > 0 and at most 1 second", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    sys.setswitchinterval(switch)
 
     interval = DEFAULT_PUBLISH_INTERVAL if args.publish_interval is None else args.publish_interval
     if not interval > 0:
