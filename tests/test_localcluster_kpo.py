@@ -123,7 +123,9 @@ def test_deferrable_pod_operator_with_logging_interval_reads_every_line_it_asks_
         rf"^(\S+?)(?:\.\d+)?Z line-{marker}-(\d{{3}})$", stamped.data.decode(), re.M)}
     assert sorted(second_of) == list(range(LINES))  # the container's log itself is complete
     trigger_reads = [int(n) for n in re.findall(rf"\[base\] line-{marker}-(\d{{3}}) .*AsyncPodManager", out)]
-    assert len(set(trigger_reads)) > 10 and max(trigger_reads) < LINES - 1  # read while running, more than once
+    # read by the trigger (its AsyncPodManager polls a running pod); it may read the last line too when a
+    # fetch falls in the 0.1 s between the last line and the exit (seen once under CI's load)
+    assert len(set(trigger_reads)) > 10
     core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
     seen = {int(n) for n in re.findall(rf"line-{marker}-(\d{{3}})", out)}
     missing = sorted(set(range(LINES)) - seen)
