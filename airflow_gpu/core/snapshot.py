@@ -438,18 +438,8 @@ class Snapshot:
         # building numpy arrays per pod cost more than the arithmetic
         i, need, mig = self._parse(placement)
         row = self.gpu_free[i]
-        problems = []
-        if need:
-            free = row.tolist()
-            bad = sorted(g for g, m in need.items() if m > free[g])
-            if bad:
-                problems.append(f"GPU {bad} asks {[need[g] for g in bad]} milli, free {[free[g] for g in bad]}")
-        if placement.cpu_milli > self.cpu_free[i]:
-            problems.append(f"cpu_milli {placement.cpu_milli} > free {int(self.cpu_free[i])}")
-        if placement.memory_mib > self.mem_free[i]:
-            problems.append(f"memory_mib {placement.memory_mib} > free {int(self.mem_free[i])}")
-        if mig is not None and self.mig_free[i, mig] < 1:
-            problems.append(f"no free MIG slice {placement.mig_profile}")
+        problems = self._refusals(placement, i, need, mig, row.tolist() if need else (), self.cpu_free[i],
+                                  self.mem_free[i])
         if problems:
             raise OverCommitError(f"pod {placement.pod} on node {placement.node}: " + "; ".join(problems))
         for g, m in need.items():
@@ -520,8 +510,7 @@ class Snapshot:
             if row is None:
                 row = rows[i] = [self.gpu_free[i].tolist(), int(self.cpu_free[i]), int(self.mem_free[i]), False]
             free = row[0]
-            if (p.cpu_milli > row[1] or p.memory_mib > row[2] or any(m > free[g] for g, m in need.items())
-                    or (mig is not None and self.mig_free[i, mig] < 1)):
+            if self._refusals(p, i, need, mig, free, row[1], row[2]):
                 failed.append(p)
                 continue
             for g, m in need.items():
@@ -584,6 +573,26 @@ class Snapshot:
             del placed[held.pod]
         self._write_rows(rows, kinds)
         return set(rows)
+
+    def _refusals(self, placement: Placement, i: int, need: dict[int, int], mig: int | None, free, cpu_free,
+                  mem_free) -> list[str]:
+        """Why `placement` (parsed: node i, GPU milli needed per index, MIG profile index) does not fit
+        the free capacity given (node i's GPU row, CPU, memory); [] when it fits."""
+        if (placement.cpu_milli <= cpu_free and placement.memory_mib <= mem_free
+                and all(m <= free[g] for g, m in need.items()) and (mig is None or self.mig_free[i, mig] >= 1)):
+            return []  # the common case, without building the words
+        problems = []
+        if need:
+            bad = sorted(g for g, m in need.items() if m > free[g])
+            if bad:
+                problems.append(f"GPU {bad} asks {[need[g] for g in bad]} milli, free {[free[g] for g in bad]}")
+        if placement.cpu_milli > cpu_free:
+            problems.append(f"cpu_milli {placement.cpu_milli} > free {int(cpu_free)}")
+        if placement.memory_mib > mem_free:
+            problems.append(f"memory_mib {placement.memory_mib} > free {int(mem_free)}")
+        if mig is not None and self.mig_free[i, mig] < 1:
+            problems.append(f"no free MIG slice {placement.mig_profile}")
+        return problems
 
     def _write_rows(self, rows: dict[int, list], kinds: dict[tuple[int, int], int]) -> None:
         for i, (free, cpu, mem, changed) in rows.items():
