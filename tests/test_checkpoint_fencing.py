@@ -85,18 +85,23 @@ def test_random_races_newer_attempt_always_wins(tmp_path):
         old, new = writer(uri, 1, gc_grace_seconds=0), writer(uri, 2)
         old.save(0, b"0")
         outcomes: list[tuple[str, int]] = []
+        saving = threading.Event()
 
         def zombie_loop() -> None:
             for step in range(1, 40):
                 try:
                     old.save(step, str(step).encode())
                     outcomes.append(("committed", step))
+                    saving.set()
                 except StaleAttemptError:
                     outcomes.append(("rejected", step))
                     return
 
         thread = threading.Thread(target=zombie_loop)
         thread.start()
+        # under load a thread can start late: wait for the zombie's first commit, so the claim
+        # always lands in the middle of its saves and never before the race began
+        assert saving.wait(30)
         time.sleep(rng.uniform(0, 0.01))
         new.claim()
         restored = new.resume()
