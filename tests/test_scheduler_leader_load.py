@@ -85,6 +85,11 @@ def test_a_busy_scheduler_keeps_its_lease_and_logs_a_lost_one_with_the_cause(kub
         assert G.scheduler_metric(port, "airflow_gpu_scheduler_fence_refusals_total") == 0, log[-3000:]
         assert "lost leadership" not in log and "not leader" not in log, log[-3000:]
         assert log.count("became leader") == 1
+        # every cycle's own CPU is recorded beside its duration, and under this load it is less
+        cycles, cpu = (G.scheduler_metric(port, f"airflow_gpu_scheduling_cycle{m}_seconds_count") for m in ("", "_cpu"))
+        wall, used = (G.scheduler_metric(port, f"airflow_gpu_scheduling_cycle{m}_seconds_sum") for m in ("", "_cpu"))
+        assert cycles > 0 and cpu == cycles, (cycles, cpu)
+        assert 0 < used < wall, (used, wall)
 
         # on purpose: the API server stops answering for longer than the renew deadline
         os.kill(kube_cluster.pid, signal.SIGSTOP)
