@@ -797,7 +797,10 @@ class _Build:
         rejected: list[tuple[Unit, Plan, str]] = []
         if all(record.state == PLAN_ADMITTED for record in records.values()):
             return plans, plan_ready, rejected
-        pod_unit = {key_of(p): u for u in running_units.values() for p in u.pods}
+        # only plans with victims read it (a binding's plan has none): every running pod's key, each
+        # cycle a binding is in flight, cost more than the re-checks at 40,000 running pods
+        pod_unit = {key_of(p): u for u in running_units.values() for p in u.pods} \
+            if any(record.victims for record in records.values() if record.state != PLAN_ADMITTED) else {}
         by_unit = {rg.gang.name: rg for rg in running}
         for key, record in records.items():
             if record.state == PLAN_ADMITTED:
