@@ -10,9 +10,12 @@ the real `airflow-gpu scheduler` process over HTTP. Phases:
    with 10 % of its GPUs freed -> last pod created to all bound: first with the free GPUs scattered
    (one per node: it must preempt ~7 x 64 best-effort pods in one rack), then with the gang deleted
    and its rack free (no preemption needed);
-3. steady: running gangs fill the cluster and end at --churn gangs/s, --churn new gangs arrive per
-   second on top of --pending waiting ones -> cycle p50/p99 from the scheduler's own histogram
-   (airflow_gpu_scheduling_cycle_seconds, over the window), binding latency p50/p99 (plan to last
+3. steady: running gangs fill the cluster; the bench ends --churn of them per second (deletes them,
+   longest bound first) and --churn new gangs arrive per second on top of --pending waiting ones,
+   so the cluster stays full and about --pending wait (printed at the start and end) -> cycle p50/p99 from the scheduler's own histogram
+   (airflow_gpu_scheduling_cycle_seconds, over the window) and the scheduling thread's own CPU per
+   cycle (airflow_gpu_scheduling_cycle_cpu_seconds: the cycle's cost apart from its waits for the
+   interpreter and the cores), binding latency p50/p99 (plan to last
    Binding, airflow_gpu_binding_latency_seconds) and queue wait of the arrivals;
 4. kai: the fill again on a fresh 500-node cluster with 4,000 one-GPU jobs, beside KAI's published
    6 min 38 s (docs/scale-tests of KAI-Scheduler), unless the main run is already that size.
@@ -30,7 +33,6 @@ import argparse
 import json
 import math
 import os
-import random
 import signal
 import sys
 import tempfile
@@ -43,7 +45,6 @@ import urllib3
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
 from airflow_gpu import constants as C
 from airflow_gpu.devtools import gangs as G
@@ -160,7 +161,7 @@ def retried(call, done_status: int, tries: int = 5):
 
 
 class Poster:
-    """Creates with plain urllib3 POSTs of pre-encoded JSON, from client threads: the official
+    """Creates and deletes with plain urllib3 requests of pre-encoded JSON, from client threads: the official
     client's per-request work (~1 ms of CPU) would take the scheduler's CPU on a 2-core machine at
     40,000 creates (150-460 creates/s with it, 1,100 without)."""
 
@@ -171,18 +172,23 @@ class Poster:
         self.headers = {"Content-Type": "application/json", **({"Authorization": auth} if auth else {})}
 
     def post(self, path: str, body: dict) -> None:
-        data = json.dumps(body).encode()
+        self._send("POST", path, json.dumps(body).encode(), (201, 409))  # 409: an earlier try went through
+
+    def delete(self, path: str) -> None:
+        self._send("DELETE", path, None, (200, 202, 404))  # 404: gone already
+
+    def _send(self, method: str, path: str, data: bytes | None, done: tuple[int, ...]) -> None:
         for attempt in range(5):
             try:
-                status = self.http.request("POST", self.host + path, body=data, headers=self.headers, timeout=60).status
+                status = self.http.request(method, self.host + path, body=data, headers=self.headers, timeout=60).status
             except urllib3.exceptions.HTTPError:
-                status = None  # a dropped connection: again (409 then says the first try went through)
-            if status in (201, 409):
+                status = None  # a dropped connection: again
+            if status in done:
                 return
             if status is not None and status < 500 and status != 429:
-                raise RuntimeError(f"POST {path}: HTTP {status}")
+                raise RuntimeError(f"{method} {path}: HTTP {status}")
             time.sleep(0.2 * (attempt + 1))
-        raise RuntimeError(f"POST {path}: no answer after 5 tries")
+        raise RuntimeError(f"{method} {path}: no answer after 5 tries")
 
     def pod(self, body: dict) -> None:
         self.post(f"/api/v1/namespaces/{NS}/pods", body)
@@ -284,91 +290,96 @@ def clear(api) -> None:
     wait_until(lambda: not G.list_pods(api, NS), 300, 0.5, "pods deleted")
 
 
-def submit_gangs(poster: Poster, specs: list[tuple[str, float]], members: int, threads: int = 8) -> None:
-    """Gangs (name, run seconds) of `members` one-GPU pods: PodGroup then pods, from client threads."""
+def submit_gangs(poster: Poster, names: list[str], members: int, threads: int = 8) -> None:
+    """Gangs of `members` one-GPU pods that run until deleted: PodGroup then pods, from client threads."""
 
-    def one(spec):
-        name, seconds = spec
+    def one(name):
         poster.podgroup(name, members)
         for i in range(members):
-            poster.pod(G.pod_manifest(f"{name}-{i}", NS, 1, group=name, sim_seconds=round(seconds, 1),
-                                      priority_class=BEST_EFFORT))
+            poster.pod(G.pod_manifest(f"{name}-{i}", NS, 1, group=name, priority_class=BEST_EFFORT))
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(one, specs))
+        list(pool.map(one, names))
 
 
-class Finished(threading.Thread):
-    """Gangs whose pods have all ended are deleted (PodGroup and pods), as their owner (the operator)
-    does: without it the ended gangs pile up and the state is not steady."""
+class Churn(threading.Thread):
+    """Ends `rate` running gangs per second, the longest bound first, as their owner deletes a job
+    that finished (PodGroup and pods, from client threads): the gangs run until ended, so the
+    cluster stays full and the pending gangs wait for the room the ended ones leave, however long
+    the set-up took. (Run times of their own would end most gangs during a set-up longer than
+    them: an earlier version measured a half-empty cluster whose arrivals were admitted at once.)"""
 
-    def __init__(self, api, members: int):
+    def __init__(self, poster: Poster, watch: BindWatch, members: int, rate: float, threads: int = 8):
         super().__init__(daemon=True)
-        self.api, self.members = api, members
-        self.ended: dict[str, int] = {}
-        self.deleted = 0
+        self.poster, self.watch, self.members, self.rate = poster, watch, members, rate
+        self.ended = 0
         self._halt = threading.Event()  # not _stop: that is a method of Thread, which join() calls
-        self._resp = client.CoreV1Api(api).list_namespaced_pod(
-            NS, watch=True, timeout_seconds=3600, _preload_content=False, _request_timeout=(10, 3900))
-        threading.Thread(target=self._read, daemon=True).start()
+        self._pool = ThreadPoolExecutor(threads)
 
-    def _read(self):
-        try:
-            for line in iter_resp_lines(self._resp):
-                obj = json.loads(line)["object"] if line else {}
-                group = ((obj.get("metadata") or {}).get("labels") or {}).get(C.LABEL_COSCHEDULING_POD_GROUP)
-                if group and (obj.get("status") or {}).get("phase") == "Succeeded":
-                    self.ended[obj["metadata"]["name"]] = 1
-        except Exception:  # noqa: BLE001 - the stream ends with the bench
-            pass
+    def _end(self, gang: str) -> None:
+        self.poster.delete(f"/apis/{C.PODGROUP_GROUP}/{C.PODGROUP_VERSION}/namespaces/{NS}/{C.PODGROUP_PLURAL}/{gang}")
+        for i in range(self.members):  # by name: a label-selected deletecollection scans every pod
+            self.poster.delete(f"/api/v1/namespaces/{NS}/pods/{gang}-{i}?gracePeriodSeconds=0")
 
     def run(self):
-        custom, core, done = client.CustomObjectsApi(self.api), client.CoreV1Api(self.api), set()
-        while not self._halt.wait(0.5):
-            groups: dict[str, int] = {}
-            for name in list(self.ended):
-                group = name.rsplit("-", 1)[0]
-                groups[group] = groups.get(group, 0) + 1
-            for group in [g for g, n in groups.items() if n >= self.members and g not in done]:
-                if self._halt.is_set():  # the window is over: the cluster may be stopping
-                    return
-                done.add(group)
-                retried(lambda g=group: custom.delete_namespaced_custom_object(
-                    C.PODGROUP_GROUP, C.PODGROUP_VERSION, NS, C.PODGROUP_PLURAL, g), 404)
-                for i in range(self.members):  # by name: a label-selected deletecollection scans every pod
-                    retried(lambda name=f"{group}-{i}": core.delete_namespaced_pod(
-                        name, NS, grace_period_seconds=0, _preload_content=False), 404)
-                self.deleted += 1
+        bound: dict[str, int] = {}  # gang -> members seen bound
+        ready: list[str] = []  # gangs whole bound, in the order their last member was bound
+        seen, start, futures = 0, time.time(), []
+        while not self._halt.wait(0.05):
+            names = list(self.watch.bound)  # insertion order: the order they were bound
+            for name in names[seen:]:
+                gang = name.rsplit("-", 1)[0]
+                bound[gang] = bound.get(gang, 0) + 1
+                if bound[gang] == self.members:
+                    ready.append(gang)
+            seen = len(names)
+            due = min(len(ready), int((time.time() - start) * self.rate) - self.ended)
+            if due > 0:
+                futures += [self._pool.submit(self._end, g) for g in ready[:due]]
+                del ready[:due]
+                self.ended += due
+        for f in futures:
+            f.result()
 
     def stop(self):
         """Ends the deletions and waits for them, so none is in flight when the cluster stops."""
         self._halt.set()
-        self.join(timeout=60)
+        self.join(timeout=120)
+        self._pool.shutdown(wait=True)
 
 
 QUEUED = "airflow_gpu_scheduler_writes_queued"
+PENDING = "airflow_gpu_pending_gangs"
+
+
+def pending_gangs(port: int) -> float:
+    """Gangs waiting, over every team, tier and reason (the scheduler refreshes the gauge every few seconds)."""
+    text = urllib3.request("GET", f"http://127.0.0.1:{port}/metrics", timeout=10).data.decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(PENDING + "{"))
+CYCLE_CPU = "airflow_gpu_scheduling_cycle_cpu_seconds"  # the cycle thread's own CPU (time.thread_time)
 
 
 def steady(api, nodes: int, port: int, sched: Proc, pending: int, churn: float, members: int, seconds: float) -> dict:
     clear(api)
     running = nodes * 8 // members
-    duration = running / churn  # so that churn gangs end per second once the cluster is full
-    rng = random.Random(31)
     t0 = time.time()
-    # running gangs with run times spread over (0, duration]: churn of them end per second from the start
+    # the cluster full of gangs that run until the bench ends them (Churn), then the pending ones
     watch, poster = BindWatch(api, NS, timeout=3600), Poster(api)
-    submit_gangs(poster, [(f"run-{i:05d}", rng.uniform(0.05, 1.0) * duration) for i in range(running)], members)
+    submit_gangs(poster, [f"run-{i:05d}" for i in range(running)], members)
     # the window starts once they run: the backlog's own admission is the fill phase, not the steady state
     wait_until(lambda: sum(n.startswith("run-") for n in list(watch.bound)) >= running * members, 3600, 1.0,
                "running gangs bound")
-    submit_gangs(poster, [(f"wait-{i:05d}", duration) for i in range(pending)], members)
+    submit_gangs(poster, [f"wait-{i:05d}" for i in range(pending)], members)
     done = histogram(port, "airflow_gpu_scheduling_cycle_seconds").get(math.inf, 0)  # and their wait reasons written
     wait_until(lambda: histogram(port, "airflow_gpu_scheduling_cycle_seconds").get(math.inf, 0) >= done + 2, 1200, 1.0,
                "two cycles after the pending gangs arrived")
+    wait_until(lambda: pending_gangs(port) >= pending, 120, 0.5, "the pending gangs in the scheduler's gauge")
     setup = time.time() - t0
-    cleaner = Finished(api, members)
-    cleaner.start()
+    ender = Churn(poster, watch, members, churn)
+    pending0 = pending_gangs(port)
+    ender.start()
     cycles0, bind0 = histogram(port, "airflow_gpu_scheduling_cycle_seconds"), histogram(
         port, "airflow_gpu_binding_latency_seconds")
+    cycle_cpu0 = histogram(port, CYCLE_CPU)
     wait0, cpu0 = histogram(port, "airflow_gpu_queue_wait_seconds"), sched.cpu()
     print(f"  steady: set up in {setup:.0f} s; measuring {seconds:g} s", flush=True)
     start, arrived = time.time(), 0
@@ -376,28 +387,32 @@ def steady(api, nodes: int, port: int, sched: Proc, pending: int, churn: float, 
     while time.time() - start < seconds:
         due = int((time.time() - start) * churn) - arrived
         if due > 0:
-            submit_gangs(poster, [(f"new-{arrived + i:06d}", duration) for i in range(due)], members)
+            submit_gangs(poster, [f"new-{arrived + i:06d}" for i in range(due)], members)
             arrived += due
         if time.time() - start >= len(queued):
             queued.append(G.scheduler_metric(port, QUEUED))
         time.sleep(0.05)
     window = time.time() - start
     queued.append(G.scheduler_metric(port, QUEUED))
-    cleaner.stop()
+    pending1 = pending_gangs(port)
+    ender.stop()
     cycles, bind, wait = (histogram(port, n) for n in ("airflow_gpu_scheduling_cycle_seconds",
                                                        "airflow_gpu_binding_latency_seconds",
                                                        "airflow_gpu_queue_wait_seconds"))
+    cycle_cpu = histogram(port, CYCLE_CPU)
     n_cycles = cycles.get(math.inf, 0) - cycles0.get(math.inf, 0)
     ms = lambda v: "n/a" if v is None else f"{1000 * v:.0f} ms"  # noqa: E731
     r = {"cycle_p50": quantile(cycles0, cycles, 0.5), "cycle_p99": quantile(cycles0, cycles, 0.99),
          "bind_p50": quantile(bind0, bind, 0.5), "bind_p99": quantile(bind0, bind, 0.99),
+         "cycle_cpu_p50": quantile(cycle_cpu0, cycle_cpu, 0.5), "cycle_cpu_p99": quantile(cycle_cpu0, cycle_cpu, 0.99),
          "wait_p50": quantile(wait0, wait, 0.5), "cycles": n_cycles, "arrived": arrived, "window": window,
-         "cpu": sched.cpu() - cpu0, "rss": sched.rss_mib(), "writes_queued": (queued[0], max(queued), queued[-1])}
+         "cpu": sched.cpu() - cpu0, "rss": sched.rss_mib(), "ended": ender.ended, "pending": (pending0, pending1), "writes_queued": (queued[0], max(queued), queued[-1])}
     print(f"steady ({running} running gangs of {members} x 1 GPU ending at {churn:g}/s, {pending} pending, {churn:g} "
-          f"arriving/s; set up in {setup:.0f} s): over {window:.0f} s, {n_cycles:.0f} cycles p50 {ms(r['cycle_p50'])} "
-          f"p99 {ms(r['cycle_p99'])} (targets 500 ms / 2 s); binding latency p50 {ms(r['bind_p50'])} p99 "
+          f"arriving/s; set up in {setup:.0f} s; pending gangs {pending0:.0f} at the start, {pending1:.0f} at the end): over {window:.0f} s, {n_cycles:.0f} cycles p50 {ms(r['cycle_p50'])} "
+          f"p99 {ms(r['cycle_p99'])} (targets 500 ms / 2 s), of which the scheduling thread's own CPU p50 "
+          f"{ms(r['cycle_cpu_p50'])} p99 {ms(r['cycle_cpu_p99'])}; binding latency p50 {ms(r['bind_p50'])} p99 "
           f"{ms(r['bind_p99'])}; queue wait p50 {ms(r['wait_p50'])}; {arrived} arrivals "
-          f"({arrived / window:.0f}/s achieved by the client), {cleaner.deleted} ended gangs deleted; writes queued (wait "
+          f"({arrived / window:.0f}/s achieved by the client), {ender.ended} gangs ended ({ender.ended / window:.0f}/s); writes queued (wait "
           f"reasons, statuses, bound annotations) {queued[0]:.0f} at the start, {max(queued):.0f} at most, "
           f"{queued[-1]:.0f} at the end; scheduler CPU {r['cpu'] / window:.2f} cores, "
           f"RSS {r['rss']:.0f} MiB", flush=True)
