@@ -348,13 +348,18 @@ class Churn(threading.Thread):
 
 
 QUEUED = "airflow_gpu_scheduler_writes_queued"
-PENDING = "airflow_gpu_pending_gangs"
+PENDING = "airflow_gpu_pending_gangs"  # a gauge the scheduler refreshes every few seconds
+ADMITTED = "airflow_gpu_gangs_admitted_total"
+
+
+def metric_sum(port: int, name: str) -> float:
+    """A scheduler metric summed over its labels (every team, tier, reason)."""
+    text = urllib3.request("GET", f"http://127.0.0.1:{port}/metrics", timeout=10).data.decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
 def pending_gangs(port: int) -> float:
-    """Gangs waiting, over every team, tier and reason (the scheduler refreshes the gauge every few seconds)."""
-    text = urllib3.request("GET", f"http://127.0.0.1:{port}/metrics", timeout=10).data.decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(PENDING + "{"))
+    return metric_sum(port, PENDING)
 CYCLE_CPU = "airflow_gpu_scheduling_cycle_cpu_seconds"  # the cycle thread's own CPU (time.thread_time)
 
 
@@ -375,7 +380,7 @@ def steady(api, nodes: int, port: int, sched: Proc, pending: int, churn: float, 
     wait_until(lambda: pending_gangs(port) >= pending, 120, 0.5, "the pending gangs in the scheduler's gauge")
     setup = time.time() - t0
     ender = Churn(poster, watch, members, churn)
-    pending0 = pending_gangs(port)
+    pending0, admitted0 = pending_gangs(port), metric_sum(port, ADMITTED)
     ender.start()
     cycles0, bind0 = histogram(port, "airflow_gpu_scheduling_cycle_seconds"), histogram(
         port, "airflow_gpu_binding_latency_seconds")
@@ -394,7 +399,7 @@ def steady(api, nodes: int, port: int, sched: Proc, pending: int, churn: float, 
         time.sleep(0.05)
     window = time.time() - start
     queued.append(G.scheduler_metric(port, QUEUED))
-    pending1 = pending_gangs(port)
+    pending1, admitted = pending_gangs(port), metric_sum(port, ADMITTED) - admitted0
     ender.stop()
     cycles, bind, wait = (histogram(port, n) for n in ("airflow_gpu_scheduling_cycle_seconds",
                                                        "airflow_gpu_binding_latency_seconds",
@@ -402,17 +407,19 @@ def steady(api, nodes: int, port: int, sched: Proc, pending: int, churn: float, 
     cycle_cpu = histogram(port, CYCLE_CPU)
     n_cycles = cycles.get(math.inf, 0) - cycles0.get(math.inf, 0)
     ms = lambda v: "n/a" if v is None else f"{1000 * v:.0f} ms"  # noqa: E731
+    behind = ": fewer than ended, the pending pile up and GPUs idle" if admitted < 0.95 * ender.ended else ""
     r = {"cycle_p50": quantile(cycles0, cycles, 0.5), "cycle_p99": quantile(cycles0, cycles, 0.99),
          "bind_p50": quantile(bind0, bind, 0.5), "bind_p99": quantile(bind0, bind, 0.99),
          "cycle_cpu_p50": quantile(cycle_cpu0, cycle_cpu, 0.5), "cycle_cpu_p99": quantile(cycle_cpu0, cycle_cpu, 0.99),
          "wait_p50": quantile(wait0, wait, 0.5), "cycles": n_cycles, "arrived": arrived, "window": window,
-         "cpu": sched.cpu() - cpu0, "rss": sched.rss_mib(), "ended": ender.ended, "pending": (pending0, pending1), "writes_queued": (queued[0], max(queued), queued[-1])}
+         "cpu": sched.cpu() - cpu0, "rss": sched.rss_mib(), "ended": ender.ended, "pending": (pending0, pending1),
+         "admitted": admitted, "writes_queued": (queued[0], max(queued), queued[-1])}
     print(f"steady ({running} running gangs of {members} x 1 GPU ending at {churn:g}/s, {pending} pending, {churn:g} "
           f"arriving/s; set up in {setup:.0f} s; pending gangs {pending0:.0f} at the start, {pending1:.0f} at the end): over {window:.0f} s, {n_cycles:.0f} cycles p50 {ms(r['cycle_p50'])} "
           f"p99 {ms(r['cycle_p99'])} (targets 500 ms / 2 s), of which the scheduling thread's own CPU p50 "
           f"{ms(r['cycle_cpu_p50'])} p99 {ms(r['cycle_cpu_p99'])}; binding latency p50 {ms(r['bind_p50'])} p99 "
           f"{ms(r['bind_p99'])}; queue wait p50 {ms(r['wait_p50'])}; {arrived} arrivals "
-          f"({arrived / window:.0f}/s achieved by the client), {ender.ended} gangs ended ({ender.ended / window:.0f}/s); writes queued (wait "
+          f"({arrived / window:.0f}/s achieved by the client), {ender.ended} gangs ended ({ender.ended / window:.0f}/s), {admitted:.0f} bound ({admitted / window:.0f}/s{behind}); writes queued (wait "
           f"reasons, statuses, bound annotations) {queued[0]:.0f} at the start, {max(queued):.0f} at most, "
           f"{queued[-1]:.0f} at the end; scheduler CPU {r['cpu'] / window:.2f} cores, "
           f"RSS {r['rss']:.0f} MiB", flush=True)
