@@ -12,11 +12,12 @@ the real `airflow-gpu scheduler` process over HTTP. Phases:
    and its rack free (no preemption needed);
 3. steady: running gangs fill the cluster; the bench ends --churn of them per second (deletes them,
    longest bound first) and --churn new gangs arrive per second on top of --pending waiting ones,
-   so the cluster stays full and about --pending wait (printed at the start and end) -> cycle p50/p99 from the scheduler's own histogram
-   (airflow_gpu_scheduling_cycle_seconds, over the window) and the scheduling thread's own CPU per
-   cycle (airflow_gpu_scheduling_cycle_cpu_seconds: the cycle's cost apart from its waits for the
-   interpreter and the cores), binding latency p50/p99 (plan to last
-   Binding, airflow_gpu_binding_latency_seconds) and queue wait of the arrivals;
+   so the cluster stays full and about --pending wait (printed at the start and end) -> cycle
+   p50/p99 from the scheduler's own histogram (airflow_gpu_scheduling_cycle_seconds, over the
+   window) and the scheduling thread's own CPU per cycle (airflow_gpu_scheduling_cycle_cpu_seconds:
+   the cycle's cost apart from its waits for the interpreter and the cores), binding latency p50/p99
+   (plan to last Binding, airflow_gpu_binding_latency_seconds), queue wait of the arrivals, and the
+   gangs bound per second beside those ended;
 4. kai: the fill again on a fresh 500-node cluster with 4,000 one-GPU jobs, beside KAI's published
    6 min 38 s (docs/scale-tests of KAI-Scheduler), unless the main run is already that size.
 
@@ -161,8 +162,8 @@ def retried(call, done_status: int, tries: int = 5):
 
 
 class Poster:
-    """Creates and deletes with plain urllib3 requests of pre-encoded JSON, from client threads: the official
-    client's per-request work (~1 ms of CPU) would take the scheduler's CPU on a 2-core machine at
+    """Creates and deletes with plain urllib3 requests of pre-encoded JSON, from client threads: the
+    official client's per-request work (~1 ms of CPU) would take the scheduler's CPU on a 2-core machine at
     40,000 creates (150-460 creates/s with it, 1,100 without)."""
 
     def __init__(self, api, threads: int = 8):
@@ -348,6 +349,7 @@ class Churn(threading.Thread):
 
 
 QUEUED = "airflow_gpu_scheduler_writes_queued"
+CYCLE_CPU = "airflow_gpu_scheduling_cycle_cpu_seconds"  # the cycle thread's own CPU (time.thread_time)
 PENDING = "airflow_gpu_pending_gangs"  # a gauge the scheduler refreshes every few seconds
 ADMITTED = "airflow_gpu_gangs_admitted_total"
 
@@ -360,7 +362,6 @@ def metric_sum(port: int, name: str) -> float:
 
 def pending_gangs(port: int) -> float:
     return metric_sum(port, PENDING)
-CYCLE_CPU = "airflow_gpu_scheduling_cycle_cpu_seconds"  # the cycle thread's own CPU (time.thread_time)
 
 
 def steady(api, nodes: int, port: int, sched: Proc, pending: int, churn: float, members: int, seconds: float) -> dict:
