@@ -34,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -352,6 +353,7 @@ QUEUED = "airflow_gpu_scheduler_writes_queued"
 CYCLE_CPU = "airflow_gpu_scheduling_cycle_cpu_seconds"  # the cycle thread's own CPU (time.thread_time)
 PENDING = "airflow_gpu_pending_gangs"  # a gauge the scheduler refreshes every few seconds
 ADMITTED = "airflow_gpu_gangs_admitted_total"
+PHASES = "airflow_gpu_scheduling_cycle_phase_seconds"
 
 
 def metric_sum(port: int, name: str) -> float:
@@ -362,6 +364,16 @@ def metric_sum(port: int, name: str) -> float:
 
 def pending_gangs(port: int) -> float:
     return metric_sum(port, PENDING)
+
+
+def phase_totals(port: int) -> dict[str, tuple[float, float]]:
+    """phase -> (seconds, cycles) of the scheduler's airflow_gpu_scheduling_cycle_phase_seconds."""
+    text = urllib3.request("GET", f"http://127.0.0.1:{port}/metrics", timeout=10).data.decode()
+    found = re.findall(rf'^{PHASES}_(sum|count)\{{phase="(\w+)"\}} (\S+)$', text, re.M)
+    out: dict[str, list[float]] = {}
+    for kind, phase, value in found:
+        out.setdefault(phase, [0.0, 0.0])[kind == "count"] = float(value)
+    return {phase: (v[0], v[1]) for phase, v in out.items()}
 
 
 def steady(api, nodes: int, port: int, sched: Proc, pending: int, churn: float, members: int, seconds: float) -> dict:
@@ -385,7 +397,7 @@ def steady(api, nodes: int, port: int, sched: Proc, pending: int, churn: float, 
     ender.start()
     cycles0, bind0 = histogram(port, "airflow_gpu_scheduling_cycle_seconds"), histogram(
         port, "airflow_gpu_binding_latency_seconds")
-    cycle_cpu0 = histogram(port, CYCLE_CPU)
+    cycle_cpu0, phases0 = histogram(port, CYCLE_CPU), phase_totals(port)
     wait0, cpu0 = histogram(port, "airflow_gpu_queue_wait_seconds"), sched.cpu()
     print(f"  steady: set up in {setup:.0f} s; measuring {seconds:g} s", flush=True)
     start, arrived = time.time(), 0
@@ -405,7 +417,10 @@ def steady(api, nodes: int, port: int, sched: Proc, pending: int, churn: float, 
     cycles, bind, wait = (histogram(port, n) for n in ("airflow_gpu_scheduling_cycle_seconds",
                                                        "airflow_gpu_binding_latency_seconds",
                                                        "airflow_gpu_queue_wait_seconds"))
-    cycle_cpu = histogram(port, CYCLE_CPU)
+    cycle_cpu, phases = histogram(port, CYCLE_CPU), phase_totals(port)
+    # mean seconds per cycle of each phase over the window (exact: sums and counts, no buckets)
+    phase_mean = {p: (t - phases0.get(p, (0, 0))[0]) / max(1.0, n - phases0.get(p, (0, 0))[1])
+                  for p, (t, n) in phases.items()}
     n_cycles = cycles.get(math.inf, 0) - cycles0.get(math.inf, 0)
     ms = lambda v: "n/a" if v is None else f"{1000 * v:.0f} ms"  # noqa: E731
     behind = ": fewer than ended, the pending pile up and GPUs idle" if admitted < 0.95 * ender.ended else ""
@@ -414,11 +429,12 @@ def steady(api, nodes: int, port: int, sched: Proc, pending: int, churn: float, 
          "cycle_cpu_p50": quantile(cycle_cpu0, cycle_cpu, 0.5), "cycle_cpu_p99": quantile(cycle_cpu0, cycle_cpu, 0.99),
          "wait_p50": quantile(wait0, wait, 0.5), "cycles": n_cycles, "arrived": arrived, "window": window,
          "cpu": sched.cpu() - cpu0, "rss": sched.rss_mib(), "ended": ender.ended, "pending": (pending0, pending1),
-         "admitted": admitted, "writes_queued": (queued[0], max(queued), queued[-1])}
+         "admitted": admitted, "phase_mean": phase_mean, "writes_queued": (queued[0], max(queued), queued[-1])}
     print(f"steady ({running} running gangs of {members} x 1 GPU ending at {churn:g}/s, {pending} pending, {churn:g} "
           f"arriving/s; set up in {setup:.0f} s; pending gangs {pending0:.0f} at the start, {pending1:.0f} at the end): over {window:.0f} s, {n_cycles:.0f} cycles p50 {ms(r['cycle_p50'])} "
           f"p99 {ms(r['cycle_p99'])} (targets 500 ms / 2 s), of which the scheduling thread's own CPU p50 "
-          f"{ms(r['cycle_cpu_p50'])} p99 {ms(r['cycle_cpu_p99'])}; binding latency p50 {ms(r['bind_p50'])} p99 "
+          f"{ms(r['cycle_cpu_p50'])} p99 {ms(r['cycle_cpu_p99'])}, its phases on average "
+          f"{', '.join(f'{p} {ms(v)}' for p, v in phase_mean.items())}; binding latency p50 {ms(r['bind_p50'])} p99 "
           f"{ms(r['bind_p99'])}; queue wait p50 {ms(r['wait_p50'])}; {arrived} arrivals "
           f"({arrived / window:.0f}/s achieved by the client), {ender.ended} gangs ended ({ender.ended / window:.0f}/s), {admitted:.0f} bound ({admitted / window:.0f}/s{behind}); writes queued (wait "
           f"reasons, statuses, bound annotations) {queued[0]:.0f} at the start, {max(queued):.0f} at most, "

@@ -252,6 +252,7 @@ class Scheduler:
             self.calibration.started(rg.gang.name, rg.started_at or now)
         if self.cycles % 50 == 1:
             self.calibration.forget(g.name for _, g in world.pending)
+        mark = self._phase("world", began)
         if not leader:
             return world
         ignored: dict[str, dict[str, None]] = {}
@@ -261,6 +262,7 @@ class Scheduler:
         self._sweep_kept(view, now)
         self._handle_plans(world, view, now)
         self._drop_plans(world, view)
+        mark = self._phase("plans", mark)
         pending = [g for _, g in world.pending]
         units = {g.name: u for u, g in world.pending}
         if self._room.changed(world):
@@ -270,6 +272,7 @@ class Scheduler:
         # hundred may bind would decide them all again in the next (kube-scheduler takes one pod per cycle)
         result = self.queue.cycle(state, pending, now, policy, limit=self.writes.room())
         self._cut = result.cut
+        mark = self._phase("queue", mark)
         if not result.cut and self._room.head_moved(result.reservation):  # cut: no head was looked for
             self.queue.reset()
         for d in result.admitted:  # not waited for: the next cycle sees their members assumed bound
@@ -285,11 +288,20 @@ class Scheduler:
         last = {u.key: (u, r) for u, r in waits + list(bad)}  # one write per gang: a later reason wins, as before
         for unit, reason in last.values():
             self._wait(unit, reason)
+        mark = self._phase("writes", mark)
         self._sync_status(world, view, timed_out)
+        mark = self._phase("status", mark)
         self._publish(world, view, state, result, now)
+        self._phase("publish", mark)
         self.metrics.cycle_seconds.observe(time.perf_counter() - began)
         self.metrics.cycle_cpu_seconds.observe(time.thread_time() - began_cpu)
         return world
+
+    def _phase(self, name: str, since: float) -> float:
+        """Record a phase of the cycle that began at `since` (a perf_counter reading); returns now."""
+        now = time.perf_counter()
+        self.metrics.cycle_phase_seconds.labels(name).observe(now - since)
+        return now
 
     def _publish(self, world: World, view: View, state: CycleState, result, now: float) -> None:
         """The queue as this cycle decided it, where the UI reads it (scheduler/publish.py); bounded rate."""

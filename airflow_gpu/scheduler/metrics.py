@@ -44,6 +44,13 @@ class SchedulerMetrics:
             "airflow_gpu_scheduling_cycle_cpu_seconds", "CPU time of the scheduling thread in one cycle.",
             buckets=LATENCY_BUCKETS, registry=r
         )
+        # where a cycle's time goes (kube-scheduler's framework_extension_point_duration_seconds): phase
+        # world (read from the cache), plans (kept or closed), queue (the decisions), writes (handed
+        # off: bindings started, wait reasons), status (PodGroups), publish (the queue page's document)
+        self.cycle_phase_seconds = Histogram(
+            "airflow_gpu_scheduling_cycle_phase_seconds", "Duration of each phase of a scheduling cycle.",
+            ["phase"], buckets=LATENCY_BUCKETS, registry=r
+        )
         self.pending_gangs = Gauge(
             "airflow_gpu_pending_gangs", "Gangs waiting to be admitted.", ["team", "tier", "reason"], registry=r
         )
