@@ -34,7 +34,6 @@ import argparse
 import json
 import math
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -106,15 +105,10 @@ class Proc:
 def histogram(port: int, name: str) -> dict[float, float]:
     """upper bound -> cumulative count of a scheduler histogram, summed over its label sets (the queue
     wait's team, tier and product: the gang phase's production gangs are another set)."""
-    import urllib.request
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith(name + "_bucket{"):
-            le = line.split('le="', 1)[1].split('"', 1)[0]
-            bound = math.inf if le == "+Inf" else float(le)
-            out[bound] = out.get(bound, 0.0) + float(line.rsplit(" ", 1)[1])
+    out: dict[float, float] = {}
+    for labels, value in G.scheduler_samples(port, name + "_bucket"):
+        bound = float(labels["le"])  # "+Inf" reads as inf
+        out[bound] = out.get(bound, 0.0) + value
     return out
 
 
@@ -358,8 +352,7 @@ PHASES = "airflow_gpu_scheduling_cycle_phase_seconds"
 
 def metric_sum(port: int, name: str) -> float:
     """A scheduler metric summed over its labels (every team, tier, reason)."""
-    text = urllib3.request("GET", f"http://127.0.0.1:{port}/metrics", timeout=10).data.decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+    return sum(value for _, value in G.scheduler_samples(port, name))
 
 
 def pending_gangs(port: int) -> float:
@@ -368,12 +361,9 @@ def pending_gangs(port: int) -> float:
 
 def phase_totals(port: int) -> dict[str, tuple[float, float]]:
     """phase -> (seconds, cycles) of the scheduler's airflow_gpu_scheduling_cycle_phase_seconds."""
-    text = urllib3.request("GET", f"http://127.0.0.1:{port}/metrics", timeout=10).data.decode()
-    found = re.findall(rf'^{PHASES}_(sum|count)\{{phase="(\w+)"\}} (\S+)$', text, re.M)
-    out: dict[str, list[float]] = {}
-    for kind, phase, value in found:
-        out.setdefault(phase, [0.0, 0.0])[kind == "count"] = float(value)
-    return {phase: (v[0], v[1]) for phase, v in out.items()}
+    seconds = {labels["phase"]: value for labels, value in G.scheduler_samples(port, PHASES + "_sum")}
+    return {labels["phase"]: (seconds.get(labels["phase"], 0.0), value)
+            for labels, value in G.scheduler_samples(port, PHASES + "_count")}
 
 
 def steady(api, nodes: int, port: int, sched: Proc, pending: int, churn: float, members: int, seconds: float) -> dict:

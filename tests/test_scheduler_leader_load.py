@@ -9,13 +9,11 @@ deadline: the lost leadership is logged with its cause, and the scheduler leads 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import pytest
 from kubernetes import client
@@ -93,9 +91,8 @@ def test_a_busy_scheduler_keeps_its_lease_and_logs_a_lost_one_with_the_cause(kub
         assert cycles > 0 and cpu == cycles, (cycles, cpu)
         assert 0 < used < wall, (used, wall)
         # and its phases: each once per leading cycle (the world also while standing by), within its duration
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-        phase = {(name, kind): float(value) for kind, name, value in re.findall(
-            r'^airflow_gpu_scheduling_cycle_phase_seconds_(count|sum)\{phase="(\w+)"\} (\S+)$', text, re.M)}
+        phase = {(labels["phase"], kind): value for kind in ("count", "sum")
+                 for labels, value in G.scheduler_samples(port, f"airflow_gpu_scheduling_cycle_phase_seconds_{kind}")}
         names = ("world", "plans", "queue", "writes", "status", "publish")
         assert all(phase[(n, "count")] == cycles for n in names[1:]) and phase[("world", "count")] >= cycles, phase
         assert sum(phase[(n, "sum")] for n in names[1:]) < wall, (phase, wall)

@@ -170,10 +170,16 @@ def scheduler_process(kubeconfig: str | Path, log_path: Path, config_path: str |
     return ManagedProcess(name=identity or "scheduler", argv=argv, log_path=log_path)
 
 
+def scheduler_samples(port: int, name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample named `name` (its labels, its value) on a scheduler's --metrics-port."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return [(s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name == name]
+
+
 def scheduler_metric(port: int, name: str) -> float:
     """The first sample of `name` on a scheduler's --metrics-port (0 when absent)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    samples = scheduler_samples(port, name)
+    return samples[0][1] if samples else 0.0
