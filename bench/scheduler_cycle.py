@@ -37,12 +37,24 @@ class Store:
         self.lock = threading.Lock()
         self.stores = stores
         self.assumed: dict[str, str] = {}
+        self.changed: dict[str, set[str]] | None = None  # as the cache tells them (cache.Changes); None: unknown
+        self.views = 0
+
+    def mark(self, kind, key):
+        """Under the lock: the object of `key` was stored, replaced or removed."""
+        if self.changed is not None and kind in self.changed:
+            self.changed[kind].add(key)
 
     def view(self):
-        from airflow_gpu.scheduler.cache import View
+        from airflow_gpu.scheduler.cache import Changes, View
 
         with self.lock:
-            return View(**{k: dict(v) for k, v in self.stores.items()}, assumed=dict(self.assumed))
+            self.views += 1
+            changes = None if self.changed is None else Changes(
+                ("store", self.views - 1), ("store", self.views), frozenset(self.changed["pods"]),
+                frozenset(self.changed["podgroups"]))
+            self.changed = {"pods": set(), "podgroups": set()}
+            return View(**{k: dict(v) for k, v in self.stores.items()}, assumed=dict(self.assumed), changes=changes)
 
     def get(self, kind, key):
         with self.lock:
@@ -53,12 +65,14 @@ class Store:
 
         with self.lock:
             self.stores[kind][key_of(obj)] = obj
+            self.mark(kind, key_of(obj))
 
     def observe_delete(self, kind, obj):
         from airflow_gpu.kube.convert import key_of
 
         with self.lock:
             self.stores[kind].pop(key_of(obj), None)
+            self.mark(kind, key_of(obj))
 
     def assume_bound(self, key, node):
         with self.lock:
@@ -82,6 +96,7 @@ class InstantApi:
             obj["metadata"]["resourceVersion"] = str(next(self.versions))
             change(obj)
             self.store.stores[kind][key] = obj
+            self.store.mark(kind, key)
             if kind == "pods":
                 self.store.assumed.pop(key, None)
         return obj
@@ -181,6 +196,9 @@ def main(argv: list[str] | None = None) -> None:
     def add(pg, pods):
         store.stores["podgroups"][key_of(pg)] = pg
         store.stores["pods"].update({key_of(p): p for p in pods})
+        store.mark("podgroups", key_of(pg))
+        for p in pods:
+            store.mark("pods", key_of(p))
 
     running = args.nodes * 8 // args.members
     for g in range(running):
@@ -211,8 +229,10 @@ def main(argv: list[str] | None = None) -> None:
             for _ in range(args.churn):
                 name = f"run-{next(ended):05d}"
                 store.stores["podgroups"].pop(f"{NS}/{name}", None)
+                store.mark("podgroups", f"{NS}/{name}")
                 for i in range(args.members):
                     store.stores["pods"].pop(f"{NS}/{name}-{i}", None)
+                    store.mark("pods", f"{NS}/{name}-{i}")
                 add(*gang(f"new-{c:03d}-{_:04d}"))
         t, cpu = time.perf_counter(), time.process_time()
         world = scheduler.cycle()

@@ -111,6 +111,33 @@ def test_run_lengths_observe_records_the_gangs_that_left():
     assert sorted(rl._sorted[("x", a.gang.tier)]) == [800.0, 900.0]
 
 
+def test_run_lengths_observed_by_deltas_learn_what_observing_every_gang_learns():
+    """The scheduler keeps its running gangs by deltas and tells RunLengths only the names that may
+    have changed: the runs learned, and the order they are kept in (KEEP drops the oldest), are
+    those of observing every running gang each time."""
+    import random
+
+    snap = Snapshot.from_nodes(cluster(1, gpus=8))
+    gangs = {n: start(snap, gang(n, 1, 1, team="x"), profile(), at=0.0) for n in "abcdefgh"}
+    rng = random.Random(7)
+    full, deltas = RunLengths(), RunLengths()
+    full.KEEP = deltas.KEEP = 6  # small, so the order runs are kept in matters
+    running: dict[str, RunningGang] = {}
+    for t in range(1, 60):
+        before = dict(running)
+        for n in rng.sample(sorted(gangs), 3):  # some leave, some start, some restart
+            if n in running and rng.random() < 0.5:
+                del running[n]
+            else:
+                running[n] = RunningGang(gangs[n].gang, gangs[n].placements, float(t * 10 - rng.randint(0, 9)))
+        changed = {n for n in before.keys() | running.keys() if before.get(n) is not running.get(n)}
+        full.observe(list(running.values()), t * 10.0)
+        deltas.observe(list(running.values()), t * 10.0, changed, running)
+    assert full._sorted == deltas._sorted
+    assert {k: list(v) for k, v in full._order.items()} == {k: list(v) for k, v in deltas._order.items()}
+    assert len(full._order[(None, None)]) == 24  # runs were dropped: 4 x KEEP kept across teams
+
+
 def test_learned_runs_give_a_start_where_declared_durations_give_none():
     snap = Snapshot.from_nodes(cluster(1, gpus=8))
     running = start(snap, gang("r", 1, 8, created_at=1), profile(), at=NOW - 100)  # no declared duration

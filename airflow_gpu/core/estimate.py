@@ -59,14 +59,29 @@ class RunLengths:
             order.append(seconds)
             bisect.insort(runs, seconds)
 
-    def observe(self, running: Iterable[RunningGang], now: float) -> None:
+    def observe(self, running: Iterable[RunningGang], now: float, changed: Iterable[str] | None = None,
+                by_name: Mapping[str, RunningGang] | None = None) -> None:
         """The gangs running now; those running at the last call and gone (or restarted) since ran
-        from their start until now."""
-        current = {r.gang.name: (r.gang.team, r.gang.tier, r.started_at) for r in running}
-        for name, (team, tier, since) in self._seen.items():
-            if current.get(name, (None, None, None))[2] != since:
-                self.record(team, tier, max(0.0, now - since))
-        self._seen = current
+        from their start until now. `changed` (with `by_name`, the running gangs by name): the only
+        names that may have started, left or restarted since the last call (a caller that keeps
+        its running gangs by deltas); None: any. The runs are recorded in name order (the oldest
+        of KEEP runs go first)."""
+        if changed is None or by_name is None:
+            current = {r.gang.name: (r.gang.team, r.gang.tier, r.started_at) for r in running}
+            for name in sorted(self._seen):
+                team, tier, since = self._seen[name]
+                if current.get(name, (None, None, None))[2] != since:
+                    self.record(team, tier, max(0.0, now - since))
+            self._seen = current
+            return
+        for name in sorted(changed):
+            r, seen = by_name.get(name), self._seen.get(name)
+            if seen is not None and (r is None or r.started_at != seen[2]):
+                self.record(seen[0], seen[1], max(0.0, now - seen[2]))
+            if r is None:
+                self._seen.pop(name, None)
+            else:
+                self._seen[name] = (r.gang.team, r.gang.tier, r.started_at)
 
     def _runs(self, team: str, tier: str) -> list[float] | None:
         for key in ((team, tier), (None, tier), (None, None)):
@@ -128,6 +143,11 @@ class StartCalibration:
         for key in ((tier, band), (tier, None)):
             ratios = self._ratios.setdefault(key, deque(maxlen=self.KEEP))
             ratios.append(ratio)
+
+    def observe(self, running: Mapping[str, RunningGang], now: float) -> None:
+        """started() for every gang of `running` (by name) that is waited for here."""
+        for name in [n for n in self._first if n in running]:
+            self.started(name, running[name].started_at or now)
 
     def forget(self, keep: Iterable[str]) -> None:
         """Drop the first estimates of gangs no longer waiting nor known (deleted before they started)."""

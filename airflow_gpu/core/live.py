@@ -64,19 +64,26 @@ class QuotaLedger:
         every cycle: its placements tuple is kept, so CycleState.demand_of finds its demand."""
         seen = set()
         for rg in gangs:
-            name = rg.gang.name
-            seen.add(name)
-            held = self._gangs.get(name)
-            if held is not None and held[0] == rg.gang.team and held[1] == rg.placements:
-                if held[1] is not rg.placements:
-                    self._gangs[name] = (held[0], rg.placements, held[2])
-                    self._demands[name] = (rg.placements, held[2])
-                continue
-            if held is not None:
-                self.remove(name)
-            self.add(name, rg.gang.team, rg.placements)
+            seen.add(rg.gang.name)
+            self.put(rg.gang.name, rg)
         for name in [n for n in self._gangs if n not in seen]:
             self.remove(name)
+
+    def put(self, name: str, rg: RunningGang | None) -> None:
+        """sync() for one gang: `rg` counted under `name` (None: not running)."""
+        held = self._gangs.get(name)
+        if rg is None:
+            if held is not None:
+                self.remove(name)
+            return
+        if held is not None and held[0] == rg.gang.team and held[1] == rg.placements:
+            if held[1] is not rg.placements:
+                self._gangs[name] = (held[0], rg.placements, held[2])
+                self._demands[name] = (rg.placements, held[2])
+            return
+        if held is not None:
+            self.remove(name)
+        self.add(name, rg.gang.team, rg.placements)
 
     def demand_cache(self) -> dict[str, tuple]:
         """CycleState.demands (gang name -> (placements tuple, demand)) of the counted gangs."""

@@ -34,6 +34,21 @@ KINDS = ("pods", "nodes", "podgroups", "priorityclasses", "resourcequotas", "pla
 WATCH_TIMEOUT_SECONDS = 240  # the server ends a watch after this; we start a new one from the last version
 
 
+TRACKED = ("pods", "podgroups")  # the kinds whose changed keys a View carries (Changes)
+
+
+@dataclass(frozen=True)
+class Changes:
+    """The keys of the pods and PodGroups added, replaced or removed in the cache between the view
+    before (`since`) and this one (`upto`): a reader that kept what it derived from the view before
+    looks at these alone (state.Grouping) instead of comparing every object."""
+
+    since: tuple
+    upto: tuple
+    pods: frozenset[str]
+    podgroups: frozenset[str]
+
+
 @dataclass
 class View:
     """One consistent-enough read of the cache for a scheduling cycle."""
@@ -45,6 +60,7 @@ class View:
     resourcequotas: dict[str, dict]
     assumed: dict[str, str] = field(default_factory=dict)  # pod key -> node, bound but not yet seen
     plans: dict[str, dict] = field(default_factory=dict)  # the scheduler's plan ConfigMaps, by key
+    changes: Changes | None = None  # since the cache's view before this one (None: not known)
 
 
 class Gone(Exception):
@@ -76,6 +92,10 @@ class ClusterCache:
         self._lock = threading.Lock()
         self._stores: dict[str, dict[str, dict]] = {k: {} for k in KINDS}
         self._assumed: dict[str, str] = {}
+        # keys changed since the last view, per tracked kind (None: relisted, anything may have)
+        self._changed: dict[str, set[str] | None] = {k: None for k in TRACKED}
+        self._views = 0
+        self._token = object()  # the views of another cache (a restart) are never taken for this one's
         self._synced = {k: threading.Event() for k in self.kinds}
         self._stop = threading.Event()
         self.relists = {k: 0 for k in self.kinds}  # observable: how often each kind was relisted (410 Gone etc.)
@@ -119,7 +139,18 @@ class ClusterCache:
     # --- reads ----------------------------------------------------------------------------
     def view(self) -> View:
         with self._lock:
-            return View(**{k: dict(v) for k, v in self._stores.items()}, assumed=dict(self._assumed))
+            since, self._views = (self._token, self._views), self._views + 1
+            pods, pgs = self._changed["pods"], self._changed["podgroups"]
+            changes = None if pods is None or pgs is None else \
+                Changes(since, (self._token, self._views), frozenset(pods), frozenset(pgs))
+            self._changed = {k: set() for k in TRACKED}
+            return View(**{k: dict(v) for k, v in self._stores.items()}, assumed=dict(self._assumed), changes=changes)
+
+    def _mark(self, kind: str, key: str) -> None:
+        """Under the lock: the object of `key` was stored, replaced or removed."""
+        changed = self._changed.get(kind)
+        if changed is not None:
+            changed.add(key)
 
     def get(self, kind: str, key: str) -> dict | None:
         with self._lock:
@@ -130,6 +161,7 @@ class ClusterCache:
         event arrives (a plan written must never be planned again). Never goes back in time."""
         with self._lock:
             self._store_if_newer(self._stores[kind], key_of(obj), obj)
+            self._mark(kind, key_of(obj))
 
     def observe_delete(self, kind: str, obj: dict) -> None:
         """Forget an object we deleted (answered with its last state), so the next cycle does not
@@ -137,6 +169,7 @@ class ClusterCache:
         key = key_of(obj)
         with self._lock:
             self._stores[kind].pop(key, None)
+            self._mark(kind, key)
             try:
                 self._tombstones[key] = int((obj.get("metadata") or {}).get("resourceVersion") or 0)
             except (TypeError, ValueError):
@@ -199,6 +232,8 @@ class ClusterCache:
                 self._tombstones.clear()
             old = self._stores[kind]
             self._stores[kind] = fresh
+            if kind in TRACKED:
+                self._changed[kind] = None
             self.relists[kind] += 1
             if kind == "pods":
                 self._drop_stale_assumptions_locked()
@@ -246,6 +281,7 @@ class ClusterCache:
         key = key_of(obj)
         with self._lock:
             store = self._stores[kind]
+            self._mark(kind, key)
             if etype == "DELETED":
                 if not (kind == "plans" and self._newer_than(store.get(key), obj)):  # not one written since
                     store.pop(key, None)

@@ -44,6 +44,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
@@ -155,6 +156,8 @@ class Scheduler:
         # unit key -> (Unit, its has-plan and timed-out flags) whose PodGroup status needed no write: a
         # Unit the build kept (none of its objects changed) needs none again with the same flags
         self._settled: dict[str, tuple] = {}
+        self._unsettled: set[str] = set()  # PodGroups whose status the last cycle left to write or to bind
+        self._flagged: set[str] = set()  # with a plan or timed out at the last cycle
         self._ignored: dict[str, tuple[str, ...]] = {}  # unit key -> this cycle's ignored hints (wait reasons)
         self.cycles = 0
         self._memo = Memo()  # conversions, the running snapshot and quota kept between cycles
@@ -247,9 +250,10 @@ class Scheduler:
         if now - self._observed >= OBSERVE_INTERVAL:  # gauges over every gang: not each cycle of a churning cluster
             self._observed = now
             self.metrics.observe(world)
-        self.run_lengths.observe(world.running, now)  # a standby learns too: it may lead next
-        for rg in world.running:
-            self.calibration.started(rg.gang.name, rg.started_at or now)
+        # a standby learns too: it may lead next
+        by_name = {rg.gang.name: rg for rg in world.running}
+        self.run_lengths.observe(world.running, now, world.running_changed, by_name)
+        self.calibration.observe(by_name, now)
         if self.cycles % 50 == 1:
             self.calibration.forget(g.name for _, g in world.pending)
         mark = self._phase("world", began)
@@ -717,22 +721,36 @@ class Scheduler:
         the phase read back from the API is already TimedOut)."""
         timed_out = timed_out or {}
         binding = self.writes.binding()  # their status is the next cycle's, once they are bound or forgotten
-        settled, self._settled = self._settled, {}
-        for key, unit in world.units.items():
-            pg = unit.podgroup
+        flagged = set(world.plans) | set(timed_out)
+        if world.touched is None or not self._settled:
+            self._settled = {}
+            keys: Iterable[str] = world.units
+        else:  # a settled unit stays so while it is the same Unit with the same flags: look at the others
+            for key in world.touched:
+                self._settled.pop(key, None)
+            keys = sorted(world.touched | self._unsettled | flagged | self._flagged | binding)
+        self._flagged, self._unsettled = flagged, set()
+        for key in keys:
+            unit = world.units.get(key)
+            pg = unit.podgroup if unit is not None else None
             if pg is None or key in binding:
+                self._settled.pop(key, None)
+                if pg is not None:
+                    self._unsettled.add(key)
                 continue
             flags = (key in world.plans, key in timed_out)
-            hit = settled.get(key)
+            hit = self._settled.get(key)
             if hit is not None and hit[0] is unit and hit[1] == flags:
-                self._settled[key] = hit
                 continue
+            self._settled.pop(key, None)
+            self._unsettled.add(key)
             want = wanted_status(world, unit, flags[0], flags[1], view.assumed)
             if want is None:
                 continue  # an invalid minMember: reported as the wait reason
             have = pg.get("status") or {}
             if all(have.get(k) == v for k, v in want.items()) or self._written.get(("status", key)) == want:
                 self._settled[key] = (unit, flags)
+                self._unsettled.discard(key)
                 continue
             self.writes.write("status", key, want, partial(self._write_status, key, pg, want, have, timed_out))
 

@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from sortedcontainers import SortedDict
@@ -217,6 +218,10 @@ class World:
     # what schedule_cycle decides on (built once, with the plans' re-check)
     state: CycleState | None = None
     derived: dict[str, Derived] = field(default_factory=dict)  # unit key -> what its objects gave (Memo)
+    # what may differ from the World built before (with the same Memo), for readers kept by deltas:
+    # the units grouped again and the running gangs looked at again (None: any of them)
+    touched: set[str] | None = None
+    running_changed: set[str] | None = None
 
 
 def group_units(view: View) -> dict[str, Unit]:
@@ -259,10 +264,12 @@ class Grouping:
         self.lone: set[str] = set()  # keys of lone pods (a unit of their own)
         self.units: dict[str, Unit] = {}
         self.kept = False  # the fields above describe the last view
+        self.at: tuple | None = None  # that view's place in its cache's sequence (Changes.upto)
 
     def group(self, view: View) -> tuple[dict[str, Unit], set[str] | None]:
         """The view's units and the keys of those grouped again (None: all of them)."""
         touched = self._update(view) if self.kept else None
+        self.at = view.changes.upto if view.changes is not None else None
         if touched is None:
             self._rebuild(view)
             return self.units, None
@@ -293,11 +300,17 @@ class Grouping:
     def _update(self, view: View) -> set[str] | None:
         """Bring the kept grouping to `view`; the keys of the units it touched, or None where it cannot
         be (rebuild instead)."""
-        pods, kept = view.pods, self.pods
-        changed = [key for key, pod in pods.items() if (hit := kept.get(key)) is None or hit[0] is not pod]
+        pods, kept, pgs = view.pods, self.pods, view.podgroups
+        # the cache's changes since the view grouped last, when this view is the very next one;
+        # else every pod and PodGroup is compared with the one kept
+        changes = view.changes if view.changes is not None and view.changes.since == self.at else None
+        maybe = pods.keys() if changes is None else changes.pods
+        changed = [key for key in maybe if (pod := pods.get(key)) is not None
+                   and ((hit := kept.get(key)) is None or hit[0] is not pod)]
         if len(changed) > self.REBUILD_SHARE * len(pods):
             return None  # a relist, a restart's first cycles: grouping all again is cheaper
-        gone = kept.keys() - pods.keys()
+        gone = kept.keys() - pods.keys() if changes is None else [key for key in changes.pods
+                                                                     if key in kept and key not in pods]
         flipped = {key for key, _ in view.assumed.items() ^ self.assumed.items() if key in pods}
         touched: set[str] = set()
         for key in gone:
@@ -312,14 +325,25 @@ class Grouping:
                 return None
         for key in flipped:  # its unit's derivations read which of its pods are assumed bound
             touched.add(kept[key][1] or key)
-        pgs = view.podgroups
-        for key in pgs.keys() ^ self.podgroups.keys():  # a PodGroup created or deleted: its members move
+        kept_pgs = self.podgroups
+        came_or_went = pgs.keys() ^ kept_pgs.keys() if changes is None else \
+            [key for key in changes.podgroups if (key in pgs) != (key in kept_pgs)]
+        for key in came_or_went:  # a PodGroup created or deleted: its members move
             if key in self.lone:
                 return None
             touched.add(key)
             self._place(key, pgs)
-        touched.update(key for key, pg in pgs.items() if self.podgroups.get(key) is not pg)
-        self.assumed, self.podgroups = dict(view.assumed), dict(pgs)
+        maybe = pgs.keys() if changes is None else changes.podgroups
+        touched.update(key for key in maybe if key in pgs and kept_pgs.get(key) is not pgs[key])
+        self.assumed = dict(view.assumed)
+        if changes is None:
+            self.podgroups = dict(pgs)
+        else:
+            for key in changes.podgroups:
+                if key in pgs:
+                    kept_pgs[key] = pgs[key]
+                else:
+                    kept_pgs.pop(key, None)
         return touched
 
     def _leave(self, key: str, gkey: str | None, touched: set[str]) -> None:
@@ -405,6 +429,36 @@ def _status_only(old: dict | None, new: dict | None) -> bool:
     return len(a.keys() - skip) == len(b.keys() - skip) and all(a[k] == b.get(k) for k in a if k not in skip)
 
 
+class RunningGangs:
+    """The running gangs of the units with bound pods, by unit key (in key order), kept by deltas
+    (Memo.running): a cycle looks again only at the units whose entry may have changed (Grouping's
+    touched units), whose pods the live snapshot held or released, or whose plan record came or
+    went; every other unit's gang, ignored hints and errors are the last cycle's."""
+
+    def __init__(self) -> None:
+        self.gangs: SortedDict = SortedDict()  # unit key -> RunningGang (its gang's name is the key)
+        self.units: dict[str, Unit] = {}  # unit key -> its Unit, of the running gangs
+        self.going: set[str] = set()  # keys of running gangs with a member being deleted
+        self.hints: dict[str, tuple[Unit, list[str]]] = {}  # unit key -> its invalid hints, ignored
+        self.errors: dict[str, tuple[Unit, list[Exception]]] = {}  # unit key -> why it cannot be read
+        self.recorded: set[str] = set()  # keys of the units with a plan record, as last looked at
+        self.inputs: tuple | None = None  # what beyond the units the entries were derived with
+
+    def clear(self) -> None:
+        self.gangs.clear()
+        self.units.clear()
+        self.going.clear()
+        self.hints.clear()
+        self.errors.clear()
+
+    def drop(self, key: str) -> None:
+        self.gangs.pop(key, None)
+        self.units.pop(key, None)
+        self.going.discard(key)
+        self.hints.pop(key, None)
+        self.errors.pop(key, None)
+
+
 class Memo:
     """Conversions of unchanged objects, kept between cycles (pods and nodes keyed by uid and
     resourceVersion, so a changed object is converted again; each unit's Derived entry while its
@@ -429,6 +483,9 @@ class Memo:
         self.units: dict[str, Derived] = {}  # unit key -> what the last cycle derived from its objects
         self.grouping = Grouping()  # the units of the last view, regrouped where they changed
         self.units_next: dict[str, Derived] = {}  # this cycle's: only units that still exist are kept
+        self.bound: dict[str, Derived] = {}  # unit key -> its entry, of the units with bound pods
+        self.running = RunningGangs()
+        self.built = True  # the last build_world ended (else the next one derives every unit again)
 
     def derived(self, unit: Unit, assumed: dict[str, str], scheduler_name: str) -> "Derived":
         """What was derived from `unit` last cycle, if its objects are the very same (the cache
@@ -483,17 +540,22 @@ class Memo:
             self.live, self.held, self.applied, self.unheld, self.epochs = None, {}, {}, {}, {}
         return self.empty[1].copy()
 
-    def running_snapshot(self, nodes: list[Node], bound: dict[str, "Derived"]) -> Snapshot:
+    def running_snapshot(self, nodes: list[Node], bound: dict[str, "Derived"],
+                         changed: Iterable[str] | None = None) -> set[str] | None:
         """The live snapshot brought up to `bound` (unit key -> its entry, whose rows are its bound
-        pods): only units whose entry changed since the last cycle are looked at; their pods gone or
-        changed are released first, then new ones assumed in pod key order (and those that did not
-        fit before tried again). Returns the live snapshot itself (the caller copies it before a
-        cycle changes anything)."""
+        pods): only units whose entry changed since the last cycle are looked at (`changed`: the
+        keys of those that may have, None: look at every one); their pods gone or changed are
+        released first, then new ones assumed in pod key order (and those that did not fit before
+        tried again). Returns the keys of the units whose pods it held or released (None: it
+        started again, every unit may have), whose epoch moved."""
         self.snapshot(nodes)
         if self.live is None:
             self.live = self.empty[1].copy()
+            changed = None
         live, held, applied, epochs = self.live, self.held, self.applied, self.epochs
-        for key in [k for k, d in applied.items() if bound.get(k) is not d]:
+        moved: set[str] = set()
+        keys = list(applied) if changed is None else [k for k in changed if k in applied]
+        for key in [k for k in keys if bound.get(k) is not applied[k]]:
             old, new = applied.pop(key), bound.get(key)
             keep = {row[0]: row[1] for row in new.rows} if new is not None else {}
             for row in old.rows:
@@ -502,12 +564,15 @@ class Memo:
                 if pod in held and keep.get(pod) != held[pod][0]:
                     live.forget(held.pop(pod)[1].pod)
                     epochs[key] = next(self._ticks)
+                    moved.add(key)
             if new is None:
                 epochs.pop(key, None)
         add = list(self.unheld.values())
-        for key, d in [(key, d) for key, d in bound.items() if applied.get(key) is not d]:
-            applied[key] = d
-            add += [(row, key) for row in d.rows if row[0] not in held]
+        for key in bound if changed is None else [k for k in changed if k in bound]:
+            d = bound[key]
+            if applied.get(key) is not d:
+                applied[key] = d
+                add += [(row, key) for row in d.rows if row[0] not in held]
         for row, key in sorted(add, key=lambda a: a[0][0]):
             pod, ident, req, node = row
             placement = _assume_running(live, pod, req, node)
@@ -517,7 +582,8 @@ class Memo:
             self.unheld.pop(pod, None)
             held[pod] = (ident, placement)
             epochs[key] = next(self._ticks)
-        return live
+            moved.add(key)
+        return None if changed is None else moved
 
     def prune(self, view: View) -> None:
         live_pods = {self._version(p) for p in view.pods.values()}
@@ -563,6 +629,9 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
     memo = memo or Memo()
     b = _Build(view, scheduler_name, ctx, memo)
     nodes = b.read_nodes()
+    if not memo.built:  # the last build stopped half-way: what is kept may be partly this view's
+        memo.grouping.kept = False
+    memo.built = False
     units, touched = memo.grouping.group(view)
     # an untouched unit is the same Unit as last cycle: its entry is the one derived then; the others
     # (every unit when all were grouped again) are looked up by their objects (Memo.derived)
@@ -573,32 +642,40 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
     memo.units_next = b.derived
     memo.cycle_done()
     records, stale_plans = read_plan_records(view, units)
-    snap, bound_units = b.read_bound(units, nodes)
-    running, running_units = b.running_gangs(bound_units, records, snap, book)
+    snap, moved = b.read_bound(nodes, touched)
+    looked = b.running_gangs(units, records, snap, book, touched, moved)
+    running, running_units = list(memo.running.gangs.values()), dict(memo.running.units)
     planned = {key for key, record in records.items() if record.state != PLAN_ADMITTED}
     pending, incomplete, unreadable = b.pending_gangs(units, planned)
-    state = _cycle_state(snap, running, running_units, book, memo, lambda unit: b.derived[unit.key].terminating)
+    state = _cycle_state(snap, running, book, memo, looked)
     plans, plan_ready, rejected = b.recheck_plans(state, records, units, running, running_units, unreadable, nodes,
                                                   now, policy or PreemptionPolicy())
     closing = b.closing_victims(records, units, running_units)
     if closing:  # after the re-checks, which judged every plan with these gangs still candidates
         state.running = [rg for rg in state.running if rg.gang.name not in closing]
     pending.sort(key=lambda ug: ug[1].queue_key)  # core's queue order (core.queue.queue_order)
+    memo.built = True
     return World(snap, units, pending, incomplete, running, running_units, plans, plan_ready, b.invalid, nodes,
-                 b.ignored_hints, rejected, stale_plans, records, state, b.derived)
+                 b.ignored_hints, rejected, stale_plans, records, state, b.derived, touched, looked)
 
 
-def _cycle_state(snap: Snapshot, running: list[RunningGang], running_units: dict[str, Unit], book: QuotaBook | None,
-                 memo: Memo, terminating) -> CycleState:
+def _cycle_state(snap: Snapshot, running: list[RunningGang], book: QuotaBook | None, memo: Memo,
+                 looked: set[str] | None) -> CycleState:
     """Capacity and quota of every running gang (terminating ones too, until their GPUs are free);
     the preemption candidates are those not terminating. Held plans are counted into it as they
-    pass their re-check (_Build.recheck_plans)."""
-    going = {name for name, unit in running_units.items() if terminating(unit)}
-    candidates = [rg for rg in running if rg.gang.name not in going]
+    pass their re-check (_Build.recheck_plans). `looked`: the running gangs that may have changed
+    since the last cycle (None: any), the only ones the quota ledger counts again."""
+    going = memo.running.going
+    candidates = [rg for rg in running if rg.gang.name not in going] if going else running
     if book is None:
         return CycleState.build(snap, candidates)
+    kept = memo.quota
     ledger = memo.ledger(book, snap.shape.node_product)  # every running gang's quota, kept by deltas
-    ledger.sync(running)
+    if looked is None or ledger is not kept:
+        ledger.sync(running)
+    else:
+        for key in looked:
+            ledger.put(key, memo.running.gangs.get(key))
     return ledger.cycle_state(snap, candidates)
 
 
@@ -631,15 +708,21 @@ class _Build:
         self.memo.node_list = (dict(objs), nodes)
         return nodes
 
-    def read_bound(self, units: dict[str, Unit], nodes: dict[str, Node]) -> tuple[Snapshot, list[tuple[Unit, Derived]]]:
-        """What runs holds its resources: the live snapshot takes this cycle's deltas, the cycle a
-        copy. Returns it and, per unit with bound pods, (unit, its entry: rows of those read)."""
-        view, memo = self.view, self.memo
-        # every unit has an entry (in unit order); a kept entry has its rows already
-        bound = {key: d for key, d in self.derived.items() if d.held}
-        for key in [key for key, d in bound.items() if d.rows is None or d.errors]:
-            d = bound[key]
-            if d.rows is None:
+    def read_bound(self, nodes: dict[str, Node], touched: set[str] | None) -> tuple[Snapshot, set[str] | None]:
+        """What runs holds its resources: the units with bound pods (Memo.bound) and the live
+        snapshot take this cycle's deltas (`touched`: the keys of the units whose entry may have
+        changed, None: every unit), the cycle a copy. Returns it and the keys of the units whose
+        pods the live snapshot held or released (None: every unit may have)."""
+        view, memo, bound = self.view, self.memo, self.memo.bound
+        if touched is None:
+            bound.clear()
+        for key in self.derived if touched is None else touched:
+            d = self.derived.get(key)
+            if d is None or not d.held:
+                bound.pop(key, None)
+                continue
+            bound[key] = d
+            if d.rows is None:  # a kept entry has its rows already
                 d.rows = []
                 for pod in d.held:
                     pkey = key_of(pod)
@@ -650,37 +733,59 @@ class _Build:
                         continue
                     node = (pod.get("spec") or {}).get("nodeName") or view.assumed.get(pkey)
                     d.rows.append((pkey, (_uid(pod), node, req), req, node))
-            for exc in d.errors:
-                self.refuse(units[key], exc)
-        memo.running_snapshot(list(nodes.values()), bound)
-        return memo.live.copy(), [(units[key], d) for key, d in bound.items()]
+        moved = memo.running_snapshot(list(nodes.values()), bound, touched)
+        return memo.live.copy(), moved
 
-    def running_gangs(self, bound_units: list[tuple[Unit, Derived]], records: dict[str, Plan],
-                      snap: Snapshot, book: QuotaBook | None) -> tuple[list[RunningGang], dict[str, Unit]]:
-        running: list[RunningGang] = []
-        running_units: dict[str, Unit] = {}
+    def running_gangs(self, units: dict[str, Unit], records: dict[str, Plan], snap: Snapshot,
+                      book: QuotaBook | None, touched: set[str] | None, moved: set[str] | None) -> set[str] | None:
+        """Each unit with bound pods as its RunningGang (Memo.running), looked at again only where
+        something it is derived from may have changed; the units read with errors are refused and
+        ignored hints collected, every cycle. Returns the keys looked at (None: every one)."""
+        idx, bound = self.memo.running, self.memo.bound
+        inputs = (id(book), id(snap.shape.node_product))
+        if touched is None or moved is None or idx.inputs != inputs:
+            idx.clear()
+            keys: Iterable[str] | None = None
+        else:  # a unit whose plan record came or went may have changed its borrowed quota
+            keys = touched | moved | (records.keys() ^ idx.recorded)
+        idx.inputs, idx.recorded = inputs, set(records)
+        for key in bound if keys is None else keys:
+            idx.drop(key)
+            d, unit = bound.get(key), units.get(key)
+            if d is not None and unit is not None:
+                self._running_entry(idx, unit, d, records.get(key), snap, book)
+        for unit, hints in idx.hints.values():
+            self.ignored_hints += [(unit, h) for h in hints]
+        for unit, errors in idx.errors.values():
+            for exc in errors:
+                self.refuse(unit, exc)
+        return None if keys is None else set(keys)
+
+    def _running_entry(self, idx: RunningGangs, unit: Unit, d: Derived, record: Plan | None, snap: Snapshot,
+                       book: QuotaBook | None) -> None:
         held, epochs, node_product = self.memo.held, self.memo.epochs, snap.shape.node_product
-        for unit, d in bound_units:
-            record = records.get(unit.key)
-            # borrowed quota is the scheduler's own record, never the user-writable annotation
-            borrowed = bool(record and record.borrowed and any(record.pod_uids.get(key_of(p)) == _uid(p) for p in d.held))
-            # beyond the unit's objects: which of its pods `live` holds (the epoch), the record, what sets the speed
-            key = (epochs.get(unit.key), borrowed, id(book), id(node_product))
-            if d.running is None or d.running[0] != key:
-                placements = [held[row[0]][1] for row in d.rows if row[0] in held]
-                d.running = (key, *self._running_gang(unit, d, placements, borrowed, snap, book)) if placements \
-                    else (key, None, [])
-            _, rg, hints = d.running
-            if rg is None:
-                continue
+        # borrowed quota is the scheduler's own record, never the user-writable annotation
+        borrowed = bool(record and record.borrowed and any(record.pod_uids.get(key_of(p)) == _uid(p) for p in d.held))
+        # beyond the unit's objects: which of its pods `live` holds (the epoch), the record, what sets the speed
+        key = (epochs.get(unit.key), borrowed, id(book), id(node_product))
+        if d.running is None or d.running[0] != key:
+            placements = [held[row[0]][1] for row in d.rows if row[0] in held]
+            d.running = (key, *self._running_gang(unit, d, placements, borrowed, snap, book)) if placements \
+                else (key, None, [])
+        _, rg, hints = d.running
+        errors = list(d.errors)
+        if rg is not None:
             if hints:
-                self.ignored_hints += [(unit, h) for h in hints]
+                idx.hints[unit.key] = (unit, hints)
             if isinstance(rg, Exception):
-                self.refuse(unit, rg)
-                continue
-            running.append(rg)
-            running_units[rg.gang.name] = unit
-        return running, running_units
+                errors.append(rg)
+            else:
+                idx.gangs[unit.key] = rg
+                idx.units[unit.key] = unit
+                if d.terminating:
+                    idx.going.add(unit.key)
+        if errors:
+            idx.errors[unit.key] = (unit, errors)
 
     def _running_gang(self, unit: Unit, d: Derived, placements: list[Placement], borrowed: bool,
                       snap: Snapshot, book: QuotaBook | None) -> tuple[RunningGang | Exception, list[str]]:
