@@ -71,3 +71,43 @@ def test_informer_relists_when_its_version_is_gone(kube_cluster, tmp_path):
     finally:
         cache.stop()
         proxy.cut()
+
+
+def test_each_view_tells_the_pods_changed_since_the_view_before(kube_cluster):
+    """A View carries the keys of the pods and PodGroups stored, replaced or removed since the view
+    before (state.Grouping looks at those alone), chained view to view; none after a relist, when
+    anything may have changed."""
+    api = G.api_client(kube_cluster.kubeconfig)
+    G.ensure_namespace(api, "ch")
+    core = client.CoreV1Api(api)
+    cache = ClusterCache(G.api_client(kube_cluster.kubeconfig)).start()
+    told: set[str] = set()
+    chain: list = []
+
+    def read():
+        view = cache.view()
+        chain.append(view.changes)
+        if view.changes is not None:
+            told.update(view.changes.pods)
+        return view
+
+    try:
+        assert cache.wait_synced(20)
+        assert read().changes is None  # the first view: everything was listed
+        core.create_namespaced_pod("ch", G.pod_manifest("x", "ch", 0), _preload_content=False)
+        G.wait_until(lambda: "ch/x" in read().pods, 10, 0.05, what="x in the cache")
+        assert "ch/x" in told
+        told.clear()
+        core.patch_namespaced_pod("x", "ch", {"metadata": {"labels": {"a": "b"}}})
+        G.wait_until(lambda: read() and "ch/x" in told, 10, 0.05, what="x replaced")
+        told.clear()
+        core.delete_namespaced_pod("x", "ch", grace_period_seconds=0)
+        G.wait_until(lambda: "ch/x" not in read().pods, 10, 0.05, what="x gone")
+        assert "ch/x" in told and "ch/other" not in told
+        kept = [c for c in chain if c is not None]
+        assert all(a.upto == b.since for a, b in zip(chain[1:], chain[2:]))  # each view follows the one before
+        assert len(kept) == len(chain) - 1
+        cache._relist("pods")  # what a 410 Gone leads to
+        assert read().changes is None and read().changes is not None
+    finally:
+        cache.stop()
