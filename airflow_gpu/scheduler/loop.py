@@ -251,9 +251,8 @@ class Scheduler:
             self._observed = now
             self.metrics.observe(world)
         # a standby learns too: it may lead next
-        by_name = {rg.gang.name: rg for rg in world.running}
-        self.run_lengths.observe(world.running, now, world.running_changed, by_name)
-        self.calibration.observe(by_name, now)
+        self.run_lengths.observe(world.running, now, world.running_changed, world.running_by_name)
+        self.calibration.observe(world.running_by_name, now)
         if self.cycles % 50 == 1:
             self.calibration.forget(g.name for _, g in world.pending)
         mark = self._phase("world", began)

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from sortedcontainers import SortedDict
+from sortedcontainers import SortedDict, SortedList
 
 from airflow_gpu import constants as C
 from airflow_gpu.core.cycle import CycleState
@@ -222,6 +222,7 @@ class World:
     # the units grouped again and the running gangs looked at again (None: any of them)
     touched: set[str] | None = None
     running_changed: set[str] | None = None
+    running_by_name: dict[str, RunningGang] = field(default_factory=dict)  # `running`, by gang name
 
 
 def group_units(view: View) -> dict[str, Unit]:
@@ -436,7 +437,8 @@ class RunningGangs:
     went; every other unit's gang, ignored hints and errors are the last cycle's."""
 
     def __init__(self) -> None:
-        self.gangs: SortedDict = SortedDict()  # unit key -> RunningGang (its gang's name is the key)
+        self.gangs: dict[str, RunningGang] = {}  # unit key -> RunningGang (its gang's name is the key)
+        self.order = SortedList()  # the keys of `gangs`, sorted: the order of World.running
         self.units: dict[str, Unit] = {}  # unit key -> its Unit, of the running gangs
         self.going: set[str] = set()  # keys of running gangs with a member being deleted
         self.hints: dict[str, tuple[Unit, list[str]]] = {}  # unit key -> its invalid hints, ignored
@@ -444,15 +446,26 @@ class RunningGangs:
         self.recorded: set[str] = set()  # keys of the units with a plan record, as last looked at
         self.inputs: tuple | None = None  # what beyond the units the entries were derived with
 
+    def running(self) -> list[RunningGang]:
+        return list(map(self.gangs.__getitem__, self.order))
+
     def clear(self) -> None:
         self.gangs.clear()
+        self.order.clear()
         self.units.clear()
         self.going.clear()
         self.hints.clear()
         self.errors.clear()
 
+    def put(self, unit: Unit, rg: RunningGang) -> None:
+        if unit.key not in self.gangs:
+            self.order.add(unit.key)
+        self.gangs[unit.key] = rg
+        self.units[unit.key] = unit
+
     def drop(self, key: str) -> None:
-        self.gangs.pop(key, None)
+        if self.gangs.pop(key, None) is not None:
+            self.order.remove(key)
         self.units.pop(key, None)
         self.going.discard(key)
         self.hints.pop(key, None)
@@ -482,7 +495,7 @@ class Memo:
         self.quota: QuotaLedger | None = None  # quota usage of the running gangs, kept by deltas
         self.units: dict[str, Derived] = {}  # unit key -> what the last cycle derived from its objects
         self.grouping = Grouping()  # the units of the last view, regrouped where they changed
-        self.units_next: dict[str, Derived] = {}  # this cycle's: only units that still exist are kept
+        self.waiting: set[str] = set()  # keys of the units with waiting pods (an entry's `waiting`)
         self.bound: dict[str, Derived] = {}  # unit key -> its entry, of the units with bound pods
         self.running = RunningGangs()
         self.built = True  # the last build_world ended (else the next one derives every unit again)
@@ -497,12 +510,29 @@ class Memo:
             d.sig, d.objects = sig, (unit.podgroup, unit.pods)  # e.g. the scheduler's own status write
         elif d is None or d.sig != sig:
             d = Derived(sig, unit, unit.bound(assumed), unit.pending(scheduler_name, assumed))
-        self.units_next[unit.key] = d
         return d
 
-    def cycle_done(self) -> None:
-        """The units of the cycle just built are those kept: a unit gone is forgotten."""
-        self.units, self.units_next = self.units_next, {}
+    def derive(self, units: dict[str, Unit], touched: set[str] | None, assumed: dict[str, str],
+               scheduler_name: str) -> dict[str, "Derived"]:
+        """Every unit's entry (unit key -> Derived), kept in place: only the `touched` units (None:
+        all) are looked up again, a unit gone is forgotten. An untouched unit is the same Unit as
+        last cycle, so its entry is the one derived then."""
+        if touched is None:
+            self.units = {key: self.derived(unit, assumed, scheduler_name) for key, unit in units.items()}
+            self.waiting = {key for key, d in self.units.items() if d.waiting}
+            return self.units
+        for key in touched:
+            unit = units.get(key)
+            d = self.derived(unit, assumed, scheduler_name) if unit is not None else None
+            if d is None:
+                self.units.pop(key, None)
+            else:
+                self.units[key] = d
+            if d is not None and d.waiting:
+                self.waiting.add(key)
+            else:
+                self.waiting.discard(key)
+        return self.units
 
     def ledger(self, book: QuotaBook, node_product: dict) -> QuotaLedger:
         """The quota ledger of the running gangs, started again for a new book or node list."""
@@ -633,18 +663,11 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
         memo.grouping.kept = False
     memo.built = False
     units, touched = memo.grouping.group(view)
-    # an untouched unit is the same Unit as last cycle: its entry is the one derived then; the others
-    # (every unit when all were grouped again) are looked up by their objects (Memo.derived)
-    kept = memo.units if touched is not None else {}
-    memo.units_next = {}
-    b.derived = {key: kept[key] if key in kept and key not in touched else
-                 memo.derived(unit, view.assumed, scheduler_name) for key, unit in units.items()}
-    memo.units_next = b.derived
-    memo.cycle_done()
+    b.derived = memo.derive(units, touched, view.assumed, scheduler_name)
     records, stale_plans = read_plan_records(view, units)
     snap, moved = b.read_bound(nodes, touched)
     looked = b.running_gangs(units, records, snap, book, touched, moved)
-    running, running_units = list(memo.running.gangs.values()), dict(memo.running.units)
+    running, running_units = memo.running.running(), dict(memo.running.units)
     planned = {key for key, record in records.items() if record.state != PLAN_ADMITTED}
     pending, incomplete, unreadable = b.pending_gangs(units, planned)
     state = _cycle_state(snap, running, book, memo, looked)
@@ -656,7 +679,8 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
     pending.sort(key=lambda ug: ug[1].queue_key)  # core's queue order (core.queue.queue_order)
     memo.built = True
     return World(snap, units, pending, incomplete, running, running_units, plans, plan_ready, b.invalid, nodes,
-                 b.ignored_hints, rejected, stale_plans, records, state, b.derived, touched, looked)
+                 b.ignored_hints, rejected, stale_plans, records, state, b.derived, touched, looked,
+                 dict(memo.running.gangs))
 
 
 def _cycle_state(snap: Snapshot, running: list[RunningGang], book: QuotaBook | None, memo: Memo,
@@ -780,8 +804,7 @@ class _Build:
             if isinstance(rg, Exception):
                 errors.append(rg)
             else:
-                idx.gangs[unit.key] = rg
-                idx.units[unit.key] = unit
+                idx.put(unit, rg)
                 if d.terminating:
                     idx.going.add(unit.key)
         if errors:
@@ -811,11 +834,9 @@ class _Build:
         pending: list[tuple[Unit, Gang]] = []
         incomplete: list[tuple[Unit, str]] = []
         unreadable: dict[str, str] = {}
-        for unit in units.values():
-            d = self.derived[unit.key]
+        for key in sorted(memo.waiting):  # the units with waiting pods, kept by deltas (Memo.derive)
+            unit, d = units[key], self.derived[key]
             waiting = d.waiting
-            if not waiting:
-                continue
             unit.gang = None  # a Unit kept from the last cycle (Grouping) carries that cycle's
             if unit.key in planned:
                 try:
