@@ -441,3 +441,38 @@ def test_a_cycle_admits_no_more_than_can_bind_and_leaves_the_rest_of_the_queue_t
             assert G.overcommitted_nodes(api) == {}
     finally:
         _clean(api, ns)
+
+
+def test_a_podgroup_that_arrived_in_a_failed_cycle_still_gets_its_status(kube_cluster, api, monkeypatch):
+    """The cycle looks at a PodGroup's status only where its unit changed since the World before; a
+    cycle that failed before the statuses leaves its changes unseen, so the next one looks at every
+    PodGroup again."""
+    ns = "status-missed"
+    G.ensure_namespace(api, ns)
+    try:
+        with cycles(kube_cluster, "status-missed") as s:
+            first = G.create_gang(api, ns, "first", 3, 8)  # more GPUs than the cluster has: it waits
+            _seen(s, ns, *first)
+            s.cycle()
+            G.wait_until(lambda: (G.get_podgroup(api, ns, "first").get("status") or {}).get("phase"), 10,
+                         interval=0.05, what="first's PodGroup status written")
+            G.wait_until(lambda: ((s.cache.view().podgroups.get(f"{ns}/first") or {}).get("status") or {})
+                         .get("phase"), 10, interval=0.02, what="the status in the scheduler's cache")
+            s.cycle()
+            assert f"{ns}/first" in s._settled  # from here a cycle looks only at what changed
+            big = G.create_gang(api, ns, "big", 3, 8)
+            _seen(s, ns, *big)
+            with monkeypatch.context() as m:
+                m.setattr(s, "_handle_plans", lambda *a: (_ for _ in ()).throw(RuntimeError("a bad cycle")))
+                try:
+                    s.cycle()
+                except RuntimeError:
+                    pass
+                else:
+                    raise AssertionError("the cycle was to fail")
+            assert not (G.get_podgroup(api, ns, "big").get("status") or {}).get("phase")
+            s.cycle()  # nothing of `big` changed since the failed cycle
+            G.wait_until(lambda: (G.get_podgroup(api, ns, "big").get("status") or {}).get("phase"), 10,
+                         interval=0.05, what="big's PodGroup status written")
+    finally:
+        _clean(api, ns)

@@ -158,6 +158,7 @@ class Scheduler:
         self._settled: dict[str, tuple] = {}
         self._unsettled: set[str] = set()  # PodGroups whose status the last cycle left to write or to bind
         self._flagged: set[str] = set()  # with a plan or timed out at the last cycle
+        self._status_cycle = -1  # the cycle whose World the statuses were last looked at in
         self._ignored: dict[str, tuple[str, ...]] = {}  # unit key -> this cycle's ignored hints (wait reasons)
         self.cycles = 0
         self._memo = Memo()  # conversions, the running snapshot and quota kept between cycles
@@ -236,6 +237,9 @@ class Scheduler:
         view = self.cache.view()
         policy = self.policy.with_never_preempting(tiers_never_preempting(view.priorityclasses))
         world = build_world(view, self.settings.scheduler_name, self.ctx, now, self._memo, self.book, policy)
+        # at once, so that no World's changes are missed (a standby learns too: it may lead next)
+        self.run_lengths.observe(world.running, now, world.running_changed, world.running_by_name)
+        self.calibration.observe(world.running_by_name, now)
         set_aside(world, binding)
         if self.cycles % 50 == 0:
             self._memo.prune(view)
@@ -250,9 +254,6 @@ class Scheduler:
         if now - self._observed >= OBSERVE_INTERVAL:  # gauges over every gang: not each cycle of a churning cluster
             self._observed = now
             self.metrics.observe(world)
-        # a standby learns too: it may lead next
-        self.run_lengths.observe(world.running, now, world.running_changed, world.running_by_name)
-        self.calibration.observe(world.running_by_name, now)
         if self.cycles % 50 == 1:
             self.calibration.forget(g.name for _, g in world.pending)
         mark = self._phase("world", began)
@@ -721,7 +722,10 @@ class Scheduler:
         timed_out = timed_out or {}
         binding = self.writes.binding()  # their status is the next cycle's, once they are bound or forgotten
         flagged = set(world.plans) | set(timed_out)
-        if world.touched is None or not self._settled:
+        # the changes are since the World before: a cycle that did not get here (it failed, or this
+        # replica did not lead) leaves changes unseen, so every PodGroup is looked at again
+        missed, self._status_cycle = self._status_cycle != self.cycles - 1, self.cycles
+        if world.touched is None or not self._settled or missed:
             self._settled = {}
             keys: Iterable[str] = world.units
         else:  # a settled unit stays so while it is the same Unit with the same flags: look at the others

@@ -443,7 +443,7 @@ class RunningGangs:
         self.going: set[str] = set()  # keys of running gangs with a member being deleted
         self.hints: dict[str, tuple[Unit, list[str]]] = {}  # unit key -> its invalid hints, ignored
         self.errors: dict[str, tuple[Unit, list[Exception]]] = {}  # unit key -> why it cannot be read
-        self.recorded: set[str] = set()  # keys of the units with a plan record, as last looked at
+        self.recorded: dict[str, tuple] = {}  # unit key -> what its plan record says of borrowing, as last read
         self.inputs: tuple | None = None  # what beyond the units the entries were derived with
 
     def running(self) -> list[RunningGang]:
@@ -767,12 +767,15 @@ class _Build:
         ignored hints collected, every cycle. Returns the keys looked at (None: every one)."""
         idx, bound = self.memo.running, self.memo.bound
         inputs = (id(book), id(snap.shape.node_product))
+        # what a running gang reads of its plan record: whether it runs on borrowed quota
+        recorded = {key: (r.borrowed, frozenset(r.pod_uids.items())) for key, r in records.items()}
+        keys: Iterable[str] | None = None
         if touched is None or moved is None or idx.inputs != inputs:
             idx.clear()
-            keys: Iterable[str] | None = None
-        else:  # a unit whose plan record came or went may have changed its borrowed quota
-            keys = touched | moved | (records.keys() ^ idx.recorded)
-        idx.inputs, idx.recorded = inputs, set(records)
+        else:  # and the units whose plan record came, went or changed
+            keys = touched | moved | {k for k in recorded.keys() | idx.recorded.keys()
+                                      if recorded.get(k) != idx.recorded.get(k)}
+        idx.inputs, idx.recorded = inputs, recorded
         for key in bound if keys is None else keys:
             idx.drop(key)
             d, unit = bound.get(key), units.get(key)
