@@ -37,24 +37,17 @@ class Store:
         self.lock = threading.Lock()
         self.stores = stores
         self.assumed: dict[str, str] = {}
-        self.changed: dict[str, set[str]] | None = None  # as the cache tells them (cache.Changes); None: unknown
-        self.views = 0
+        from airflow_gpu.scheduler.cache import ChangeLog
 
-    def mark(self, kind, key):
-        """Under the lock: the object of `key` was stored, replaced or removed."""
-        if self.changed is not None and kind in self.changed:
-            self.changed[kind].add(key)
+        self.log = ChangeLog()  # its changes, as the cache tells them (cache.Changes)
+        self.mark = self.log.mark  # under the lock: the object of a key was stored, replaced or removed
 
     def view(self):
-        from airflow_gpu.scheduler.cache import Changes, View
+        from airflow_gpu.scheduler.cache import View
 
         with self.lock:
-            self.views += 1
-            changes = None if self.changed is None else Changes(
-                ("store", self.views - 1), ("store", self.views), frozenset(self.changed["pods"]),
-                frozenset(self.changed["podgroups"]))
-            self.changed = {"pods": set(), "podgroups": set()}
-            return View(**{k: dict(v) for k, v in self.stores.items()}, assumed=dict(self.assumed), changes=changes)
+            return View(**{k: dict(v) for k, v in self.stores.items()}, assumed=dict(self.assumed),
+                        changes=self.log.take())
 
     def get(self, kind, key):
         with self.lock:

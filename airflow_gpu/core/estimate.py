@@ -67,13 +67,8 @@ class RunLengths:
         its running gangs by deltas); None: any. The runs are recorded in name order (the oldest
         of KEEP runs go first)."""
         if changed is None or by_name is None:
-            current = {r.gang.name: (r.gang.team, r.gang.tier, r.started_at) for r in running}
-            for name in sorted(self._seen):
-                team, tier, since = self._seen[name]
-                if current.get(name, (None, None, None))[2] != since:
-                    self.record(team, tier, max(0.0, now - since))
-            self._seen = current
-            return
+            by_name = {r.gang.name: r for r in running}
+            changed = self._seen.keys() | by_name.keys()
         for name in sorted(changed):
             r, seen = by_name.get(name), self._seen.get(name)
             if seen is not None and (r is None or r.started_at != seen[2]):

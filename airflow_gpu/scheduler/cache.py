@@ -49,6 +49,35 @@ class Changes:
     podgroups: frozenset[str]
 
 
+class ChangeLog:
+    """The keys changed in a store of objects since the last `take()`, per tracked kind, for its
+    Views (Changes). Not thread-safe: the store calls it under its own lock."""
+
+    def __init__(self) -> None:
+        self._changed: dict[str, set[str] | None] = {k: None for k in TRACKED}  # None: anything may have
+        self._taken = 0
+        self._token = object()  # another store's views (a restart's) are never taken for this one's
+
+    def mark(self, kind: str, key: str) -> None:
+        """The object of `key` was stored, replaced or removed."""
+        changed = self._changed.get(kind)
+        if changed is not None:
+            changed.add(key)
+
+    def lost(self, kind: str) -> None:
+        """Every object of `kind` may have changed (a relist)."""
+        if kind in TRACKED:
+            self._changed[kind] = None
+
+    def take(self) -> Changes | None:
+        """The changes since the last take (None: not known), and start counting again."""
+        since, self._taken = (self._token, self._taken), self._taken + 1
+        pods, pgs = self._changed["pods"], self._changed["podgroups"]
+        self._changed = {k: set() for k in TRACKED}
+        return None if pods is None or pgs is None else \
+            Changes(since, (self._token, self._taken), frozenset(pods), frozenset(pgs))
+
+
 @dataclass
 class View:
     """One consistent-enough read of the cache for a scheduling cycle."""
@@ -92,10 +121,7 @@ class ClusterCache:
         self._lock = threading.Lock()
         self._stores: dict[str, dict[str, dict]] = {k: {} for k in KINDS}
         self._assumed: dict[str, str] = {}
-        # keys changed since the last view, per tracked kind (None: relisted, anything may have)
-        self._changed: dict[str, set[str] | None] = {k: None for k in TRACKED}
-        self._views = 0
-        self._token = object()  # the views of another cache (a restart) are never taken for this one's
+        self._log = ChangeLog()  # the keys changed since the last view
         self._synced = {k: threading.Event() for k in self.kinds}
         self._stop = threading.Event()
         self.relists = {k: 0 for k in self.kinds}  # observable: how often each kind was relisted (410 Gone etc.)
@@ -139,18 +165,8 @@ class ClusterCache:
     # --- reads ----------------------------------------------------------------------------
     def view(self) -> View:
         with self._lock:
-            since, self._views = (self._token, self._views), self._views + 1
-            pods, pgs = self._changed["pods"], self._changed["podgroups"]
-            changes = None if pods is None or pgs is None else \
-                Changes(since, (self._token, self._views), frozenset(pods), frozenset(pgs))
-            self._changed = {k: set() for k in TRACKED}
-            return View(**{k: dict(v) for k, v in self._stores.items()}, assumed=dict(self._assumed), changes=changes)
-
-    def _mark(self, kind: str, key: str) -> None:
-        """Under the lock: the object of `key` was stored, replaced or removed."""
-        changed = self._changed.get(kind)
-        if changed is not None:
-            changed.add(key)
+            return View(**{k: dict(v) for k, v in self._stores.items()}, assumed=dict(self._assumed),
+                        changes=self._log.take())
 
     def get(self, kind: str, key: str) -> dict | None:
         with self._lock:
@@ -161,7 +177,7 @@ class ClusterCache:
         event arrives (a plan written must never be planned again). Never goes back in time."""
         with self._lock:
             self._store_if_newer(self._stores[kind], key_of(obj), obj)
-            self._mark(kind, key_of(obj))
+            self._log.mark(kind, key_of(obj))
 
     def observe_delete(self, kind: str, obj: dict) -> None:
         """Forget an object we deleted (answered with its last state), so the next cycle does not
@@ -169,7 +185,7 @@ class ClusterCache:
         key = key_of(obj)
         with self._lock:
             self._stores[kind].pop(key, None)
-            self._mark(kind, key)
+            self._log.mark(kind, key)
             try:
                 self._tombstones[key] = int((obj.get("metadata") or {}).get("resourceVersion") or 0)
             except (TypeError, ValueError):
@@ -232,8 +248,7 @@ class ClusterCache:
                 self._tombstones.clear()
             old = self._stores[kind]
             self._stores[kind] = fresh
-            if kind in TRACKED:
-                self._changed[kind] = None
+            self._log.lost(kind)
             self.relists[kind] += 1
             if kind == "pods":
                 self._drop_stale_assumptions_locked()
@@ -281,7 +296,7 @@ class ClusterCache:
         key = key_of(obj)
         with self._lock:
             store = self._stores[kind]
-            self._mark(kind, key)
+            self._log.mark(kind, key)
             if etype == "DELETED":
                 if not (kind == "plans" and self._newer_than(store.get(key), obj)):  # not one written since
                     store.pop(key, None)

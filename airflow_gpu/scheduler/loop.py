@@ -729,8 +729,6 @@ class Scheduler:
             self._settled = {}
             keys: Iterable[str] = world.units
         else:  # a settled unit stays so while it is the same Unit with the same flags: look at the others
-            for key in world.touched:
-                self._settled.pop(key, None)
             keys = sorted(world.touched | self._unsettled | flagged | self._flagged | binding)
         self._flagged, self._unsettled = flagged, set()
         for key in keys:
