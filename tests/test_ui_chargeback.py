@@ -199,6 +199,35 @@ def test_the_queue_shows_the_namespace_team_and_the_priority_class_tier(cfg):
                              ("team-vision/lone", "vision", "best-effort-training")]
 
 
+def test_running_rows_past_the_cap_are_counted_not_built(cfg, monkeypatch):
+    """The published document builds at most queue_status.MAX_RUNNING running rows (encode would
+    cut the rest: at 5,000 nodes half the running gangs) and counts the others; encode adds the
+    count to what it cuts itself."""
+    from test_scheduler_convert import _view, pod as k8s_pod
+
+    from airflow_gpu.core.policies import make_profile
+    from airflow_gpu.core.queue import schedule_cycle
+    from airflow_gpu.kube import queue_status
+    from airflow_gpu.kube.convert import ConversionContext
+    from airflow_gpu.scheduler.publish import document
+    from airflow_gpu.scheduler.state import build_world
+
+    pods = [k8s_pod(f"run-{i}", 1, ns="team-vision", node_name="ab"[i % 2], phase="Running") for i in range(5)]
+    world = build_world(_view(pods), C.DEFAULT_SCHEDULER_NAME, ConversionContext.from_config(cfg), T0)
+    profile = make_profile("bestfit")
+    result = schedule_cycle(world.state, [], profile, T0)
+    monkeypatch.setattr(queue_status, "MAX_RUNNING", 2)
+    doc = document(world, world.state, result, profile, "bestfit", C.DEFAULT_SCHEDULER_NAME, 1, T0, 5.0, [], {})
+    assert [r["gang"] for r in doc["running"]] == [rg.gang.name for rg in world.running[:2]]
+    assert doc["truncated"] == {"running": 3}
+    back = queue_status.decode(queue_status.manifest("ns", "s", queue_status.encode(doc)))
+    assert back["running"] == doc["running"] and back["truncated"]["running"] == 3
+    # a cap of its own in encode counts on top of the rows the document left out
+    monkeypatch.setattr(queue_status, "LISTS", tuple((n, 2 if n == "running" else c) for n, c in queue_status.LISTS))
+    back = queue_status.decode(queue_status.manifest("ns", "s", queue_status.encode(doc | {"running": doc["running"] * 2})))
+    assert len(back["running"]) == 2 and back["truncated"]["running"] == 5
+
+
 def test_reference_gpu_hours_scale_by_the_products_relative_speed(repo_root):
     # a job accepting H100 and A100: 2 GPU-hours on H100 (relative_speed 2.5) are 5 A100 GPU-hours of work
     cfg = load_config(repo_root / "examples" / "seed-quotas.yaml")

@@ -6,9 +6,10 @@ core.reservation makes), with run lengths and lateness learned from the gangs th
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -467,6 +468,19 @@ class _Releases:
         self._rooms: dict[tuple, _ShapeRoom] = {}
         self._state: CycleState | None = None  # the base with releases 0.._state_at-1 done (state_after)
         self._state_at = 0
+        self._end_times: list[float] | None = None
+        self.end_keys = [end for end, _ in ends]  # sorted: the releases up to a time are one bisect
+        self._cohorts: list[str | None] | None = None
+
+    def end_times(self, now: float) -> list[float]:
+        """The distinct finite expected ends after `now`, in order (`ends` is sorted by end)."""
+        if self._end_times is None:
+            out: list[float] = []
+            for end, _ in self.ends:
+                if now < end < math.inf and (not out or end != out[-1]):
+                    out.append(end)
+            self._end_times = out
+        return self._end_times
 
     def state_after(self, k: int) -> CycleState:
         """A copy of the base with releases 0..k-1 done (capacity and quota), made from one state
@@ -492,6 +506,17 @@ class _Releases:
             got = self._rooms[key] = _ShapeRoom(RoomEstimate.for_gang(self.base.snap, gang, profile), self)
         return got
 
+    def cohorts(self, k: int, upto: int) -> set[str | None]:
+        """The quota cohorts of the teams of releases k..upto-1 (their quota frees room there)."""
+        if self._cohorts is None:
+            self._cohorts = [_cohort_of(self.base, r.gang.team) for _, r in self.ends]
+        return set(self._cohorts[k:upto])
+
+    def touched_span(self, k: int, upto: int) -> Iterator[tuple[int, list[int], int, int]]:
+        """What releases k..upto-1 freed, in release order (touched, one after the other)."""
+        self.touched(upto - 1)
+        return (entry for freed in self.freed[k:upto] for entry in freed)
+
     def touched(self, k: int) -> list[tuple[int, list[int], int, int]]:
         """The nodes release k freed, with their free capacity once releases 0..k are done."""
         while len(self.freed) <= k:
@@ -508,21 +533,28 @@ class _ShapeRoom:
     """The room estimate of one gang shape walked once along the release sequence of an
     estimate_starts call (a RoomTracker on the state before the releases, fed the freed rows):
     whether release k may let such a gang in somewhere (RoomTracker.update) and whether some domain
-    holds it after release k (RoomTracker.holds). Every estimate of that shape reads them: a deep
-    queue is a few shapes, and each estimate walked the same releases again."""
+    holds it after the releases up to a tried time (RoomTracker.holds). Every estimate of that shape
+    reads them: a deep queue is a few shapes, and each estimate walked the same releases again."""
 
     def __init__(self, room: RoomEstimate, releases: _Releases):
         self.room, self.releases = room, releases
         self.tracker = room.tracker(releases.base.snap)  # only fed rows: the base stays as it is
         self.holds_before = self.tracker.holds()
-        self.hit: list[bool] = []
-        self.holds: list[bool] = []
+        self.hits_before = [0]  # [k]: how many of releases 0..k-1 may let such a gang in
+        self.holds: list[bool | None] = []  # [k]: some domain holds it after release k (read where a span ends)
 
-    def after(self, k: int) -> tuple[bool, bool]:
-        while len(self.hit) <= k:
-            self.hit.append(self.tracker.update(self.releases.touched(len(self.hit))))
-            self.holds.append(self.tracker.holds())
-        return self.hit[k], self.holds[k]
+    def span(self, k: int, upto: int) -> tuple[bool, bool]:
+        """Whether any of releases k..upto-1 may let such a gang in, and whether some domain holds
+        it after them. A span ends where the expected end changes (every gang ending by a tried
+        time is released at it), so the room is read only there."""
+        keys = self.releases.end_keys
+        while len(self.hits_before) <= upto:
+            j = len(self.hits_before) - 1
+            hit = self.tracker.update(self.releases.touched(j))
+            self.hits_before.append(self.hits_before[-1] + hit)
+            last = j + 1 == len(keys) or keys[j + 1] != keys[j]
+            self.holds.append(self.tracker.holds() if last else None)
+        return self.hits_before[upto] > self.hits_before[k], self.holds[upto - 1]
 
 
 def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], ahead: Sequence[_Ahead], gang: Gang,
@@ -543,9 +575,7 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
     bound = _WholeBound.for_gang(base.snap, gang, room.eligible) if _WHOLE_BOUND else None
     cohort = _cohort_of(base, gang.team)
     duration = _duration(gang, run_lengths)
-    times = sorted({now} | {end for end, _ in ends if now < end < math.inf}
-                   | {a.end for a in ahead if now < a.end < math.inf})
-    times.append(math.inf)  # every gang gone, the unknown ones too
+    times = _tried_times(releases.end_times(now), now, ahead)
     k, tries = 0, 0
     held = _Held(work)
     # released by the tracker, not yet on `work` / on the held copy: each catches up when it is read
@@ -553,22 +583,25 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
     lag_held: list[RunningGang] = []
     for t in times:
         worth = t == now
-        while k < len(ends) and ends[k][0] <= t:
-            r = ends[k][1]
-            touched = releases.touched(k)
+        # the running gangs that end by t, released at once (gangs started together with one
+        # duration end together: a sweep, thousands at 5,000 nodes)
+        upto = bisect.bisect_right(releases.end_keys, t, k)
+        if upto > k:
             if shaped is not None:
-                hit, room_holds = shaped.after(k)
+                hit, room_holds = shaped.span(k, upto)
                 worth = hit or worth
             else:
-                worth = tracker.update(touched) or worth
+                for j in range(k, upto):
+                    worth = tracker.update(releases.touched(j)) or worth
             if bound is not None:
-                bound.released(touched)
-            k += 1
-            if base.usage is not None:
-                worth = worth or _cohort_of(base, r.gang.team) == cohort
-            lag.append(r)
+                bound.released(releases.touched_span(k, upto))
+            if base.usage is not None and not worth:
+                worth = cohort in releases.cohorts(k, upto)
+            gone = [r for _, r in ends[k:upto]]
+            lag.extend(gone)
             if held.trial is not None:
-                lag_held.append(r)
+                lag_held.extend(gone)
+            k = upto
         if not _SHARE_RELEASES:
             _catch_up(work, lag)
             _catch_up_held(work, held, lag_held)
@@ -604,11 +637,28 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
     return StartEstimate(None, (), NOTE_NEVER), ()
 
 
+def _tried_times(end_times: list[float], now: float, ahead: Sequence[_Ahead]) -> Iterator[float]:
+    """The times an estimate tries, in order: now, each later expected end of a running gang
+    (`end_times`: distinct, sorted) or of an estimated gang ahead, then math.inf (every gang gone,
+    the unknown ones too). Made as they are read: most estimates stop after a few, and the ends of
+    thousands of running gangs were a set sorted again per estimate."""
+    last = None
+    for t in heapq.merge(end_times, sorted({now} | {a.end for a in ahead if now < a.end < math.inf})):
+        if t != last:
+            yield t
+            last = t
+    yield math.inf
+
+
 def _catch_up(work: CycleState, lag: list[RunningGang]) -> None:
-    """Release on `work` the gangs its room tracker released already."""
-    for r in lag:
-        work.snap.forget_placed(r.placements)
-        if work.usage is not None:
+    """Release on `work` the gangs its room tracker released already (their pods at once: each
+    node's row written once, however many of them ended there)."""
+    if len(lag) > 1:
+        work.snap.forget_placed([p for r in lag for p in r.placements])
+    elif lag:
+        work.snap.forget_placed(lag[0].placements)
+    if work.usage is not None:
+        for r in lag:
             work.usage.remove(r.gang.team, work.demand_of(r))
     lag.clear()
 

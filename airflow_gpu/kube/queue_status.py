@@ -38,12 +38,14 @@ def configmap_name(scheduler_name: str) -> str:
 
 def encode(doc: dict, max_bytes: int = MAX_BYTES) -> bytes:
     """gzip JSON of `doc`; lists capped (and halved while the blob is too large) with the number of
-    entries left out in doc["truncated"]. The node list is cut last: the picture needs it whole."""
+    entries left out in doc["truncated"] (added to the counts `doc` brings: rows its maker did not
+    build). The node list is cut last: the picture needs it whole."""
     doc = dict(doc)
+    left_out = doc.get("truncated") or {}  # rows the document's maker left out already
     truncated = {name: 0 for name, _ in LISTS} | {"nodes": 0}
     for name, cap in LISTS:
         rows = doc.get(name) or []
-        truncated[name] = max(0, len(rows) - cap)
+        truncated[name] = left_out.get(name, 0) + max(0, len(rows) - cap)
         doc[name] = rows[:cap]
     while True:
         doc["truncated"] = truncated
