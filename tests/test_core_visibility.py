@@ -136,3 +136,20 @@ def test_a_gang_accepting_two_products_is_published_with_the_product_it_is_expec
     assert rows["both"].products == ("A100", "H100")
     assert (rows["only-h100"].estimated_start, rows["only-h100"].expected_products) == (5000.0, ("H100",))
     assert rows["both"].as_dict()["expected_products"] == ["A100"]
+
+
+def test_gangs_ending_together_are_released_together_and_the_queue_behind_follows_them():
+    """A sweep: four running gangs started together with one duration end at 2000, four more at
+    3000. The estimates release each group at once (core.estimate._ShapeRoom.span): the first four
+    waiting gangs start at 2000 on the room the first group leaves, the next two at 3000, the gangs
+    ahead held where they start (conservative backfilling)."""
+    snap = Snapshot.from_nodes(cluster(4, gpus=8))
+    running = [start(snap, timed(gang(f"sweep-{i}", 1, 4, created_at=i), 1000 if i < 4 else 2000), profile(), at=NOW)
+               for i in range(8)]
+    waiting = [timed(gang(f"next-{i}", 1, 4, created_at=100 + i), 10_000) for i in range(6)]
+    state, result = cycle(snap, running, waiting)
+    assert not result.admitted
+    est = estimate_starts(state, waiting, result, profile(), NOW)
+    assert [est[g.name].start for g in waiting] == [2000.0] * 4 + [3000.0] * 2
+    first = {r.placements[0].node for r in running[:4]}
+    assert {n for g in waiting[:4] for n in est[g.name].nodes} == first
