@@ -18,7 +18,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from sortedcontainers import SortedDict, SortedList
@@ -671,7 +671,7 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
     planned = {key for key, record in records.items() if record.state != PLAN_ADMITTED}
     pending, incomplete, unreadable = b.pending_gangs(units, planned)
     state = _cycle_state(snap, running, book, memo, looked)
-    plans, plan_ready, rejected = b.recheck_plans(state, records, units, running, running_units, unreadable, nodes,
+    plans, plan_ready, rejected = b.recheck_plans(state, records, units, memo.running.gangs, running_units, unreadable, nodes,
                                                   now, policy or PreemptionPolicy())
     closing = b.closing_victims(records, units, running_units)
     if closing:  # after the re-checks, which judged every plan with these gangs still candidates
@@ -913,13 +913,14 @@ class _Build:
                 for v in record.victims if v in pod_unit}
 
     def recheck_plans(self, state: CycleState, records: dict[str, Plan], units: dict[str, Unit],
-                      running: list[RunningGang], running_units: dict[str, Unit], unreadable: dict[str, str],
+                      running: Mapping[str, RunningGang], running_units: dict[str, Unit], unreadable: dict[str, str],
                       nodes: dict[str, Node], now: float, policy: PreemptionPolicy
                       ) -> tuple[dict[str, Plan], dict[str, bool], list[tuple[Unit, Plan, str]]]:
         """Plans hold their GPUs (bind in progress, or victims being evicted) once re-checked against
         `state`, which holds every gang but them and, plan by plan, the plans kept before: a kept
         plan is counted into it (quota; its nominated victims are no candidates again) and its
-        members are held on its snapshot (core.plans.hold_member)."""
+        members are held on its snapshot (core.plans.hold_member). `running`: the running gangs by
+        name (the Memo's own map: built afresh, it cost a pass over every running gang per cycle)."""
         view = self.view
         plans: dict[str, Plan] = {}
         plan_ready: dict[str, bool] = {}
@@ -930,7 +931,6 @@ class _Build:
         # cycle a binding is in flight, cost more than the re-checks at 40,000 running pods
         pod_unit = {key_of(p): u for u in running_units.values() for p in u.pods} \
             if any(record.victims for record in records.values() if record.state != PLAN_ADMITTED) else {}
-        by_unit = {rg.gang.name: rg for rg in running}
         for key, record in records.items():
             if record.state == PLAN_ADMITTED:
                 continue
@@ -948,7 +948,7 @@ class _Build:
             to_stop: dict[str, RunningGang] = {}
             leaving: dict[str, RunningGang] = {}  # victims already terminating: they hold GPUs and quota until gone
             for v in alive:
-                rg = by_unit.get(pod_unit[v].key) if v in pod_unit else None
+                rg = running.get(pod_unit[v].key) if v in pod_unit else None
                 if pod_is_terminating(view.pods[v]):
                     if rg is not None:
                         leaving[rg.gang.name] = rg
