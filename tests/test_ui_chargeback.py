@@ -224,7 +224,8 @@ def test_running_rows_past_the_cap_are_counted_not_built(cfg, monkeypatch):
     assert back["running"] == doc["running"] and back["truncated"]["running"] == 3
     # a cap of its own in encode counts on top of the rows the document left out
     monkeypatch.setattr(queue_status, "LISTS", tuple((n, 2 if n == "running" else c) for n, c in queue_status.LISTS))
-    back = queue_status.decode(queue_status.manifest("ns", "s", queue_status.encode(doc | {"running": doc["running"] * 2})))
+    doubled = queue_status.encode(doc | {"running": doc["running"] * 2})
+    back = queue_status.decode(queue_status.manifest("ns", "s", doubled))
     assert len(back["running"]) == 2 and back["truncated"]["running"] == 5
 
 

@@ -329,7 +329,7 @@ def _estimate_starts(state: CycleState, waiting: Sequence[Gang], result: CycleRe
         ends.append(RunningGang(plan.gang, tuple(plan.placements), now))
     ends = sorted(((_end_of(r, now, run_lengths), r) for r in ends),
                   key=lambda e: (e[0], e[1].started_at, e[1].gang.name))
-    releases = _Releases(base, ends) if _SHARE_RELEASES else None  # base is final from here
+    releases = _Releases(base, ends, now) if _SHARE_RELEASES else None  # base is final from here
     ahead: list[_Ahead] = []
     nominated = dict(nominated or {})
     res = result.reservation
@@ -460,8 +460,9 @@ class _Releases:
     each release frees and their free capacity after it are computed once (on one copy), and an
     estimate's room tracker reads them; its own copy catches up only when a placement is tried."""
 
-    def __init__(self, base: CycleState, ends: Sequence[tuple[float, RunningGang]]):
+    def __init__(self, base: CycleState, ends: Sequence[tuple[float, RunningGang]], now: float):
         self.ends = ends
+        self.now = now
         self.snap: Snapshot | None = None  # made on first use
         self.base = base
         self.freed: list[list[tuple[int, list[int], int, int]]] = []  # per release: (node, GPU row, CPU, memory) after
@@ -472,12 +473,12 @@ class _Releases:
         self.end_keys = [end for end, _ in ends]  # sorted: the releases up to a time are one bisect
         self._cohorts: list[str | None] | None = None
 
-    def end_times(self, now: float) -> list[float]:
+    def end_times(self) -> list[float]:
         """The distinct finite expected ends after `now`, in order (`ends` is sorted by end)."""
         if self._end_times is None:
             out: list[float] = []
             for end, _ in self.ends:
-                if now < end < math.inf and (not out or end != out[-1]):
+                if self.now < end < math.inf and (not out or end != out[-1]):
                     out.append(end)
             self._end_times = out
         return self._end_times
@@ -563,7 +564,7 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
     """estimate_starts for one gang that is neither head nor preempting. `ends`: (expected end,
     running gang) by end (math.inf: unknown); `releases`: their release sequence, shared with the
     other estimates of the call."""
-    releases = releases if releases is not None else _Releases(base, ends)
+    releases = releases if releases is not None else _Releases(base, ends, now)
     # with the shared releases made when first read, at the release reached then (_Releases.state_after)
     work = None if _SHARE_RELEASES else base.capacity_view()
     if _SHARE_RELEASES:  # the room along the releases, shared by the estimates of gangs of its shape
@@ -575,7 +576,7 @@ def _estimate_one(base: CycleState, ends: Sequence[tuple[float, RunningGang]], a
     bound = _WholeBound.for_gang(base.snap, gang, room.eligible) if _WHOLE_BOUND else None
     cohort = _cohort_of(base, gang.team)
     duration = _duration(gang, run_lengths)
-    times = _tried_times(releases.end_times(now), now, ahead)
+    times = _tried_times(releases.end_times(), now, ahead)
     k, tries = 0, 0
     held = _Held(work)
     # released by the tracker, not yet on `work` / on the held copy: each catches up when it is read
@@ -653,10 +654,8 @@ def _tried_times(end_times: list[float], now: float, ahead: Sequence[_Ahead]) ->
 def _catch_up(work: CycleState, lag: list[RunningGang]) -> None:
     """Release on `work` the gangs its room tracker released already (their pods at once: each
     node's row written once, however many of them ended there)."""
-    if len(lag) > 1:
+    if lag:
         work.snap.forget_placed([p for r in lag for p in r.placements])
-    elif lag:
-        work.snap.forget_placed(lag[0].placements)
     if work.usage is not None:
         for r in lag:
             work.usage.remove(r.gang.team, work.demand_of(r))

@@ -671,8 +671,8 @@ def build_world(view: View, scheduler_name: str, ctx: ConversionContext, now: fl
     planned = {key for key, record in records.items() if record.state != PLAN_ADMITTED}
     pending, incomplete, unreadable = b.pending_gangs(units, planned)
     state = _cycle_state(snap, running, book, memo, looked)
-    plans, plan_ready, rejected = b.recheck_plans(state, records, units, memo.running.gangs, running_units, unreadable, nodes,
-                                                  now, policy or PreemptionPolicy())
+    plans, plan_ready, rejected = b.recheck_plans(state, records, units, memo.running.gangs, running_units, unreadable,
+                                                  nodes, now, policy or PreemptionPolicy())
     closing = b.closing_victims(records, units, running_units)
     if closing:  # after the re-checks, which judged every plan with these gangs still candidates
         state.running = [rg for rg in state.running if rg.gang.name not in closing]
