@@ -12,9 +12,10 @@ replayed without --tier-map does); 60 % checkpointable. Nodes: 48 A100 and 32 H1
 It goes through the generic job CSV and `simulate replay`'s own loading (sim.settings.trace_setting).
 
 `--shape openb` writes the same jobs as the openb pod list instead, as the reviewed trace was converted:
-a job of N GPUs is one pod of num_gpu = N (the loader makes it a gang of N one-GPU workers), qos LS
-for the trace's "prod" tier and BE for the others (so production preempts best-effort), every job
-checkpointable (openb's rule).
+a job of N GPUs is one pod of num_gpu = N (the loader makes it one pod of N GPUs where a node has N,
+node-sized workers beyond: 16 x 8 GPUs for 128, the job CSV's own gangs), qos LS for the trace's
+"prod" tier and BE for the others (so production preempts best-effort), every job checkpointable
+(openb's rule).
 
     python -m bench replay_gangs [--days 109] [--seed 5] [--shape jobs|openb] [--platforms naive,full]
                                  [--estimates learned]

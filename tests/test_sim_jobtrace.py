@@ -367,3 +367,32 @@ def test_the_openb_pods_left_out_are_counted_by_why(tmp_path):
         "1 pod of qos Weird (not LS, Guaranteed, BE, Burstable) left out",
         "1 pod the trace never scheduled (no scheduled_time) left out", "1 pod without a GPU left out"]
     assert "1 pod without a GPU left out" in done.stderr
+
+
+def test_an_openb_pod_of_several_gpus_runs_on_one_node_and_a_wider_one_in_node_sized_workers(tmp_path):
+    """An openb pod of num_gpu N ran on one node: it replays as one pod of N GPUs where a node of a
+    model it accepts has N, else as workers of the largest divisor of N such a node holds."""
+    pods, nodes = tmp_path / "pods.csv", tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\n"
+                     + "".join(f"g{i},96000,1000000,8,G2\n" for i in range(4))
+                     + "".join(f"t{i},64000,500000,4,T4\n" for i in range(2)))
+    spec = {"p8": (8, ""), "p16": (16, ""), "p12": (12, ""), "p11": (11, ""), "t8": (8, "T4"), "t3": (3, "T4")}
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
+                    "deletion_time,scheduled_time\n"
+                    + "".join(f"{name},{gpus * 2000},{gpus * 1000},{gpus},1000,{s},LS,Running,{i * 10},"
+                              f"{i * 10 + 3600},{i * 10}\n" for i, (name, (gpus, s)) in enumerate(spec.items())))
+    events = tmp_path / "events"
+    done = subprocess.run([sys.executable, "-m", "airflow_gpu", "simulate", "replay", "--pods", str(pods), "--nodes",
+                           str(nodes), "--platforms", "full", "--jobs", "1", "--json", "--estimates", "off",
+                           "--events", str(events)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    placed: dict[str, list[tuple[str, int]]] = {}  # job -> (node, GPUs) per pod of its first attempt
+    for row in csv.DictReader((events / "full.csv").open()):
+        if row["attempt"] == "1" and row["pods"]:
+            for pod in row["pods"].split(";"):
+                node, shares = pod.split("@")[0].split(":")
+                placed.setdefault(row["job"], []).append((node, len(shares.split("+"))))
+    expected = {"p8": [8], "p16": [8, 8], "p12": [6, 6], "p11": [1] * 11, "t8": [4, 4], "t3": [3]}
+    assert {job: sorted(g for _, g in pods_) for job, pods_ in placed.items()} == expected
+    assert {node[0] for node, _ in placed["t8"] + placed["t3"]} == {"t"}  # its model's nodes only
+    verify_events(events / "full.csv", events / "full.quota.json")

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from airflow_gpu.constants import TIER_BEST_EFFORT_TRAINING, TIER_PRODUCTION_TRAINING
-from airflow_gpu.core.model import GPU_MILLI, PodRequest
+from airflow_gpu.core.model import GPU_MILLI, Node, PodRequest
 from airflow_gpu.core.tiers import TierPolicy, tier_of_priority_class
 from airflow_gpu.sim.traces import TracePod, TraceError, _integer, _rows, _unique_name
 from airflow_gpu.sim.workload import Job
@@ -258,13 +258,16 @@ OPENB_TEAMS = ("team-a", "team-b", "team-c", "team-d")
 
 
 def openb_jobs(pods: list[TracePod], seed: int, checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
-               skipped: Counter | None = None) -> list[Job]:
+               skipped: Counter | None = None, node_gpus: Mapping[str, int] | None = None) -> list[Job]:
     """Trace pods -> jobs. Rules: qos is the tier, mapped by QOS_TIER (LS/Guaranteed ->
     production-training, BE/Burstable -> best-effort-training; other qos left out); no team: spread
-    over OPENB_TEAMS by `hashed` pod name; num_gpu = N > 1 -> a gang of N one-GPU workers (the pod's
-    CPU and memory split evenly); gpu_milli < 1000 -> a share of one GPU; work = deletion - scheduled
-    time (pods the trace never scheduled, or without GPUs, are left out); every job checkpoints every
-    `checkpoint_interval` s. Submit = creation time. `skipped`: pods left out, by why."""
+    over OPENB_TEAMS by `hashed` pod name; num_gpu = N > 1 -> one pod of N GPUs on one node, as the
+    trace ran it, or, wider than every node it accepts (`node_gpus`), a gang of node-sized workers
+    (worker_gpus; the pod's CPU and memory split evenly); gpu_milli < 1000 -> a share of one GPU;
+    work = deletion - scheduled time (pods the trace never scheduled, or without GPUs, are left out);
+    every job checkpoints every `checkpoint_interval` s. Submit = creation time. `node_gpus`: the
+    node list's GPUs per node, most per GPU model (node_gpus_by_product; None: no pod is split).
+    `skipped`: pods left out, by why."""
     skipped = Counter() if skipped is None else skipped
     jobs = []
     for p in pods:
@@ -278,15 +281,37 @@ def openb_jobs(pods: list[TracePod], seed: int, checkpoint_interval: float = DEF
         elif p.scheduled_time is None:
             skipped["the trace never scheduled (no scheduled_time)"] += 1
         else:
-            jobs.append(_openb_job(p, checkpoint_interval))
+            jobs.append(_openb_job(p, checkpoint_interval, node_gpus))
     return map_jobs(jobs, OPENB_TEAMS, None, seed, tier_map=QOS_TIER).jobs
 
 
-def _openb_job(p: TracePod, checkpoint_interval: float) -> Job:
+def node_gpus_by_product(nodes: Sequence[Node]) -> dict[str, int]:
+    """GPU model -> the most GPUs one node of that model has (what openb_jobs splits wider pods by)."""
+    out: dict[str, int] = {}
+    for n in nodes:
+        if n.gpu_count:
+            out[n.gpu_product or ""] = max(out.get(n.gpu_product or "", 0), n.gpu_count)
+    return out
+
+
+def worker_gpus(gpus: int, request: PodRequest, node_gpus: Mapping[str, int] | None) -> int:
+    """GPUs per worker of an openb pod of `gpus` whole GPUs: all of them (one pod on one node, as the
+    trace ran it) when a node of a model it accepts has that many; else the largest divisor of `gpus`
+    such a node holds (128 on 8-GPU nodes: 16 workers of 8; 12: 2 of 6; a prime wider than the
+    node: one-GPU workers). Without nodes of a model it accepts, unsplit (the replay leaves it out
+    as a job that never fits)."""
+    if node_gpus is None:
+        return gpus
+    accepted = [c for product, c in node_gpus.items() if not request.gpu_products or product in request.gpu_products]
+    widest = max(accepted, default=gpus)
+    return max(d for d in range(1, min(gpus, widest) + 1) if gpus % d == 0)
+
+
+def _openb_job(p: TracePod, checkpoint_interval: float, node_gpus: Mapping[str, int] | None) -> Job:
     r = p.request
     work = max(1.0, float(p.deletion_time - p.scheduled_time))
-    workers = r.gpus if r.gpus > 1 else 1
-    worker = r if workers == 1 else replace(r, gpus=1, cpu_milli=r.cpu_milli // workers,
+    workers = r.gpus // worker_gpus(r.gpus, r, node_gpus) if r.gpus > 1 else 1
+    worker = r if workers == 1 else replace(r, gpus=r.gpus // workers, cpu_milli=r.cpu_milli // workers,
                                             memory_mib=r.memory_mib // workers)
     return Job(r.name, "", p.qos, worker, workers, float(p.creation_time), work,
                checkpointable=True, checkpoint_interval=checkpoint_interval)

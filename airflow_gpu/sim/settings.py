@@ -10,7 +10,7 @@ from pathlib import Path
 from airflow_gpu.sim.replay import Setting, SpotModel, never_fit
 from airflow_gpu.sim.traces import TraceError, load_nodes, load_pods
 from airflow_gpu.sim.jobtrace import (OPENB_TEAMS, Mapped, check_products, from_zero, load_jobs, map_jobs,
-                                     openb_jobs, team_shares)
+                                     node_gpus_by_product, openb_jobs, team_shares)
 from airflow_gpu.sim.workload import SeedParams, keep_capacity, seed_scenario
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "seed-quotas.yaml"
@@ -42,9 +42,11 @@ def openb_setting(nodes_csv: Path, pods_csv: Path, capacity: float, seed: int, c
     guaranteed an equal share of every product; the config's first product's price for every GPU
     model (the trace's models have no public price)."""
     cfg, tiers, policy, borrowed, prices = _from_config(config)
-    nodes = keep_capacity(load_nodes(nodes_csv), capacity, seed)
+    all_nodes = load_nodes(nodes_csv)
+    nodes = keep_capacity(all_nodes, capacity, seed)
     skipped: Counter = Counter()
-    jobs = openb_jobs(load_pods(pods_csv), seed, skipped=skipped)
+    # pods split by the trace's whole node list: a job's shape does not depend on the capacity kept
+    jobs = openb_jobs(load_pods(pods_csv), seed, skipped=skipped, node_gpus=node_gpus_by_product(all_nodes))
     notes = tuple(f"{n:,} pod{'s' if n != 1 else ''} {why} left out" for why, n in sorted(skipped.items()))
     price = next(iter(prices.values()), (0.0, 0.0))
     prices = {n.gpu_product: price for n in nodes if n.gpu_product}
