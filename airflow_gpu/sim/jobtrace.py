@@ -294,12 +294,13 @@ def node_gpus_by_product(nodes: Sequence[Node]) -> dict[str, int]:
     return out
 
 
-def worker_gpus(gpus: int, request: PodRequest, node_gpus: Mapping[str, int] | None) -> int:
-    """GPUs per worker of an openb pod of `gpus` whole GPUs: all of them (one pod on one node, as the
-    trace ran it) when a node of a model it accepts has that many; else the largest divisor of `gpus`
+def worker_gpus(request: PodRequest, node_gpus: Mapping[str, int] | None) -> int:
+    """GPUs per worker of an openb pod of `request.gpus` whole GPUs: all of them (one pod on one node,
+    as the trace ran it) when a node of a model it accepts has that many; else the largest divisor
     such a node holds (128 on 8-GPU nodes: 16 workers of 8; 12: 2 of 6; a prime wider than the
     node: one-GPU workers). Without nodes of a model it accepts, unsplit (the replay leaves it out
     as a job that never fits)."""
+    gpus = request.gpus
     if node_gpus is None:
         return gpus
     accepted = [c for product, c in node_gpus.items() if not request.gpu_products or product in request.gpu_products]
@@ -310,7 +311,7 @@ def worker_gpus(gpus: int, request: PodRequest, node_gpus: Mapping[str, int] | N
 def _openb_job(p: TracePod, checkpoint_interval: float, node_gpus: Mapping[str, int] | None) -> Job:
     r = p.request
     work = max(1.0, float(p.deletion_time - p.scheduled_time))
-    workers = r.gpus // worker_gpus(r.gpus, r, node_gpus) if r.gpus > 1 else 1
+    workers = r.gpus // worker_gpus(r, node_gpus) if r.gpus > 1 else 1
     worker = r if workers == 1 else replace(r, gpus=r.gpus // workers, cpu_milli=r.cpu_milli // workers,
                                             memory_mib=r.memory_mib // workers)
     return Job(r.name, "", p.qos, worker, workers, float(p.creation_time), work,
